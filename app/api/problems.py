@@ -1,0 +1,120 @@
+"""The one problem+json (RFC 9457) rendering of every error the API answers with."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.errors import BerthError, Unprocessable
+
+log = logging.getLogger("berth.api")
+
+PROBLEM_JSON = "application/problem+json"
+
+_TITLES = {
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    406: "Not Acceptable",
+    409: "Conflict",
+    412: "Precondition Failed",
+    413: "Payload Too Large",
+    415: "Unsupported Media Type",
+    422: "Unprocessable Content",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+
+
+def problem_response(
+    status: int,
+    *,
+    title: str | None = None,
+    detail: str,
+    type_uri: str = "about:blank",
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> JSONResponse:
+    """Return an ``application/problem+json`` response."""
+    body = {
+        "type": type_uri,
+        "title": title or _TITLES.get(status, "Error"),
+        "status": status,
+        "detail": detail,
+        **extra,
+    }
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+
+
+def _loc(loc: tuple[Any, ...] | list[Any]) -> list[str | int]:
+    return [p if isinstance(p, int) else str(p) for p in loc]
+
+
+def validation_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Return pydantic/FastAPI errors as problem ``errors`` entries [{loc, msg}]."""
+    return [{"loc": _loc(e.get("loc", ())), "msg": str(e.get("msg", ""))} for e in errors]
+
+
+async def _berth_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, BerthError)
+    headers = exc.extra.pop("headers", None) if exc.extra else None
+    return problem_response(
+        exc.status,
+        title=exc.title,
+        detail=exc.detail,
+        type_uri=exc.type_uri,
+        headers=headers,
+        **exc.extra,
+    )
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = validation_errors(list(exc.errors()))
+    first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
+    where = ".".join(str(p) for p in first["loc"])
+    return problem_response(
+        422,
+        title=Unprocessable.title,
+        detail=f"{where}: {first['msg']}" if where else first["msg"],
+        type_uri="https://berth.dev/problems/validation",
+        errors=errors,
+    )
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    detail = exc.detail if isinstance(exc.detail, str) else _TITLES.get(exc.status_code, "Error")
+    return problem_response(exc.status_code, detail=detail, headers=exc.headers)
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+    log.error(
+        "unhandled error",
+        exc_info=exc,
+        extra={"request_id": request_id, "path": request.url.path, "method": request.method},
+    )
+    return problem_response(
+        500,
+        detail=f"An unexpected error occurred; it was logged with request id {request_id}.",
+        type_uri="https://berth.dev/problems/internal",
+        requestId=request_id,
+    )
+
+
+def problems_install(app: FastAPI) -> None:
+    """Install the problem+json handlers on ``app``."""
+    app.add_exception_handler(BerthError, _berth_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)

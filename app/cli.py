@@ -1,0 +1,112 @@
+"""The ``berth`` command line: serve | reconcile | migrate | keys | bench.
+
+Each subcommand imports its implementation lazily so that ``berth --help`` stays fast and a
+missing optional piece never breaks the others. Bad configuration ends with one line on
+stderr that says what to fix, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+
+from app.errors import ConfigurationError
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run the API (and, unless disabled, a reconciler)")
+    p.add_argument("--host", help="listen address (default BERTH_HOST or 127.0.0.1)")
+    p.add_argument("--port", type=int, help="listen port (default BERTH_PORT or 8000)")
+    p.add_argument("--data-dir", help="embedded PostgreSQL directory (default BERTH_DATA_DIR)")
+
+
+def _add_reconcile(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("reconcile", help="run a reconciler alone")
+    p.add_argument(
+        "--shard", help="static shard ownership INDEX/COUNT (default: dynamic, advisory locks)"
+    )
+
+
+def _add_migrate(sub: argparse._SubParsersAction) -> None:
+    sub.add_parser("migrate", help="upgrade the database schema to head")
+
+
+def _add_keys(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("keys", help="manage API keys")
+    ksub = p.add_subparsers(dest="keys_command", required=True)
+    c = ksub.add_parser("create", help="create an API key; prints the key alone on its last line")
+    c.add_argument("--role", required=True, choices=["admin", "operator", "tenant", "runtime"])
+    c.add_argument("--subject", required=True, help="who the key belongs to")
+    c.add_argument("--tenant", action="append", default=[], help="tenant id (repeatable)")
+    c.add_argument(
+        "--runtime-instance", action="append", default=[], help="runtime instance id (repeatable)"
+    )
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmarks (see docs/benchmarks.md)")
+    p.add_argument("target", choices=["core", "e2e", "api"], help="what to measure")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="options of that benchmark")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the argument parser of the ``berth`` command."""
+    parser = argparse.ArgumentParser(prog="berth", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_serve, _add_reconcile, _add_migrate, _add_keys, _add_bench):
+        add(sub)
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "serve":
+        from app.serve import serve
+
+        return serve(host=args.host, port=args.port, data_dir=args.data_dir)
+    if args.command == "reconcile":
+        from app.reconciler.process import run_reconciler
+
+        return run_reconciler(shard=args.shard)
+    if args.command == "migrate":
+        from app.serve import migrate
+
+        return migrate()
+    if args.command == "keys":
+        from app.keys_cli import create_key
+
+        return create_key(
+            role=args.role,
+            subject=args.subject,
+            tenants=args.tenant,
+            runtime_instances=args.runtime_instance,
+        )
+    if args.command == "bench":
+        from importlib import import_module
+
+        module = import_module(f"app.bench.{args.target}")
+        return int(module.main(args.args) or 0)
+    raise AssertionError(args.command)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``berth`` command and return its exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except ConfigurationError as exc:
+        print(f"berth: {exc}", file=sys.stderr)
+        return 2
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "settings"
+        print(f"berth: bad configuration BERTH_{where.upper()}: {first['msg']}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""One settings class for the whole service; every field reads from a ``BERTH_`` variable.
+
+Durations carry their unit in the name (``_seconds``, ``_ms``) so that nobody has to guess.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+#: Fixed number of shard slots. A tenant's slot is a stable hash of its id over this count.
+#: It is a constant, not a setting: changing it would move tenants between slots while
+#: tasks are queued, so every reconciler and API replica must agree on it forever.
+SHARD_SLOTS = 64
+
+
+class Policy(StrEnum):
+    """Order in which the claimed tasks of one pass are considered."""
+
+    FIFO = "fifo"
+    PRIORITY = "priority"
+    FAIR = "fair"
+
+
+class Strategy(StrEnum):
+    """Placement strategy: spread work over the least loaded pools, or pack the fullest."""
+
+    SPREAD = "spread"
+    BINPACK = "binpack"
+
+
+class Settings(BaseSettings):
+    """Berth configuration, read from ``BERTH_*`` environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="BERTH_", extra="ignore")
+
+    # --- database -------------------------------------------------------------------------
+    database_url: str | None = Field(
+        default=None,
+        description="PostgreSQL URL (postgresql://user:pass@host:port/db). Unset: an embedded "
+        "PostgreSQL is started in data_dir.",
+    )
+    data_dir: Path = Field(
+        default=Path(".berth"),
+        description="Directory of the embedded PostgreSQL (used only without database_url).",
+    )
+    db_pool_size: int = Field(default=10, ge=1, description="Connections kept per process.")
+    db_max_overflow: int = Field(default=10, ge=0, description="Extra connections under load.")
+    db_connect_timeout_seconds: float = Field(default=5.0, gt=0)
+
+    # --- HTTP -----------------------------------------------------------------------------
+    host: str = Field(default="127.0.0.1", description="Address `berth serve` listens on.")
+    port: int = Field(default=8000, ge=0, le=65535, description="Port `berth serve` listens on.")
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024, description="Larger bodies: 413.")
+    log_level: str = Field(default="info", description="debug, info, warning or error.")
+    dev_mode: bool = Field(
+        default=False,
+        description="Acknowledge a development set-up; required for anything that would "
+        "bypass production safety checks.",
+    )
+
+    # --- scheduling -----------------------------------------------------------------------
+    policy: Policy = Field(default=Policy.FIFO, description="fifo, priority or fair.")
+    strategy: Strategy = Field(default=Strategy.SPREAD, description="spread or binpack.")
+    priority_aging_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="Under the priority policy a waiting task gains one priority point per "
+        "this many seconds, so nothing starves.",
+    )
+    heartbeat_freshness_seconds: float = Field(
+        default=15.0, gt=0, description="A runtime is healthy while its last heartbeat is newer."
+    )
+
+    # --- reconciler -----------------------------------------------------------------------
+    reconciler_enabled: bool = Field(
+        default=True, description="Run a reconciler inside `berth serve`."
+    )
+    batch_size: int = Field(default=256, ge=1, le=5000, description="Tasks claimed per pass.")
+    claim_ttl_seconds: float = Field(default=30.0, gt=0, description="Claim expiry.")
+    lease_ttl_seconds: float = Field(
+        default=60.0, gt=0, description="Lease expiry; each heartbeat renews it."
+    )
+    reservation_walk_limit: int = Field(
+        default=3, ge=0, description="Next-ranked candidates tried after a lost reservation."
+    )
+    retry_attempts: int = Field(default=5, ge=1, description="Tries of a transient DB failure.")
+    retry_base_delay_ms: float = Field(default=20.0, gt=0, description="First retry backoff.")
+    tick_seconds: float = Field(
+        default=5.0, gt=0, description="Safety-net period between passes without any wakeup."
+    )
+    shard: str | None = Field(
+        default=None,
+        description="Static shard ownership INDEX/COUNT; unset = dynamic via advisory locks.",
+    )
+
+    @field_validator("log_level")
+    @classmethod
+    def _log_level_known(cls, value: str) -> str:
+        value = value.lower()
+        if value not in {"debug", "info", "warning", "error", "critical"}:
+            raise ValueError("must be one of debug, info, warning, error, critical")
+        return value
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """Return the process-wide settings, read once from the environment."""
+    return Settings()

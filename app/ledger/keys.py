@@ -1,0 +1,105 @@
+"""API keys: stored as sha256 hashes; the key itself is shown once and never stored."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import insert, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.ledger.tables import api_keys
+
+KEY_PREFIX = "berth_"
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeyRecord:
+    """A stored key's owner: subject, role and the tenants / runtime instances it acts for."""
+
+    id: uuid.UUID
+    subject: str
+    role: str
+    tenant_ids: tuple[str, ...]
+    runtime_instance_ids: tuple[str, ...]
+
+
+def key_hash(key: str) -> str:
+    """Return the stored hash of ``key``."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def key_generate() -> str:
+    """Return a new random API key."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+async def api_key_create(
+    conn: AsyncConnection,
+    *,
+    role: str,
+    subject: str,
+    tenant_ids: Sequence[str] = (),
+    runtime_instance_ids: Sequence[str] = (),
+    bootstrap: bool = False,
+) -> str:
+    """Store a new key for ``subject`` and return the key itself (shown once, never stored)."""
+    key = key_generate()
+    await conn.execute(
+        insert(api_keys).values(
+            id=uuid.uuid4(),
+            key_hash=key_hash(key),
+            prefix=key[: len(KEY_PREFIX) + 6],
+            subject=subject,
+            role=role,
+            tenant_ids=list(tenant_ids),
+            runtime_instance_ids=list(runtime_instance_ids),
+            bootstrap=bootstrap,
+        )
+    )
+    return key
+
+
+async def api_key_bootstrap(conn: AsyncConnection) -> str | None:
+    """Create the bootstrap admin key on a database that has none, and return it; else None.
+
+    A unique partial index allows one bootstrap key ever, so two processes starting at once
+    on a new database cannot both print one.
+    """
+    exists = await conn.scalar(select(api_keys.c.id).where(api_keys.c.bootstrap).limit(1))
+    if exists is not None:
+        return None
+    try:
+        async with conn.begin_nested():
+            return await api_key_create(conn, role="admin", subject="bootstrap-admin",
+                                        bootstrap=True)
+    except IntegrityError:
+        return None
+
+
+async def api_key_get(conn: AsyncConnection, *, key: str) -> ApiKeyRecord | None:
+    """Return the live key record matching ``key``, or None."""
+    row = (
+        await conn.execute(
+            select(
+                api_keys.c.id,
+                api_keys.c.subject,
+                api_keys.c.role,
+                api_keys.c.tenant_ids,
+                api_keys.c.runtime_instance_ids,
+            ).where(api_keys.c.key_hash == key_hash(key), api_keys.c.revoked_at.is_(None))
+        )
+    ).first()
+    if row is None:
+        return None
+    return ApiKeyRecord(
+        id=row.id,
+        subject=row.subject,
+        role=row.role,
+        tenant_ids=tuple(row.tenant_ids),
+        runtime_instance_ids=tuple(row.runtime_instance_ids),
+    )

@@ -1,0 +1,265 @@
+"""The durable schema as SQLAlchemy Core tables.
+
+The Alembic revisions under ``migrations/`` create this schema; a test proves that running
+every migration gives exactly these tables. Queries in :mod:`app.ledger` are written against
+these objects (or as named SQL beside them). Invariants the database itself enforces:
+
+* ``ledgers``: ``0 <= reserved <= total`` on every dimension (over-commit is impossible,
+  even for buggy code);
+* ``tasks.state`` and ``pools.status`` take only their legal values;
+* one task per (tenant, idempotency key); one reservation row per (task, pool); at most one
+  active lease per (task, pool).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING)
+
+TASK_STATES = ("ADMITTED", "CLAIMED", "LEASED", "SUCCEEDED", "FAILED", "CANCELLED")
+POOL_STATUSES = ("ACTIVE", "CORDONED", "DRAINING")
+LEASE_STATES = ("ACTIVE", "COMPLETED", "EXPIRED", "REVOKED", "CANCELLED")
+ROLES = ("admin", "operator", "tenant", "runtime")
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    quoted = ", ".join(f"'{v}'" for v in values)
+    return f"{column} IN ({quoted})"
+
+
+NOW = text("now()")
+
+pools = Table(
+    "pools",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("tenant_ids", ARRAY(Text), nullable=False, server_default="{}"),
+    Column("runtime_class", Text, nullable=False),
+    Column("runtime_instance_id", Text, nullable=False),
+    Column("region", Text, nullable=False),
+    Column("data_residency", Text, nullable=False, server_default=""),
+    Column("failure_domain", Text, nullable=False, server_default=""),
+    Column("labels", JSONB, nullable=False, server_default="{}"),
+    Column("artifact_regions", ARRAY(Text), nullable=False, server_default="{}"),
+    Column("cost_weight", Float, nullable=False, server_default="1"),
+    Column("operators", ARRAY(Text), nullable=False, server_default="{}"),
+    Column("status", Text, nullable=False, server_default="ACTIVE"),
+    Column("status_reason", Text),
+    Column("drain_deadline", DateTime(timezone=True)),
+    Column("ready", Boolean, nullable=False, server_default="true"),
+    Column("version", BigInteger, nullable=False, server_default="1"),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    CheckConstraint(_in("status", POOL_STATUSES), name="status_legal"),
+    CheckConstraint("cost_weight >= 0", name="cost_weight_nonnegative"),
+    CheckConstraint("id ~ '^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$'", name="id_slug"),
+    CheckConstraint("version >= 1", name="version_positive"),
+)
+Index("ix_pools_runtime_instance_id", pools.c.runtime_instance_id)
+
+ledgers = Table(
+    "ledgers",
+    metadata,
+    Column("pool_id", Text, ForeignKey("pools.id", ondelete="CASCADE"), primary_key=True),
+    Column("cpu_total", BigInteger, nullable=False),
+    Column("memory_total", BigInteger, nullable=False),
+    Column("llm_total", BigInteger, nullable=False),
+    Column("cpu_reserved", BigInteger, nullable=False, server_default="0"),
+    Column("memory_reserved", BigInteger, nullable=False, server_default="0"),
+    Column("llm_reserved", BigInteger, nullable=False, server_default="0"),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    CheckConstraint("cpu_reserved >= 0 AND cpu_reserved <= cpu_total", name="cpu_within_total"),
+    CheckConstraint(
+        "memory_reserved >= 0 AND memory_reserved <= memory_total", name="memory_within_total"
+    ),
+    CheckConstraint("llm_reserved >= 0 AND llm_reserved <= llm_total", name="llm_within_total"),
+)
+
+runtime_instances = Table(
+    "runtime_instances",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("last_heartbeat_at", DateTime(timezone=True), nullable=False),
+    Column("first_seen_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+)
+
+tasks = Table(
+    "tasks",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    # Admission order: the fifo key, the cursor of lists, the tie-break of every policy.
+    Column("seq", BigInteger, Identity(always=True), nullable=False, unique=True),
+    Column("tenant_id", Text, nullable=False),
+    Column("shard", Integer, nullable=False),
+    Column("state", Text, nullable=False, server_default="ADMITTED"),
+    Column("priority", Integer, nullable=False, server_default="0"),
+    Column("runtime_class", Text, nullable=False),
+    Column("spec", JSONB, nullable=False),
+    Column("labels", JSONB, nullable=False, server_default="{}"),
+    Column("pending_reason", JSONB),
+    # A parked task is ADMITTED but waits for a wakeup (capacity released, pool activated...)
+    # instead of being claimed again in a hot loop.
+    Column("parked", Boolean, nullable=False, server_default="false"),
+    Column("placement", JSONB),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("max_attempts", Integer, nullable=False, server_default="3"),
+    Column("claim_owner", Text),
+    Column("claim_expires_at", DateTime(timezone=True)),
+    Column("idempotency_key", Text),
+    Column("request_hash", Text),
+    Column("failure_reason", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("admitted_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("leased_at", DateTime(timezone=True)),
+    Column("finished_at", DateTime(timezone=True)),
+    CheckConstraint(_in("state", TASK_STATES), name="state_legal"),
+    CheckConstraint("shard >= 0", name="shard_nonnegative"),
+    CheckConstraint("attempts >= 0", name="attempts_nonnegative"),
+    CheckConstraint("max_attempts >= 1", name="max_attempts_positive"),
+    CheckConstraint(
+        "(state = 'CLAIMED') = (claim_owner IS NOT NULL AND claim_expires_at IS NOT NULL)",
+        name="claim_iff_claimed",
+    ),
+    UniqueConstraint("tenant_id", "idempotency_key", name="uq_tasks_tenant_idempotency_key"),
+)
+# The claim query: admitted, unparked tasks of a shard in admission order.
+Index(
+    "ix_tasks_claimable",
+    tasks.c.shard,
+    tasks.c.seq,
+    postgresql_where=text("state = 'ADMITTED' AND NOT parked"),
+)
+# Parked tasks woken by an event.
+Index("ix_tasks_parked", tasks.c.shard, postgresql_where=text("state = 'ADMITTED' AND parked"))
+# Claims whose reconciler died.
+Index(
+    "ix_tasks_claim_expiry", tasks.c.claim_expires_at, postgresql_where=text("state = 'CLAIMED'")
+)
+# A tenant's own tasks, newest first / by cursor.
+Index("ix_tasks_tenant_seq", tasks.c.tenant_id, tasks.c.seq)
+
+reservations = Table(
+    "reservations",
+    metadata,
+    Column("task_id", UUID(as_uuid=True), ForeignKey("tasks.id", ondelete="CASCADE"),
+           nullable=False),
+    Column("pool_id", Text, ForeignKey("pools.id"), nullable=False),
+    Column("members", Integer, nullable=False, server_default="1"),
+    Column("cpu", BigInteger, nullable=False),
+    Column("memory", BigInteger, nullable=False),
+    Column("llm", BigInteger, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    PrimaryKeyConstraint("task_id", "pool_id", name="pk_reservations"),
+    CheckConstraint("members >= 1", name="members_positive"),
+    CheckConstraint("cpu >= 0 AND memory >= 0 AND llm >= 0", name="amounts_nonnegative"),
+)
+Index("ix_reservations_pool_id", reservations.c.pool_id)
+
+leases = Table(
+    "leases",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("task_id", UUID(as_uuid=True), ForeignKey("tasks.id", ondelete="CASCADE"),
+           nullable=False),
+    Column("pool_id", Text, ForeignKey("pools.id"), nullable=False),
+    Column("runtime_instance_id", Text, nullable=False),
+    # Fencing epoch: every write for a lease names it; a recovered and re-granted task has a
+    # higher epoch, so a stale runtime's completion is refused.
+    Column("epoch", BigInteger, nullable=False),
+    Column("state", Text, nullable=False, server_default="ACTIVE"),
+    Column("granted_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Column("ended_at", DateTime(timezone=True)),
+    Column("end_reason", Text),
+    CheckConstraint(_in("state", LEASE_STATES), name="state_legal"),
+    CheckConstraint("epoch >= 1", name="epoch_positive"),
+)
+Index(
+    "ix_leases_live_task_pool",
+    leases.c.task_id,
+    leases.c.pool_id,
+    unique=True,
+    postgresql_where=text("state = 'ACTIVE'"),
+)
+Index("ix_leases_expiry", leases.c.expires_at, postgresql_where=text("state = 'ACTIVE'"))
+Index(
+    "ix_leases_runtime_instance",
+    leases.c.runtime_instance_id,
+    postgresql_where=text("state = 'ACTIVE'"),
+)
+Index("ix_leases_pool_live", leases.c.pool_id, postgresql_where=text("state = 'ACTIVE'"))
+
+task_events = Table(
+    "task_events",
+    metadata,
+    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("task_id", UUID(as_uuid=True), ForeignKey("tasks.id", ondelete="CASCADE"),
+           nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("from_state", Text),
+    Column("to_state", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("detail", JSONB),
+)
+Index("ix_task_events_task_id", task_events.c.task_id, task_events.c.id)
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    # sha256 of the key; the key itself is never stored.
+    Column("key_hash", Text, nullable=False, unique=True),
+    Column("prefix", Text, nullable=False),
+    Column("subject", Text, nullable=False),
+    Column("role", Text, nullable=False),
+    Column("tenant_ids", ARRAY(Text), nullable=False, server_default="{}"),
+    Column("runtime_instance_ids", ARRAY(Text), nullable=False, server_default="{}"),
+    Column("bootstrap", Boolean, nullable=False, server_default="false"),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("revoked_at", DateTime(timezone=True)),
+    CheckConstraint(_in("role", ROLES), name="role_legal"),
+)
+# At most one bootstrap key, ever: the "printed once" guarantee is enforced by the database.
+Index("ix_api_keys_bootstrap", api_keys.c.bootstrap, unique=True,
+      postgresql_where=text("bootstrap"))
+
+idempotency_records = Table(
+    "idempotency_records",
+    metadata,
+    Column("subject", Text, nullable=False),
+    Column("key", Text, nullable=False),
+    Column("operation", Text, nullable=False),
+    Column("request_hash", Text, nullable=False),
+    Column("status_code", Integer, nullable=False),
+    Column("response", JSONB, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    PrimaryKeyConstraint("subject", "operation", "key", name="pk_idempotency_records"),
+)

@@ -1,0 +1,91 @@
+"""The FastAPI application factory: lifespan (engine, schema check), routers, error handlers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from prometheus_fastapi_instrumentator import Instrumentator
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app import __version__
+from app.api.problems import problem_response, problems_install
+from app.config import Settings, get_settings
+from app.db import make_engine
+from app.errors import ConfigurationError
+from app.schema import schema_current, schema_head
+
+log = logging.getLogger("berth")
+
+
+async def readiness(engine: AsyncEngine) -> str | None:
+    """Return None when the database answers and its schema is at head, else why not."""
+    try:
+        async with engine.connect() as conn:
+            current = await schema_current(conn)
+    except Exception as exc:
+        return f"database unreachable: {type(exc).__name__}"
+    head = schema_head()
+    if current != head:
+        return f"database schema is at {current or 'nothing'}, not {head}: run `berth migrate`"
+    return None
+
+
+def create_app(settings: Settings | None = None, *, engine: AsyncEngine | None = None) -> FastAPI:
+    """Build the Berth ASGI application; ``engine`` defaults to one for settings.database_url."""
+    settings = settings or get_settings()
+    if engine is None and settings.database_url is None:
+        raise ConfigurationError(
+            "no database: set BERTH_DATABASE_URL, or run `berth serve` for the embedded one"
+        )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        own_engine = engine is None
+        app.state.engine = engine or make_engine(
+            settings.database_url or "",
+            pool_size=settings.db_pool_size,
+            max_overflow=settings.db_max_overflow,
+            connect_timeout_seconds=settings.db_connect_timeout_seconds,
+        )
+        app.state.settings = settings
+        try:
+            yield
+        finally:
+            if own_engine:
+                await app.state.engine.dispose()
+
+    app = FastAPI(
+        title="Berth",
+        version=__version__,
+        summary="Multi-tenant placement scheduler with a durable capacity ledger.",
+        lifespan=lifespan,
+    )
+    problems_install(app)
+
+    @app.get("/healthz", tags=["health"], operation_id="getHealth", summary="Liveness")
+    async def healthz() -> dict[str, str]:
+        """Answer 200 while the process is alive."""
+        return {"status": "ok"}
+
+    @app.get(
+        "/readyz",
+        tags=["health"],
+        operation_id="getReadiness",
+        summary="Readiness: database reachable and schema at head",
+        responses={503: {"description": "Not ready", "content": {"application/problem+json": {}}}},
+    )
+    async def readyz() -> JSONResponse:
+        """Answer 200 when the database is reachable and its schema at head, else 503."""
+        why = await readiness(app.state.engine)
+        if why is not None:
+            return problem_response(503, detail=why, type_uri="https://berth.dev/problems/unavailable")
+        return JSONResponse({"status": "ready"})
+
+    Instrumentator(excluded_handlers=["/metrics"]).instrument(app).expose(
+        app, "/metrics", include_in_schema=False
+    )
+    return app

@@ -1,0 +1,53 @@
+"""Every Prometheus metric of the scheduler, as module-level constants.
+
+Labels only ever take values from fixed internal sets (outcomes, reason codes, plugin
+names, stages, wakeup sources) — never a tenant, task, pool or label value.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+PASS_DURATION = Histogram(
+    "berth_pass_duration_seconds",
+    "Duration of one reconcile pass (claim, snapshot, select, reserve, lease, commit).",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+QUEUE_WAIT = Histogram(
+    "berth_queue_wait_seconds",
+    "Time from a task's admission to its lease.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
+PLACEMENTS = Counter(
+    "berth_placements_total",
+    "Placement decisions by outcome (leased, pending, conflict).",
+    ["outcome"],
+)
+FILTER_REJECTIONS = Counter(
+    "berth_filter_rejections_total",
+    "Pools rejected by a filter plugin, by plugin and reason code.",
+    ["plugin", "reason"],
+)
+RESERVATION_CONFLICTS = Counter(
+    "berth_reservation_conflicts_total",
+    "Reservations that lost a race, by stage (reserve, bind).",
+    ["stage"],
+)
+WAKEUPS = Counter(
+    "berth_pending_wakeups_total",
+    "Wakeups of pending tasks, by source.",
+    ["source"],
+)
+TASKS_CLAIMED = Counter("berth_tasks_claimed_total", "Tasks claimed by reconcile passes.")
+TASKS_LEASED = Counter("berth_tasks_leased_total", "Tasks reserved and leased.")
+LEASES_EXPIRED = Counter(
+    "berth_leases_expired_total",
+    "Leases recovered, by cause (expired, revoked by a drain deadline).",
+    ["cause"],
+)
+TRANSIENT_RETRIES = Counter(
+    "berth_transient_retries_total",
+    "Transaction retries after a transient failure, by kind.",
+    ["kind"],
+)
+SHARDS_OWNED = Gauge("berth_shards_owned", "Shard slots owned by this reconciler process.")

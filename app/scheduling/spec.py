@@ -1,0 +1,306 @@
+"""The one validation of a task spec, and its compiled form used by the core.
+
+The HTTP API uses :class:`TaskSpec` as its request body; the reconciler validates the stored
+JSON with the same model. :func:`compile_spec` turns a valid spec into a frozen, hashable
+:class:`CompiledSpec` that the core reads on its hot path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic.alias_generators import to_camel
+
+__all__ = [
+    "Affinity",
+    "AffinityTerm",
+    "CompiledSpec",
+    "CompiledTerm",
+    "Constraints",
+    "Gang",
+    "Resources",
+    "TaskSpec",
+    "compile_spec",
+]
+
+#: Bounds that keep a spec small enough to store, index and evaluate cheaply.
+MAX_LABELS = 32
+MAX_SELECTOR = 16
+MAX_TERMS = 8
+MAX_REGIONS = 32
+MAX_PRIORITY = 1000
+
+LabelKey = Annotated[
+    str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9]([A-Za-z0-9._/-]*)$")
+]
+LabelValue = Annotated[str, StringConstraints(max_length=256)]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+RuntimeClass = Annotated[
+    str, StringConstraints(pattern=r"^[a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?$")
+]
+Topology = Literal["pool", "failureDomain", "region"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+    )
+
+
+class Resources(_Model):
+    """Requested (or offered) capacity: CPU millicores, memory MiB and LLM slots."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"cpuMillis": 500, "memoryMiB": 1024, "llmSlots": 1}]}
+    )
+
+    cpu_millis: int = Field(default=0, ge=0, le=10**9)
+    memory_mib: int = Field(default=0, ge=0, le=10**9, alias="memoryMiB")
+    llm_slots: int = Field(default=0, ge=0, le=10**6)
+
+    def as_tuple(self) -> tuple[int, int, int]:
+        """Return the (cpuMillis, memoryMiB, llmSlots) tuple."""
+        return (self.cpu_millis, self.memory_mib, self.llm_slots)
+
+
+class Constraints(_Model):
+    """Hard placement constraints plus the preferred artifact locality."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "regions": ["eu-west-1"],
+                    "dataResidency": "eu",
+                    "artifactRegion": "eu-west-1",
+                    "poolSelector": {"gpu": "a100"},
+                }
+            ]
+        }
+    )
+
+    regions: list[Name] | None = Field(default=None, min_length=1, max_length=MAX_REGIONS)
+    data_residency: Name | None = None
+    artifact_region: Name | None = None
+    pool_selector: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_SELECTOR)
+
+
+class AffinityTerm(_Model):
+    """One affinity term: co-locate with (or, if ``anti``, away from) matching tasks.
+
+    ``weight`` is required on preferred terms and forbidden on required terms.
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"selector": {"app": "web"}, "topology": "failureDomain", "anti": True}]
+        }
+    )
+
+    selector: dict[LabelKey, LabelValue] = Field(min_length=1, max_length=MAX_SELECTOR)
+    topology: Topology = "pool"
+    anti: bool = False
+    weight: int | None = Field(default=None, ge=1, le=100)
+
+
+class Affinity(_Model):
+    """Required terms filter pools; preferred terms only score them."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "required": [{"selector": {"cohort": "c1"}, "topology": "pool"}],
+                    "preferred": [
+                        {"selector": {"app": "db"}, "topology": "region", "weight": 50}
+                    ],
+                }
+            ]
+        }
+    )
+
+    required: list[AffinityTerm] = Field(default_factory=list, max_length=MAX_TERMS)
+    preferred: list[AffinityTerm] = Field(default_factory=list, max_length=MAX_TERMS)
+
+    @model_validator(mode="after")
+    def _check_weights(self) -> Affinity:
+        for i, term in enumerate(self.required):
+            if term.weight is not None:
+                raise ValueError(f"required[{i}].weight: weight applies only to preferred terms")
+        for i, term in enumerate(self.preferred):
+            if term.weight is None:
+                raise ValueError(f"preferred[{i}].weight: a preferred term needs a weight 1..100")
+        return self
+
+
+class Gang(_Model):
+    """N identical members placed all-or-nothing, possibly across several pools."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"members": 4, "minPools": 1, "maxPerPool": 2}]}
+    )
+
+    members: int = Field(ge=1, le=1024)
+    min_pools: int = Field(default=1, ge=1, le=1024)
+    max_per_pool: int | None = Field(default=None, ge=1, le=1024)
+
+    @model_validator(mode="after")
+    def _check_spread(self) -> Gang:
+        if self.min_pools > self.members:
+            raise ValueError("minPools cannot exceed members (each pool hosts at least one member)")
+        # With k pools the fullest pool holds ceil(members / k); the widest spread allowed by
+        # minPools..members must fit under maxPerPool. k = members always gives 1, so any
+        # maxPerPool >= 1 leaves a plan; keep the check explicit for readers.
+        if self.max_per_pool is not None and -(-self.members // self.members) > self.max_per_pool:
+            raise ValueError("no spread of the members satisfies maxPerPool")
+        return self
+
+
+class TaskSpec(_Model):
+    """A task spec as submitted by a tenant (SPEC §3)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "runtimeClass": "python-3.11",
+                    "requests": {"cpuMillis": 500, "memoryMiB": 1024, "llmSlots": 0},
+                    "constraints": {"regions": ["eu-west-1"], "poolSelector": {"tier": "std"}},
+                    "affinity": {
+                        "preferred": [
+                            {"selector": {"app": "web"}, "topology": "pool", "weight": 10}
+                        ]
+                    },
+                    "priority": 0,
+                    "labels": {"app": "web"},
+                    "maxAttempts": 3,
+                }
+            ]
+        }
+    )
+
+    runtime_class: RuntimeClass
+    requests: Resources
+    constraints: Constraints = Field(default_factory=Constraints)
+    affinity: Affinity = Field(default_factory=Affinity)
+    gang: Gang | None = None
+    priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS)
+    max_attempts: int = Field(default=3, ge=1, le=100)
+
+    @model_validator(mode="after")
+    def _check_requests(self) -> TaskSpec:
+        if not any(self.requests.as_tuple()):
+            raise ValueError("requests: at least one of cpuMillis, memoryMiB, llmSlots must be > 0")
+        return self
+
+
+# --- compiled form ---------------------------------------------------------------------------
+
+Items = frozenset[tuple[str, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledTerm:
+    """An affinity term as the core reads it: selector items, topology, anti, weight."""
+
+    selector: Items
+    topology: str
+    anti: bool = False
+    weight: int = 0
+
+    def matches(self, labels: Items) -> bool:
+        """Return whether a task with ``labels`` matches this term's selector."""
+        return self.selector <= labels
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledSpec:
+    """A validated spec compiled once per task: frozen, hashable, cheap to read."""
+
+    tenant_id: str
+    task_id: str | None
+    runtime_class: str
+    requests: tuple[int, int, int]
+    regions: frozenset[str] | None = None
+    data_residency: str | None = None
+    artifact_region: str | None = None
+    pool_selector: Items = frozenset()
+    required: tuple[CompiledTerm, ...] = ()
+    preferred: tuple[CompiledTerm, ...] = ()
+    labels: Items = frozenset()
+    members: int = 1
+    min_pools: int = 1
+    max_per_pool: int | None = None
+    priority: int = 0
+    fingerprint: tuple = field(default=(), compare=False)
+
+    @property
+    def is_gang(self) -> bool:
+        """Return whether the spec places more than one member."""
+        return self.members > 1 or self.min_pools > 1
+
+    @property
+    def depends_on_placements(self) -> bool:
+        """Return whether feasibility can change when more tasks are placed (positive affinity)."""
+        return any(not t.anti for t in self.required)
+
+
+def _term(term: AffinityTerm) -> CompiledTerm:
+    return CompiledTerm(
+        selector=frozenset(term.selector.items()),
+        topology=term.topology,
+        anti=term.anti,
+        weight=term.weight or 0,
+    )
+
+
+def compile_spec(spec: TaskSpec, *, tenant_id: str, task_id: str | None = None) -> CompiledSpec:
+    """Compile a validated spec into the frozen form the core evaluates."""
+    c = spec.constraints
+    gang = spec.gang
+    members = gang.members if gang else 1
+    min_pools = gang.min_pools if gang else 1
+    max_per_pool = gang.max_per_pool if gang else None
+    requests = spec.requests.as_tuple()
+    regions = frozenset(c.regions) if c.regions is not None else None
+    selector = frozenset(c.pool_selector.items())
+    required = tuple(_term(t) for t in spec.affinity.required)
+    preferred = tuple(_term(t) for t in spec.affinity.preferred)
+    labels = frozenset(spec.labels.items())
+    # Own labels matter to feasibility only through the bootstrap rule of required terms.
+    own = labels if required else frozenset()
+    fingerprint = (
+        tenant_id,
+        spec.runtime_class,
+        requests,
+        regions,
+        c.data_residency,
+        selector,
+        required,
+        own,
+        (members, min_pools, max_per_pool),
+    )
+    return CompiledSpec(
+        tenant_id=tenant_id,
+        task_id=task_id,
+        runtime_class=spec.runtime_class,
+        requests=requests,
+        regions=regions,
+        data_residency=c.data_residency,
+        artifact_region=c.artifact_region,
+        pool_selector=selector,
+        required=required,
+        preferred=preferred,
+        labels=labels,
+        members=members,
+        min_pools=min_pools,
+        max_per_pool=max_per_pool,
+        priority=spec.priority,
+        fingerprint=fingerprint,
+    )

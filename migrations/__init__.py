@@ -1,0 +1,1 @@
+"""Alembic migrations of Berth's schema (one revision per change, readable slugs)."""

@@ -1,0 +1,116 @@
+"""Test database: one fresh, migrated PostgreSQL database per test session.
+
+Where it comes from, in order:
+
+1. ``BERTH_TEST_DATABASE_URL`` (a server URL): the fixture creates its own database there
+   and drops it at the end;
+2. else the embedded PostgreSQL (``app.embedded``) in a temporary directory;
+3. else, with ``BERTH_TEST_BACKEND=docker``, a throwaway testcontainers PostgreSQL.
+
+Each test that asks for ``db`` gets a clean state (every table truncated).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import pytest_asyncio
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db import make_engine
+from app.ledger.tables import metadata
+from app.schema import schema_upgrade
+
+
+def _server_url() -> Iterator[str]:
+    url = os.environ.get("BERTH_TEST_DATABASE_URL")
+    if url:
+        yield url
+        return
+    if os.environ.get("BERTH_TEST_BACKEND") == "docker":
+        from testcontainers.postgres import PostgresContainer
+
+        with PostgresContainer("postgres:16-alpine", driver=None) as pg:
+            yield pg.get_connection_url()
+        return
+    import tempfile
+
+    from app.embedded import EmbeddedPostgres
+
+    with tempfile.TemporaryDirectory(prefix="berth-test-pg-") as tmp:
+        server = EmbeddedPostgres(tmp)
+        server.start()
+        try:
+            yield server.url
+        finally:
+            server.stop()
+
+
+async def _admin(url: str, sql: str) -> None:
+    engine = make_engine(url, pool_size=1, max_overflow=0, isolation_level="AUTOCOMMIT")
+    try:
+        async with engine.connect() as conn:
+            await conn.exec_driver_sql(sql)
+    finally:
+        await engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def server_url() -> Iterator[str]:
+    """Yield the URL of a PostgreSQL server the tests may create databases on."""
+    yield from _server_url()
+
+
+@pytest.fixture(scope="session")
+def database_url(server_url: str) -> Iterator[str]:
+    """Yield the URL of a fresh database on the test server, migrated to head."""
+    name = f"berth_test_{uuid.uuid4().hex[:12]}"
+    maintenance = make_url(server_url).set(database="postgres").render_as_string(False)
+    url = make_url(server_url).set(database=name).render_as_string(False)
+    asyncio.run(_admin(maintenance, f'CREATE DATABASE "{name}"'))
+
+    async def _migrate() -> None:
+        engine = make_engine(url, pool_size=1, max_overflow=0)
+        try:
+            await schema_upgrade(engine)
+        finally:
+            await engine.dispose()
+
+    asyncio.run(_migrate())
+    try:
+        yield url
+    finally:
+        asyncio.run(_admin(maintenance, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest_asyncio.fixture(scope="session")
+async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    """Yield an engine on the session's test database."""
+    eng = make_engine(database_url, pool_size=20, max_overflow=20)
+    try:
+        yield eng
+    finally:
+        await eng.dispose()
+
+
+TRUNCATE = "TRUNCATE {} RESTART IDENTITY CASCADE".format(
+    ", ".join(t.name for t in metadata.sorted_tables)
+)
+
+
+async def database_clean(engine: AsyncEngine) -> None:
+    """Empty every table of the test database."""
+    async with engine.begin() as conn:
+        await conn.exec_driver_sql(TRUNCATE)
+
+
+@pytest_asyncio.fixture
+async def db(engine: AsyncEngine) -> AsyncIterator[AsyncEngine]:
+    """Yield the engine on a clean database (every table truncated before the test)."""
+    await database_clean(engine)
+    yield engine

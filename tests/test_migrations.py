@@ -1,0 +1,115 @@
+"""Migrations: up/down/up works, migrations equal the table models, the ledger CHECKs hold."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db import make_engine
+from app.ledger.tables import metadata
+from app.schema import schema_current, schema_downgrade, schema_head, schema_upgrade
+
+from tests.conftest import _admin
+
+
+@pytest.fixture
+async def scratch_engine(server_url: str):
+    """Yield an engine on a new, empty database dropped afterwards."""
+    name = f"berth_mig_{uuid.uuid4().hex[:10]}"
+    maintenance = make_url(server_url).set(database="postgres").render_as_string(False)
+    await _admin(maintenance, f'CREATE DATABASE "{name}"')
+    eng = make_engine(make_url(server_url).set(database=name).render_as_string(False))
+    try:
+        yield eng
+    finally:
+        await eng.dispose()
+        await _admin(maintenance, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def _tables(eng: AsyncEngine) -> set[str]:
+    async with eng.connect() as conn:
+        rows = await conn.exec_driver_sql(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+        )
+        return {r[0] for r in rows}
+
+
+async def test_upgrade_downgrade_upgrade(scratch_engine: AsyncEngine) -> None:
+    await schema_upgrade(scratch_engine)
+    assert {t.name for t in metadata.sorted_tables} <= await _tables(scratch_engine)
+    async with scratch_engine.connect() as conn:
+        assert await schema_current(conn) == schema_head()
+
+    await schema_downgrade(scratch_engine)
+    assert await _tables(scratch_engine) <= {"alembic_version"}
+
+    await schema_upgrade(scratch_engine)
+    async with scratch_engine.connect() as conn:
+        assert await schema_current(conn) == schema_head()
+
+
+async def test_migrations_match_table_models(engine: AsyncEngine) -> None:
+    def _diff(sync_conn):  # type: ignore[no-untyped-def]
+        ctx = MigrationContext.configure(sync_conn, opts={"compare_type": True})
+        return compare_metadata(ctx, metadata)
+
+    async with engine.connect() as conn:
+        diff = await conn.run_sync(_diff)
+    assert diff == []
+
+
+LEDGER_ROW = (
+    "INSERT INTO pools (id, runtime_class, runtime_instance_id, region) "
+    "VALUES ('p1', 'gpu', 'rt-1', 'eu-west');"
+    "INSERT INTO ledgers (pool_id, cpu_total, memory_total, llm_total) "
+    "VALUES ('p1', 1000, 2048, 2)"
+)
+
+
+@pytest.mark.parametrize(
+    "update",
+    [
+        pytest.param("cpu_reserved = 1001", id="cpu-over-total"),
+        pytest.param("memory_reserved = 4096", id="memory-over-total"),
+        pytest.param("llm_reserved = 3", id="llm-over-total"),
+        pytest.param("cpu_reserved = -1", id="cpu-negative"),
+        pytest.param("cpu_total = 10, cpu_reserved = 500", id="total-lowered-below-reserved"),
+    ],
+)
+async def test_ledger_check_rejects_over_reserve(db: AsyncEngine, update: str) -> None:
+    async with db.begin() as conn:
+        for stmt in LEDGER_ROW.split(";"):
+            await conn.exec_driver_sql(stmt)
+    with pytest.raises(IntegrityError, match="check constraint"):
+        async with db.begin() as conn:
+            await conn.exec_driver_sql(f"UPDATE ledgers SET {update} WHERE pool_id = 'p1'")
+    async with db.connect() as conn:
+        row = (await conn.exec_driver_sql("SELECT cpu_reserved FROM ledgers")).one()
+    assert row[0] == 0
+
+
+@pytest.mark.parametrize(
+    "stmt",
+    [
+        pytest.param("UPDATE tasks SET state = 'RUNNING'", id="unknown-task-state"),
+        pytest.param("UPDATE tasks SET state = 'CLAIMED'", id="claimed-without-owner"),
+        pytest.param("UPDATE pools SET status = 'PAUSED'", id="unknown-pool-status"),
+        pytest.param("UPDATE pools SET cost_weight = -1", id="negative-cost"),
+    ],
+)
+async def test_state_machine_values_enforced(db: AsyncEngine, stmt: str) -> None:
+    async with db.begin() as conn:
+        await conn.exec_driver_sql(LEDGER_ROW.split(";")[0])
+        await conn.exec_driver_sql(
+            "INSERT INTO tasks (id, tenant_id, shard, runtime_class, spec) "
+            "VALUES (gen_random_uuid(), 't1', 0, 'gpu', '{}')"
+        )
+    with pytest.raises(IntegrityError, match="check constraint"):
+        async with db.begin() as conn:
+            await conn.exec_driver_sql(stmt)
