@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
+from fastapi import Depends, Request
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -63,4 +64,14 @@ async def connection_dependency(engine: AsyncEngine) -> AsyncIterator[AsyncConne
         yield conn
 
 
-__all__ = ["Annotated", "async_url", "connection_dependency", "describe_url", "make_engine"]
+__all__ = ["ConnDep", "async_url", "connection_dependency", "describe_url", "make_engine"]
+
+
+async def _request_connection(request: Request) -> AsyncIterator[AsyncConnection]:
+    async with request.app.state.engine.begin() as conn:
+        yield conn
+
+
+#: A connection in a transaction for one request: committed when the endpoint returns,
+#: rolled back when it raises.
+ConnDep = Annotated[AsyncConnection, Depends(_request_connection)]

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app import __version__
 from app.api.problems import problem_response, problems_install
+from app.auth import KeyCache
 from app.config import Settings, get_settings
 from app.db import make_engine
 from app.errors import ConfigurationError
@@ -52,6 +53,7 @@ def create_app(settings: Settings | None = None, *, engine: AsyncEngine | None =
             connect_timeout_seconds=settings.db_connect_timeout_seconds,
         )
         app.state.settings = settings
+        app.state.key_cache = KeyCache()
         try:
             yield
         finally:

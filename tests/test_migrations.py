@@ -14,7 +14,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.db import make_engine
 from app.ledger.tables import metadata
 from app.schema import schema_current, schema_downgrade, schema_head, schema_upgrade
-
 from tests.conftest import _admin
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import secrets
 import uuid
 from collections.abc import Sequence
@@ -33,6 +34,11 @@ def key_hash(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+def key_prefix(key: str) -> str:
+    """Return the non-secret prefix a key is looked up by."""
+    return key[: len(KEY_PREFIX) + 8]
+
+
 def key_generate() -> str:
     """Return a new random API key."""
     return KEY_PREFIX + secrets.token_urlsafe(32)
@@ -53,7 +59,7 @@ async def api_key_create(
         insert(api_keys).values(
             id=uuid.uuid4(),
             key_hash=key_hash(key),
-            prefix=key[: len(KEY_PREFIX) + 6],
+            prefix=key_prefix(key),
             subject=subject,
             role=role,
             tenant_ids=list(tenant_ids),
@@ -82,18 +88,25 @@ async def api_key_bootstrap(conn: AsyncConnection) -> str | None:
 
 
 async def api_key_get(conn: AsyncConnection, *, key: str) -> ApiKeyRecord | None:
-    """Return the live key record matching ``key``, or None."""
-    row = (
+    """Return the live key record matching ``key``, or None.
+
+    Rows are found by the key's non-secret prefix; the hashes are then compared in constant
+    time, so response timing tells nothing about how much of a guessed key was right.
+    """
+    digest = key_hash(key)
+    rows = (
         await conn.execute(
             select(
                 api_keys.c.id,
+                api_keys.c.key_hash,
                 api_keys.c.subject,
                 api_keys.c.role,
                 api_keys.c.tenant_ids,
                 api_keys.c.runtime_instance_ids,
-            ).where(api_keys.c.key_hash == key_hash(key), api_keys.c.revoked_at.is_(None))
+            ).where(api_keys.c.prefix == key_prefix(key), api_keys.c.revoked_at.is_(None))
         )
-    ).first()
+    ).all()
+    row = next((r for r in rows if hmac.compare_digest(r.key_hash, digest)), None)
     if row is None:
         return None
     return ApiKeyRecord(

@@ -247,6 +247,7 @@ api_keys = Table(
     Column("revoked_at", DateTime(timezone=True)),
     CheckConstraint(_in("role", ROLES), name="role_legal"),
 )
+Index("ix_api_keys_prefix", api_keys.c.prefix)
 # At most one bootstrap key, ever: the "printed once" guarantee is enforced by the database.
 Index("ix_api_keys_bootstrap", api_keys.c.bootstrap, unique=True,
       postgresql_where=text("bootstrap"))

@@ -47,6 +47,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_api_keys")),
         sa.UniqueConstraint("key_hash", name=op.f("uq_api_keys_key_hash")),
     )
+    op.create_index("ix_api_keys_prefix", "api_keys", ["prefix"], unique=False)
     op.create_index(
         "ix_api_keys_bootstrap",
         "api_keys",
@@ -388,6 +389,7 @@ def downgrade() -> None:
     op.drop_index("ix_pools_runtime_instance_id", table_name="pools")
     op.drop_table("pools")
     op.drop_table("idempotency_records")
+    op.drop_index("ix_api_keys_prefix", table_name="api_keys")
     op.drop_index(
         "ix_api_keys_bootstrap", table_name="api_keys", postgresql_where=sa.text("bootstrap")
     )
