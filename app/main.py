@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app import __version__
 from app.api.problems import problem_response, problems_install
+from app.api.router import api_router
 from app.auth import KeyCache
 from app.config import Settings, get_settings
 from app.db import make_engine
@@ -67,6 +68,7 @@ def create_app(settings: Settings | None = None, *, engine: AsyncEngine | None =
         lifespan=lifespan,
     )
     problems_install(app)
+    app.include_router(api_router())
 
     @app.get("/healthz", tags=["health"], operation_id="getHealth", summary="Liveness")
     async def healthz() -> dict[str, str]:

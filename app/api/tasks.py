@@ -1,0 +1,7 @@
+"""HTTP API: tasks (being written)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+router = APIRouter()
