@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from app.scheduling.framework import Reason
+from app.scheduling.reasons import Reason
 
+if TYPE_CHECKING:
     from app.scheduling.spec import CompiledSpec
 
 __all__ = [
@@ -89,10 +89,31 @@ class Snapshot:
     """Immutable pools, ledger usage, health and placed tasks, as arrays and indexes."""
 
     __slots__ = (
-        "pools", "ids", "pos", "n", "strategy", "cap", "has_ledger", "reserved", "status",
-        "ready", "fresh", "rc", "rc_table", "region", "region_table", "residency",
-        "residency_table", "fd", "fd_table", "cost", "by_tenant", "_label_idx", "_artifact_idx",
-        "_placed", "_memo",
+        "pools",
+        "ids",
+        "pos",
+        "n",
+        "strategy",
+        "cap",
+        "has_ledger",
+        "reserved",
+        "status",
+        "ready",
+        "fresh",
+        "rc",
+        "rc_table",
+        "region",
+        "region_table",
+        "residency",
+        "residency_table",
+        "fd",
+        "fd_table",
+        "cost",
+        "by_tenant",
+        "_label_idx",
+        "_artifact_idx",
+        "_placed",
+        "_memo",
     )
 
     @classmethod

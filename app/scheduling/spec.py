@@ -37,9 +37,7 @@ LabelKey = Annotated[
 ]
 LabelValue = Annotated[str, StringConstraints(max_length=256)]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=64)]
-RuntimeClass = Annotated[
-    str, StringConstraints(pattern=r"^[a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?$")
-]
+RuntimeClass = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?$")]
 Topology = Literal["pool", "failureDomain", "region"]
 
 
@@ -116,9 +114,7 @@ class Affinity(_Model):
             "examples": [
                 {
                     "required": [{"selector": {"cohort": "c1"}, "topology": "pool"}],
-                    "preferred": [
-                        {"selector": {"app": "db"}, "topology": "region", "weight": 50}
-                    ],
+                    "preferred": [{"selector": {"app": "db"}, "topology": "region", "weight": 50}],
                 }
             ]
         }

@@ -1,0 +1,157 @@
+"""``berth bench core``: time ``select`` over 1,000 and 10,000 pools with mixed specs.
+
+Prints one JSON line ``{"results": [{"pools", "p50Ms", "p99Ms", ...}, ...]}``. Each decision
+is one ``select`` call on a shared snapshot with a pass overlay (``Assumed``) that grows as
+tasks are placed and is reset every ``--batch`` tasks, as in a reconciler pass. The mix has
+region constraints, pool selectors, residency, required and preferred affinity, and gangs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+import numpy as np
+
+from app.scheduling.framework import select
+from app.scheduling.model import Assumed, PlacedTask, PoolState, Snapshot
+from app.scheduling.spec import TaskSpec, compile_spec
+
+TENANTS = [f"tenant-{i}" for i in range(8)]
+CLASSES = ["python-3.11", "node-20", "llm-small"]
+REGIONS = ["eu-west-1", "eu-central-1", "us-east-1", "us-west-2", "ap-south-1"]
+RESIDENCY = {"eu-west-1": "eu", "eu-central-1": "eu", "us-east-1": "us", "us-west-2": "us"}
+
+
+def make_pools(n: int, rng: random.Random) -> list[PoolState]:
+    """Return ``n`` pools with varied tenants, classes, regions, labels, health and load."""
+    pools = []
+    for i in range(n):
+        region = rng.choice(REGIONS)
+        cap = (rng.choice([8000, 16000, 32000]), rng.choice([16384, 65536]), rng.choice([0, 4, 8]))
+        reserved = tuple(int(c * rng.random() * 0.7) for c in cap)
+        pools.append(
+            PoolState(
+                id=f"pool-{i:05d}",
+                tenant_ids=frozenset(rng.sample(TENANTS, rng.randint(1, 4))),
+                runtime_class=rng.choice(CLASSES),
+                runtime_instance_id=f"rt-{i}",
+                region=region,
+                data_residency=RESIDENCY.get(region),
+                failure_domain=f"{region}-fd{rng.randint(0, 9)}",
+                labels={
+                    "tier": rng.choice(["std", "std", "hi"]),
+                    "disk": rng.choice(["ssd", "hdd"]),
+                },
+                artifact_regions=frozenset(rng.sample(REGIONS, 1)),
+                cost_weight=rng.choice([0.5, 1.0, 1.0, 2.0]),
+                status="ACTIVE" if rng.random() > 0.05 else "CORDONED",
+                ready=rng.random() > 0.02,
+                heartbeat_fresh=rng.random() > 0.02,
+                capacity=cap if rng.random() > 0.01 else None,
+                reserved=reserved,
+            )
+        )
+    return pools
+
+
+def make_placed(pools: list[PoolState], rng: random.Random, count: int) -> list[PlacedTask]:
+    """Return ``count`` leased tasks with app labels, on pools their tenant can see."""
+    out = []
+    for i in range(count):
+        p = rng.choice(pools)
+        tenant = rng.choice(sorted(p.tenant_ids))
+        out.append(PlacedTask(f"placed-{i}", tenant, {"app": f"app{i % 20}"}, (p.id,)))
+    return out
+
+
+def make_spec(i: int, rng: random.Random) -> dict:
+    """Return a spec body from a mix of shapes."""
+    body: dict = {
+        "runtimeClass": rng.choice(CLASSES),
+        "requests": {
+            "cpuMillis": rng.choice([250, 500, 1000, 2000]),
+            "memoryMiB": rng.choice([256, 1024, 4096]),
+            "llmSlots": rng.choice([0, 0, 0, 1]),
+        },
+        "labels": {"app": f"app{i % 20}"},
+    }
+    kind = i % 10
+    if kind in (1, 2):
+        body["constraints"] = {"regions": rng.sample(REGIONS, 2)}
+    elif kind == 3:
+        body["constraints"] = {"poolSelector": {"tier": "hi"}, "artifactRegion": "us-east-1"}
+    elif kind == 4:
+        body["constraints"] = {"dataResidency": "eu"}
+    elif kind == 5:
+        body["affinity"] = {
+            "preferred": [{"selector": {"app": f"app{i % 20}"}, "topology": "pool", "weight": 50}]
+        }
+    elif kind == 6:
+        body["affinity"] = {
+            "required": [{"selector": {"app": f"app{(i + 1) % 20}"}, "topology": "region"}]
+        }
+    elif kind == 7:
+        body["gang"] = {"members": rng.choice([2, 4, 8]), "maxPerPool": 4}
+    return body
+
+
+def run(n_pools: int, decisions: int, batch: int, seed: int) -> dict:
+    """Return p50/p99 of ``decisions`` select calls on ``n_pools`` pools."""
+    rng = random.Random(seed)
+    pools = make_pools(n_pools, rng)
+    snap = Snapshot.build(pools, make_placed(pools, rng, n_pools // 2))
+    specs = [
+        compile_spec(
+            TaskSpec.model_validate(make_spec(i, rng)),
+            tenant_id=rng.choice(TENANTS),
+            task_id=f"task-{i}",
+        )
+        for i in range(decisions)
+    ]
+    # Warm the per-snapshot memo tables (the static filters per tenant/class) as a pass would.
+    warm = Assumed(snap)
+    for spec in specs[:50]:
+        select(spec, snap, assumed=warm)
+    times = np.empty(len(specs), dtype=np.float64)
+    placed = 0
+    assumed = Assumed(snap)
+    for k, spec in enumerate(specs):
+        if k % batch == 0:
+            assumed = Assumed(snap)
+        t0 = time.perf_counter_ns()
+        result = select(spec, snap, assumed=assumed)
+        times[k] = time.perf_counter_ns() - t0
+        if result.placement is not None:
+            assumed.add(spec, result.placement.members)
+            placed += 1
+    ms = times / 1e6
+    return {
+        "pools": n_pools,
+        "p50Ms": round(float(np.percentile(ms, 50)), 4),
+        "p99Ms": round(float(np.percentile(ms, 99)), 4),
+        "meanMs": round(float(ms.mean()), 4),
+        "decisions": len(specs),
+        "placed": placed,
+    }
+
+
+def main(argv: list[str]) -> int:
+    """Run the core benchmark and print one JSON line."""
+    parser = argparse.ArgumentParser(prog="berth bench core", description=__doc__.splitlines()[0])
+    parser.add_argument("--pools", type=int, nargs="+", default=[1000, 10000])
+    parser.add_argument("--decisions", type=int, default=3000)
+    parser.add_argument("--batch", type=int, default=256, help="tasks per simulated pass")
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args(argv)
+    results = [run(n, args.decisions, args.batch, args.seed) for n in args.pools]
+    print(json.dumps({"results": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,62 @@
+"""The scheduling core: pure placement decisions, no I/O.
+
+One call decides where one task goes::
+
+    TaskSpec --compile_spec--> CompiledSpec --------------.
+    PoolState*, PlacedTask* --Snapshot.build--> Snapshot --+--> select(spec, snapshot, assumed)
+                               Assumed (this pass) -------'          |
+      visible pools only (tenant index)                              v
+      Filter, static, memoized per (tenant, runtime class):
+          tenant access -> pool status -> health -> runtime class
+      Filter, per task over numpy arrays, first rejection wins:
+          region -> data residency -> pool selector -> capacity -> required affinity
+      Score each feasible pool 0..100 per plugin, x weight, summed:
+          least loaded | most loaded, cost, preferred affinity, failure-domain spread,
+          artifact locality
+      Rank: total descending, then pool id ascending
+      Gang: lazy plans (1 x N, 2 x ceil(N/2), ...) x lazy ranked candidates
+                                                                     |
+                                                                     v
+      Result(placement | NoPlacement, candidates, rejected, rejection_counts)
+
+The reconciler orders claimed tasks with a policy (``policies``), skips specs already known
+to fit nowhere this pass (``unsatisfiable``), and records each decision in ``Assumed`` so that
+the tasks after it see its usage and its labels. See docs/scheduling.md.
+"""
+
+from app.scheduling.framework import select
+from app.scheduling.model import (
+    Assumed,
+    Candidate,
+    NoPlacement,
+    PlacedTask,
+    Placement,
+    PoolState,
+    Rejection,
+    Result,
+    ScoreComponent,
+    Snapshot,
+)
+from app.scheduling.reasons import Reason, Status
+from app.scheduling.spec import CompiledSpec, TaskSpec, compile_spec
+from app.scheduling.unsatisfiable import UnsatisfiableCache
+
+__all__ = [
+    "Assumed",
+    "Candidate",
+    "CompiledSpec",
+    "NoPlacement",
+    "PlacedTask",
+    "Placement",
+    "PoolState",
+    "Reason",
+    "Rejection",
+    "Result",
+    "ScoreComponent",
+    "Snapshot",
+    "Status",
+    "TaskSpec",
+    "UnsatisfiableCache",
+    "compile_spec",
+    "select",
+]

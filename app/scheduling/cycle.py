@@ -1,0 +1,104 @@
+"""The state of one ``select`` call: the compiled spec, the snapshot, the pass overlay and the
+per-call memo of derived arrays (available capacity, affinity domain counts) that several
+plugins read.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from app.scheduling.model import Assumed, Snapshot
+from app.scheduling.spec import CompiledSpec, CompiledTerm
+
+__all__ = ["Cycle", "to_domains"]
+
+
+def to_domains(snapshot: Snapshot, counts: np.ndarray, topology: str) -> np.ndarray:
+    """Return, per pool, the sum of ``counts`` over the pool's ``topology`` domain."""
+    if topology == "pool":
+        return counts
+    dom, nd = snapshot.domains(topology)
+    if nd == 0:
+        return counts
+    return np.bincount(dom, weights=counts, minlength=nd).astype(np.int64)[dom]
+
+
+class Cycle:
+    """Per-call state shared by the plugins of one ``select``."""
+
+    __slots__ = ("spec", "snapshot", "assumed", "req", "_terms", "_tenant")
+
+    def __init__(self, spec: CompiledSpec, snapshot: Snapshot, assumed: Assumed | None) -> None:
+        if assumed is not None and assumed.snapshot is not snapshot:
+            raise ValueError("assumed overlay belongs to another snapshot")
+        self.spec = spec
+        self.snapshot = snapshot
+        self.assumed = assumed
+        self.req = np.array(spec.requests, dtype=np.int64)
+        self._terms: dict[tuple, tuple[np.ndarray, int]] = {}
+        self._tenant: dict[str, np.ndarray] = {}
+
+    def used(self, idx: np.ndarray) -> np.ndarray:
+        """Return reserved plus assumed usage of the pools at ``idx`` (rows of 3 ints)."""
+        used = self.snapshot.reserved[idx]
+        if self.assumed is not None and len(self.assumed):
+            used = used + self.assumed.usage[idx]
+        return used
+
+    def available(self, idx: np.ndarray) -> np.ndarray:
+        """Return the capacity left on the pools at ``idx`` after actual and assumed usage."""
+        return self.snapshot.cap[idx] - self.used(idx)
+
+    def slots(self, idx: np.ndarray) -> np.ndarray:
+        """Return how many members of the spec fit on each pool at ``idx``."""
+        avail = self.available(idx)
+        positive = self.req > 0
+        if not positive.any():
+            return np.full(len(idx), np.iinfo(np.int64).max // 4, dtype=np.int64)
+        per = np.maximum(avail[:, positive], 0) // self.req[positive]
+        return per.min(axis=1)
+
+    def term_counts(self, term: CompiledTerm) -> tuple[np.ndarray, int]:
+        """Return per pool the matching placements in its topology domain, and the total.
+
+        Placements are the tenant's actual ones plus those assumed in this pass.
+        """
+        key = (term.selector, term.topology)
+        hit = self._terms.get(key)
+        if hit is not None:
+            return hit
+        snap = self.snapshot
+        tenant = self.spec.tenant_id
+        memo_key = ("dom", tenant, term.selector, term.topology)
+        actual = snap._memo.get(memo_key)
+        if actual is None:
+            raw = snap.placed_counts(tenant, term.selector)
+            actual = (to_domains(snap, raw, term.topology), int(raw.sum()))
+            snap._memo[memo_key] = actual
+        counts, total = actual
+        if self.assumed is not None:
+            extra = self.assumed.placed_counts(tenant, term.selector)
+            if extra is not None:
+                counts = counts + to_domains(snap, extra, term.topology)
+                total += int(extra.sum())
+        self._terms[key] = (counts, total)
+        return counts, total
+
+    def tenant_counts(self, topology: str) -> np.ndarray:
+        """Return per pool the tenant's placed members in its ``topology`` domain."""
+        hit = self._tenant.get(topology)
+        if hit is not None:
+            return hit
+        snap = self.snapshot
+        tenant = self.spec.tenant_id
+        memo_key = ("tdom", tenant, topology)
+        counts = snap._memo.get(memo_key)
+        if counts is None:
+            counts = to_domains(snap, snap.placed_counts(tenant, None), topology)
+            snap._memo[memo_key] = counts
+        if self.assumed is not None:
+            extra = self.assumed.placed_counts(tenant, None)
+            if extra is not None:
+                counts = counts + to_domains(snap, extra, topology)
+        self._tenant[topology] = counts
+        return counts

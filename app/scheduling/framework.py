@@ -1,0 +1,251 @@
+"""The framework: plugin protocols, reason codes, and ``select`` — filter, score, rank.
+
+``select`` evaluates only the pools the tenant can see. Filters that depend only on the
+tenant and runtime class (tenant access, status, health, runtime class) are evaluated once
+per (tenant, runtime class) and snapshot and memoized; the others run per task over numpy
+arrays of the pools still standing, each pool stopping at its first rejection. Rejections are
+counted per code by a bincount; per-pool explanations are built only with ``explain=True``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from app.scheduling.cycle import Cycle
+from app.scheduling.gangs import place_gang
+from app.scheduling.model import (
+    Assumed,
+    Candidate,
+    NoPlacement,
+    Placement,
+    Rejection,
+    Result,
+    ScoreComponent,
+    Snapshot,
+)
+from app.scheduling.plugins.registry import Profile, profile
+from app.scheduling.reasons import CODE, PASS, REASONS, Reason, Status, describe_counts
+from app.scheduling.spec import CompiledSpec
+
+__all__ = ["FilterPlugin", "Reason", "ScorePlugin", "Status", "select"]
+
+NO_VISIBLE_POOL = "no pool is available to this tenant"
+
+
+class FilterPlugin(Protocol):
+    """A filter: feasible or one reason code per pool; never raises."""
+
+    NAME: str
+    STATIC: bool
+
+    def filter_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray | None:
+        """Return int16 codes (PASS or a reason index) for the pools at ``idx``; None: all pass."""
+        ...
+
+    def filter(self, cycle: Cycle, pool: int) -> Status:
+        """Return the status of one pool."""
+        ...
+
+
+class ScorePlugin(Protocol):
+    """A scorer: raw scores for feasible pools, normalized to 0..100 (higher is better)."""
+
+    NAME: str
+
+    def applies(self, cycle: Cycle) -> bool:
+        """Return whether the plugin scores this spec at all."""
+        ...
+
+    def score_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray:
+        """Return raw scores for the pools at ``idx``."""
+        ...
+
+    def normalize(self, cycle: Cycle, raw: np.ndarray) -> np.ndarray:
+        """Return the raw scores mapped to 0..100 across the feasible set."""
+        ...
+
+    def describe(self, cycle: Cycle, pool: int, value: float) -> str:
+        """Return a short human reason for a score."""
+        ...
+
+
+_N_REASONS = len(REASONS)
+
+
+def _static(prof: Profile, cycle: Cycle, visible: np.ndarray) -> tuple:
+    """Return (passing indexes, counts, codes of the visible pools) of the static filters."""
+    snap = cycle.snapshot
+    key = ("static", cycle.spec.tenant_id, cycle.spec.runtime_class)
+    hit = snap._memo.get(key)
+    if hit is None:
+        codes = np.full(len(visible), PASS, dtype=np.int16)
+        alive = np.ones(len(visible), dtype=bool)
+        for f in prof.filters:
+            if not f.STATIC:
+                continue
+            pos = np.flatnonzero(alive)
+            out = f.filter_many(cycle, visible[pos])
+            if out is None:
+                continue
+            bad = out != PASS
+            codes[pos[bad]] = out[bad]
+            alive[pos[bad]] = False
+        counts = np.bincount(codes[~alive], minlength=_N_REASONS).astype(np.int64)
+        hit = (visible[alive], counts, codes)
+        snap._memo[key] = hit
+    return hit
+
+
+def _rank(idx: np.ndarray, total: np.ndarray, k: int | None) -> np.ndarray:
+    """Return positions into ``idx`` by total descending, then pool id (index) ascending."""
+    n = len(idx)
+    if k is None or n <= k:
+        return np.argsort(-total, kind="stable")  # idx is ascending: stable keeps id order
+    thr = np.partition(total, n - k)[n - k]
+    sel = np.flatnonzero(total >= thr)
+    return sel[np.argsort(-total[sel], kind="stable")[:k]]
+
+
+def _counts_map(counts: np.ndarray) -> dict[Reason, int]:
+    return {REASONS[i]: int(counts[i]) for i in np.flatnonzero(counts)}
+
+
+def _no_placement(counts: np.ndarray, headline: Reason | None = None) -> NoPlacement:
+    by_code = _counts_map(counts)
+    code = headline or REASONS[int(np.argmax(counts))]
+    return NoPlacement(code, describe_counts(by_code), {str(r): n for r, n in by_code.items()})
+
+
+def select(
+    spec: CompiledSpec,
+    snapshot: Snapshot,
+    *,
+    assumed: Assumed | None = None,
+    explain: bool = False,
+    top_k: int = 5,
+) -> Result:
+    """Decide where ``spec`` goes on ``snapshot`` (plus ``assumed``), without side effects.
+
+    With ``explain=False`` (the reconciler's hot path) ``candidates`` holds the best ``top_k``
+    pools (the placement first; components on the placement only) and ``rejected`` is empty.
+    With ``explain=True`` every feasible pool is a candidate with its components and every
+    visible rejected pool is listed with its reason.
+    """
+    prof = profile(snapshot.strategy)
+    cycle = Cycle(spec, snapshot, assumed)
+    visible = snapshot.visible(spec.tenant_id)
+    if len(visible) == 0:
+        return Result(None, reason=NoPlacement(Reason.TENANT_NOT_ALLOWED, NO_VISIBLE_POOL, {}))
+
+    idx, static_counts, static_codes = _static(prof, cycle, visible)
+    counts = static_counts.copy()
+    code_at = None
+    if explain:
+        code_at = np.full(snapshot.n, PASS, dtype=np.int16)
+        code_at[visible] = static_codes
+    for f in prof.filters:
+        if f.STATIC or len(idx) == 0:
+            continue
+        codes = f.filter_many(cycle, idx)
+        if codes is None:
+            continue
+        bad = codes != PASS
+        counts += np.bincount(codes[bad], minlength=_N_REASONS)
+        if code_at is not None:
+            code_at[idx[bad]] = codes[bad]
+        idx = idx[~bad]
+
+    rejected: tuple[Rejection, ...] = ()
+    if code_at is not None:
+        rej = visible[code_at[visible] != PASS]
+        rejected = tuple(
+            Rejection(snapshot.ids[i], (str(REASONS[code_at[i]]),)) for i in rej.tolist()
+        )
+    if len(idx) == 0:
+        return Result(
+            None,
+            rejected=rejected,
+            rejection_counts=_counts_map(counts),
+            reason=_no_placement(counts),
+        )
+
+    applied, values, total = _score(prof, cycle, idx)
+    gang = spec.is_gang
+    order = _rank(idx, total, None if (explain or gang) else top_k)
+
+    def candidate(pos: int, detail: bool) -> Candidate:
+        i = int(idx[pos])
+        comps = ()
+        if detail:
+            comps = tuple(
+                ScoreComponent(p.NAME, float(v[pos] * w), p.describe(cycle, i, float(v[pos])))
+                for (p, w), v in zip(applied, values, strict=True)
+            )
+        return Candidate(snapshot.ids[i], float(total[pos]), comps)
+
+    if not gang:
+        head = candidate(int(order[0]), True)
+        rest = [candidate(int(p), explain) for p in order[1:]]
+        members = ((head.pool_id, 1),)
+        alternatives = tuple(rest[: max(top_k - 1, 0)])
+        candidates = (head, *rest)
+    else:
+        slots = cycle.slots(idx[order])
+        chosen = place_gang(
+            spec.members, slots, min_pools=spec.min_pools, max_per_pool=spec.max_per_pool
+        )
+        if chosen is None:
+            counts[CODE[Reason.GANG_UNSATISFIABLE]] += len(idx)
+            return Result(
+                None,
+                rejected=rejected,
+                rejection_counts=_counts_map(counts),
+                reason=_no_placement(counts, Reason.GANG_UNSATISFIABLE),
+            )
+        head = candidate(int(order[chosen[0][0]]), True)
+        members = tuple((snapshot.ids[int(idx[order[p]])], c) for p, c in chosen)
+        limit = len(order) if explain else top_k
+        picked = {p for p, _ in chosen}
+        rest = [candidate(int(order[p]), explain) for p in range(min(limit, len(order)))]
+        alternatives = tuple(c for p, c in enumerate(rest) if p not in picked)[: max(top_k - 1, 0)]
+        candidates = (head, *(c for p, c in enumerate(rest) if p != chosen[0][0]))
+    placement = Placement(head.pool_id, head.score, head.components, members, alternatives)
+    return Result(
+        placement,
+        candidates=candidates,
+        rejected=rejected,
+        rejection_counts=_counts_map(counts),
+    )
+
+
+def _score(
+    prof: Profile, cycle: Cycle, idx: np.ndarray
+) -> tuple[list, list[np.ndarray], np.ndarray]:
+    """Return the applied (plugin, weight) pairs, their 0..100 values, and weighted totals."""
+    applied = []
+    values: list[np.ndarray] = []
+    total = np.zeros(len(idx), dtype=np.float64)
+    for plugin, weight in prof.scores:
+        if not plugin.applies(cycle):
+            continue
+        v = plugin.normalize(cycle, plugin.score_many(cycle, idx))
+        applied.append((plugin, weight))
+        values.append(v)
+        total += v * weight
+    return applied, values, total
+
+
+def select_many(
+    specs: Sequence[CompiledSpec], snapshot: Snapshot, *, assumed: Assumed
+) -> list[Result]:
+    """Select each spec in order, assuming every placement for the ones that follow."""
+    out = []
+    for spec in specs:
+        result = select(spec, snapshot, assumed=assumed)
+        if result.placement is not None:
+            assumed.add(spec, result.placement.members)
+        out.append(result)
+    return out

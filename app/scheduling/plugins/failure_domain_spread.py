@@ -1,0 +1,34 @@
+"""Score: spread a tenant's tasks across failure domains.
+
+The fewer of the tenant's placed members (actual and assumed) in a pool's failure domain, the
+higher the score; normalized over the feasible set (all equal: 100).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from app.scheduling.cycle import Cycle
+from app.scheduling.plugins import names
+from app.scheduling.plugins.base import ScorePlugin, minmax
+
+NAME = names.FAILURE_DOMAIN_SPREAD
+
+
+class FailureDomainSpread(ScorePlugin):
+    """Prefer failure domains holding fewer of the tenant's tasks."""
+
+    NAME = NAME
+
+    def score_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray:
+        """Return the tenant's member count in each pool's failure domain (lower is better)."""
+        return cycle.tenant_counts("failureDomain")[idx].astype(np.float64)
+
+    def normalize(self, cycle: Cycle, raw: np.ndarray) -> np.ndarray:
+        """Map the emptiest domain to 100 and the fullest to 0."""
+        return minmax(raw, higher_is_better=False)
+
+    def describe(self, cycle: Cycle, pool: int, value: float) -> str:
+        """Return how many of the tenant's members share the pool's failure domain."""
+        n = int(cycle.tenant_counts("failureDomain")[pool])
+        return f"{n} of the tenant's members in this failure domain"

@@ -1,0 +1,63 @@
+"""Score: projected utilization after placing one member — least loaded (spread) or most
+loaded (binpack) first.
+
+Utilization per dimension is (reserved + assumed + request) / capacity over the dimensions
+the pool offers. The score compares the dominant (largest) utilization first and the mean
+utilization second: ``u = dominant + mean / 1000``, so the mean only separates pools of equal
+dominant utilization. Spread scores ``100 * (1 - u / 1.001)``, binpack ``100 * u / 1.001``;
+both are absolute (not normalized) so that a score reads the same across tasks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from app.scheduling.cycle import Cycle
+from app.scheduling.plugins import names
+from app.scheduling.plugins.base import ScorePlugin
+
+NAME = names.LEAST_LOADED
+_SCALE = 100.0 / 1.001
+
+
+def projected_utilization(cycle: Cycle, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return (dominant, mean) projected utilization in 0..1 for the pools at ``idx``."""
+    cap = cycle.snapshot.cap[idx]
+    used = cycle.used(idx) + cycle.req
+    offered = cap > 0
+    util = np.divide(used, cap, out=np.zeros(cap.shape, dtype=np.float64), where=offered)
+    np.clip(util, 0.0, 1.0, out=util)
+    dims = np.maximum(offered.sum(axis=1), 1)
+    return util.max(axis=1), util.sum(axis=1) / dims
+
+
+class LeastLoaded(ScorePlugin):
+    """Prefer pools whose projected utilization is lowest (the spread strategy)."""
+
+    NAME = NAME
+
+    def score_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray:
+        """Return ``100 * (1 - u)`` scaled so that the result stays within 0..100."""
+        dominant, mean = projected_utilization(cycle, idx)
+        return (1.001 - dominant - mean / 1000.0) * _SCALE
+
+    def describe(self, cycle: Cycle, pool: int, value: float) -> str:
+        """Return the projected utilization that produced ``value``."""
+        d, m = projected_utilization(cycle, np.array([pool], dtype=np.intp))
+        return f"projected utilization {d[0]:.0%} dominant, {m[0]:.0%} mean; lower is better"
+
+
+class MostLoaded(ScorePlugin):
+    """Prefer pools whose projected utilization is highest (the binpack strategy)."""
+
+    NAME = names.MOST_LOADED
+
+    def score_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray:
+        """Return ``100 * u`` scaled so that the result stays within 0..100."""
+        dominant, mean = projected_utilization(cycle, idx)
+        return (dominant + mean / 1000.0) * _SCALE
+
+    def describe(self, cycle: Cycle, pool: int, value: float) -> str:
+        """Return the projected utilization that produced ``value``."""
+        d, m = projected_utilization(cycle, np.array([pool], dtype=np.intp))
+        return f"projected utilization {d[0]:.0%} dominant, {m[0]:.0%} mean; higher packs"

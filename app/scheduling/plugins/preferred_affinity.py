@@ -1,0 +1,45 @@
+"""Score: preferred affinity terms, summed by weight and normalized over the feasible set.
+
+A term counts on a pool when a matching placement of the tenant (actual or assumed) is in the
+pool's topology domain: a positive term adds its weight, an anti term subtracts it. Preferred
+terms only score; they never make a feasible pool infeasible.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from app.scheduling.cycle import Cycle
+from app.scheduling.plugins import names
+from app.scheduling.plugins.base import ScorePlugin, minmax
+
+NAME = names.PREFERRED_AFFINITY
+
+
+class PreferredAffinity(ScorePlugin):
+    """Prefer pools near the tasks the spec likes and away from those it avoids."""
+
+    NAME = NAME
+
+    def applies(self, cycle: Cycle) -> bool:
+        """Return whether the spec has preferred terms."""
+        return bool(cycle.spec.preferred)
+
+    def score_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray:
+        """Return the signed sum of the weights of the terms each pool matches."""
+        raw = np.zeros(len(idx), dtype=np.float64)
+        for term in cycle.spec.preferred:
+            counts, _ = cycle.term_counts(term)
+            hit = counts[idx] > 0
+            raw += np.where(hit, -term.weight if term.anti else term.weight, 0)
+        return raw
+
+    def normalize(self, cycle: Cycle, raw: np.ndarray) -> np.ndarray:
+        """Map the best sum to 100 and the worst to 0; all equal: 100 if positive, else 0."""
+        flat = 100.0 if len(raw) and raw[0] > 0 else 0.0
+        return minmax(raw, higher_is_better=True, flat=flat)
+
+    def describe(self, cycle: Cycle, pool: int, value: float) -> str:
+        """Return the signed sum of matched term weights."""
+        raw = self.score_many(cycle, np.array([pool], dtype=np.intp))[0]
+        return f"preferred terms matched for {raw:+g} of weight"

@@ -1,0 +1,160 @@
+"""Worked examples of ``select``: visibility, headline reasons, ties, affinity cohorts."""
+
+from __future__ import annotations
+
+from app.scheduling.framework import select
+from app.scheduling.model import Assumed
+from app.scheduling.reasons import Reason
+
+from .factories import placed, pool, snapshot, spec
+
+
+def test_places_on_least_loaded_pool_with_components_and_alternatives():
+    snap = snapshot([pool("a", reserved=(2000, 0, 0)), pool("b"), pool("c", reserved=(1000, 0, 0))])
+    result = select(spec(), snap)
+    assert result.placement is not None
+    assert result.placement.pool_id == "b"
+    assert result.placement.members == (("b", 1),)
+    assert [c.pool_id for c in result.candidates] == ["b", "c", "a"]
+    assert [a.pool_id for a in result.placement.alternatives] == ["c", "a"]
+    names = [c.name for c in result.placement.components]
+    assert names == ["least_loaded", "cost", "failure_domain_spread"]
+    assert sum(c.value for c in result.placement.components) == result.placement.score
+    assert result.rejected == () and result.reason is None
+
+
+def test_equal_scores_tie_break_by_smallest_pool_id():
+    snap = snapshot([pool("pool-b"), pool("pool-c"), pool("pool-a")])
+    result = select(spec(), snap)
+    assert [c.pool_id for c in result.candidates] == ["pool-a", "pool-b", "pool-c"]
+    assert len({c.score for c in result.candidates}) == 1
+
+
+def test_top_k_bounds_candidates_on_hot_path_but_explain_lists_all():
+    snap = snapshot([pool(f"p{i:02d}") for i in range(20)])
+    assert len(select(spec(), snap, top_k=3).candidates) == 3
+    full = select(spec(), snap, explain=True)
+    assert len(full.candidates) == 20
+    assert all(c.components for c in full.candidates)
+
+
+def test_headline_is_the_most_frequent_reason_and_message_names_no_pool():
+    pools = [pool(f"cpu{i}", reserved=(4000, 0, 0)) for i in range(3)]
+    pools += [pool("cord", status="CORDONED"), pool("secret-pool", tenant_ids={"beta"})]
+    result = select(spec(), snapshot(pools))
+    assert result.placement is None
+    assert result.reason.code == Reason.INSUFFICIENT_CPU
+    assert result.reason.message == (
+        "no pool fits: 3 pools lack cpu, 1 pool is cordoned or draining"
+    )
+    assert "cpu0" not in result.reason.message
+    assert result.reason.to_json() == {
+        "code": "insufficient_cpu",
+        "message": result.reason.message,
+        "rejections": {"pool_not_active": 1, "insufficient_cpu": 3},
+    }
+
+
+def test_headline_ties_break_by_enum_order():
+    pools = [pool("a", status="CORDONED"), pool("b", ready=False)]
+    assert select(spec(), snapshot(pools)).reason.code == Reason.POOL_NOT_ACTIVE
+
+
+def test_invisible_pools_never_appear_anywhere():
+    pools = [pool("mine", status="CORDONED"), pool("theirs", tenant_ids={"beta"})]
+    result = select(spec(), snapshot(pools), explain=True)
+    assert [r.pool_id for r in result.rejected] == ["mine"]
+    assert dict(result.rejection_counts) == {Reason.POOL_NOT_ACTIVE: 1}
+    assert "theirs" not in str(result.to_json())
+
+
+def test_tenant_seeing_no_pool_gets_tenant_not_allowed_without_counts():
+    result = select(spec(), snapshot([pool("theirs", tenant_ids={"beta"})]), explain=True)
+    assert result.reason.code == Reason.TENANT_NOT_ALLOWED
+    assert result.reason.message == "no pool is available to this tenant"
+    assert result.reason.rejections == {}
+    assert result.rejected == () and result.candidates == ()
+
+
+def test_explain_lists_each_rejected_pool_with_its_first_reason():
+    pools = [
+        pool("a", runtime_class="node"),
+        pool("b", region="r2"),
+        pool("c", capacity=None),
+        pool("d"),
+    ]
+    result = select(spec(constraints={"regions": ["r1"]}), snapshot(pools), explain=True)
+    assert {r.pool_id: r.reasons for r in result.rejected} == {
+        "a": ("runtime_class_mismatch",),
+        "b": ("region_not_allowed",),
+        "c": ("ledger_missing",),
+    }
+    assert result.placement.pool_id == "d"
+    shape = result.to_json()
+    assert set(shape) == {"placement", "candidates", "rejected", "reason"}
+    assert set(shape["placement"]) == {"poolId", "score", "components", "members", "alternatives"}
+
+
+def test_bootstrap_of_a_homogeneous_affinity_cohort_co_locates_in_one_pass():
+    snap = snapshot([pool(f"p{i}") for i in range(4)])
+    assumed = Assumed(snap)
+    cohort = {"required": [{"selector": {"cohort": "c1"}, "topology": "pool"}]}
+    chosen = []
+    for i in range(3):
+        s = spec(task_id=f"t{i}", labels={"cohort": "c1"}, affinity=cohort)
+        result = select(s, snap, assumed=assumed)
+        assert result.placement is not None
+        assumed.add(s, result.placement.members)
+        chosen.append(result.placement.pool_id)
+    # The first seeds on the least loaded pool; the others must follow it there.
+    assert chosen == ["p0", "p0", "p0"]
+
+
+def test_mutually_dependent_tasks_stay_pending():
+    snap = snapshot([pool("p0"), pool("p1")])
+    assumed = Assumed(snap)
+    a = spec(
+        task_id="a",
+        labels={"app": "a"},
+        affinity={"required": [{"selector": {"app": "b"}, "topology": "pool"}]},
+    )
+    b = spec(
+        task_id="b",
+        labels={"app": "b"},
+        affinity={"required": [{"selector": {"app": "a"}, "topology": "pool"}]},
+    )
+    for s in (a, b, a):
+        result = select(s, snap, assumed=assumed)
+        assert result.placement is None
+        assert result.reason.code == Reason.AFFINITY_UNSATISFIED
+        assert result.reason.rejections == {"affinity_unsatisfied": 2}
+
+
+def test_preferred_affinity_never_makes_a_feasible_pool_infeasible():
+    snap = snapshot([pool("p0"), pool("p1")], [placed("x", "p0", app="db")])
+    for anti in (False, True):
+        term = {"selector": {"app": "db"}, "topology": "pool", "weight": 100, "anti": anti}
+        result = select(spec(affinity={"preferred": [term]}), snap, explain=True)
+        assert {c.pool_id for c in result.candidates} == {"p0", "p1"}
+        assert result.placement.pool_id == ("p1" if anti else "p0")
+    # Even when no pool holds a match, every pool stays feasible.
+    term = {"selector": {"app": "none"}, "topology": "pool", "weight": 100}
+    assert len(select(spec(affinity={"preferred": [term]}), snap, explain=True).candidates) == 2
+
+
+def test_assumed_usage_is_seen_and_remove_undoes_it():
+    snap = snapshot([pool("p0", capacity=(1000, 1024, 0))])
+    assumed = Assumed(snap)
+    first = spec(task_id="one")
+    assert select(first, snap, assumed=assumed).placement.pool_id == "p0"
+    assumed.add(first, [("p0", 1)])
+    second = spec(task_id="two")
+    assert select(second, snap, assumed=assumed).reason.code == Reason.INSUFFICIENT_CPU
+    assumed.remove("one")
+    assert select(second, snap, assumed=assumed).placement.pool_id == "p0"
+
+
+def test_binpack_prefers_the_fullest_pool():
+    pools = [pool("a"), pool("b", reserved=(2000, 0, 0))]
+    assert select(spec(), snapshot(pools)).placement.pool_id == "a"
+    assert select(spec(), snapshot(pools, strategy="binpack")).placement.pool_id == "b"
