@@ -68,6 +68,6 @@ def minmax(raw: np.ndarray, *, higher_is_better: bool, flat: float = 100.0) -> n
     hi = raw.max()
     if hi <= lo:
         return np.full(len(raw), flat)
-    if higher_is_better:
-        return (raw - lo) * (100.0 / (hi - lo))
-    return (hi - raw) * (100.0 / (hi - lo))
+    scaled = (raw - lo if higher_is_better else hi - raw) * (100.0 / (hi - lo))
+    # Rounding can land a hair outside the range (100/3 * 3 > 100); scores are 0..100 exactly.
+    return np.clip(scaled, 0.0, 100.0)
