@@ -8,7 +8,11 @@ from datetime import UTC, datetime
 
 import orjson
 
-_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
+    "message",
+    "asctime",
+    "color_message",  # uvicorn's ANSI-coloured copy of msg
+}
 
 
 class JsonFormatter(logging.Formatter):
@@ -41,6 +45,9 @@ def logging_configure(level: str = "info") -> None:
         lg = logging.getLogger(name)
         lg.handlers[:] = []
         lg.propagate = True
+    # Alembic logs each plugin it sets up (at import) and every readiness probe at info;
+    # Berth reports schema revisions itself.
+    logging.getLogger("alembic").setLevel(max(logging.WARNING, root.level))
     # Access logs at info would be one line per request; keep them for debug.
     logging.getLogger("uvicorn.access").setLevel(
         logging.DEBUG if level == "debug" else logging.WARNING

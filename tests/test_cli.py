@@ -1,0 +1,164 @@
+"""`berth keys create`, `berth migrate` and one-line configuration errors."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from pathlib import Path
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.cli import main
+from app.db import make_engine
+from app.embedded import EmbeddedPostgres, postgres_processes
+from app.ledger.keys import api_key_get
+from app.schema import schema_current, schema_head
+from tests.test_serve import (
+    assert_one_line,
+    berth_run,
+    database_empty,
+    key_role,
+    port_free,
+)
+
+
+@pytest.fixture
+def empty_database_url(server_url: str):  # type: ignore[no-untyped-def]
+    """Yield the URL of a database on the test server that has no schema."""
+    with database_empty(server_url) as url:
+        yield url
+
+
+@pytest.mark.slow
+async def test_keys_create_prints_a_key_that_authenticates(
+    db: AsyncEngine, database_url: str, tmp_path: Path
+) -> None:
+    result = await asyncio.to_thread(
+        berth_run,
+        "keys", "create", "--role", "tenant", "--subject", "acme-ci",
+        "--tenant", "acme", "--tenant", "acme-eu",
+        cwd=tmp_path,
+        BERTH_DATABASE_URL=database_url,
+    )
+    assert result.returncode == 0, result.stderr
+    key = result.stdout.rstrip("\n").splitlines()[-1]
+    assert key.startswith("berth_") and " " not in key
+    async with db.connect() as conn:
+        record = await api_key_get(conn, key=key)
+    assert record is not None
+    assert (record.role, record.subject) == ("tenant", "acme-ci")
+    assert record.tenant_ids == ("acme", "acme-eu")
+    assert record.runtime_instance_ids == ()
+
+
+@pytest.mark.slow
+def test_keys_create_on_the_embedded_default(tmp_path: Path) -> None:
+    result = berth_run(
+        "keys", "create", "--role", "runtime", "--subject", "rt", "--runtime-instance", "rt-1",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    key = result.stdout.splitlines()[-1]
+    data_dir = tmp_path / ".berth"  # the default data directory, in the working directory
+    assert postgres_processes(data_dir / "pgdata") == []
+    with EmbeddedPostgres(data_dir) as server:
+        assert asyncio.run(key_role(server.url, key)) == "runtime"
+    assert postgres_processes(data_dir / "pgdata") == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        pytest.param(["--role", "tenant", "--subject", "s"], "at least one --tenant",
+                     id="tenant-without-tenant"),
+        pytest.param(["--role", "runtime", "--subject", "s"], "at least one --runtime-instance",
+                     id="runtime-without-instance"),
+        pytest.param(["--role", "admin", "--subject", "s", "--runtime-instance", "i"],
+                     "runtime keys only", id="instance-on-admin"),
+        pytest.param(["--role", "runtime", "--subject", "s", "--runtime-instance", "i",
+                      "--tenant", "t"], "tenant and operator keys only", id="tenant-on-runtime"),
+        pytest.param(["--role", "admin", "--subject", "  "], "--subject", id="blank-subject"),
+        pytest.param(["--role", "tenant", "--subject", "s", "--tenant", ""], "must not be empty",
+                     id="blank-tenant"),
+    ],
+)
+def test_keys_create_rejects_bad_arguments_in_one_line(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["keys", "create", *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], captured.err
+
+
+@pytest.mark.slow
+def test_migrate_upgrades_an_empty_database_to_head(
+    empty_database_url: str, tmp_path: Path
+) -> None:
+    result = berth_run("migrate", cwd=tmp_path, BERTH_DATABASE_URL=empty_database_url)
+    assert result.returncode == 0, result.stderr
+    assert f"revision {schema_head()}" in result.stdout.splitlines()[-1]
+
+    async def _current() -> str | None:
+        engine = make_engine(empty_database_url, pool_size=1, max_overflow=0)
+        try:
+            async with engine.connect() as conn:
+                return await schema_current(conn)
+        finally:
+            await engine.dispose()
+
+    assert asyncio.run(_current()) == schema_head()
+    again = berth_run("migrate", cwd=tmp_path, BERTH_DATABASE_URL=empty_database_url)
+    assert again.returncode == 0, again.stderr
+
+
+def _reconcile_exists() -> bool:
+    return importlib.util.find_spec("app.reconciler.process") is not None
+
+
+COMMANDS = [
+    pytest.param(["serve", "--port", "0"], id="serve"),
+    pytest.param(["migrate"], id="migrate"),
+    pytest.param(["keys", "create", "--role", "admin", "--subject", "ops"], id="keys-create"),
+    pytest.param(["reconcile"], id="reconcile"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv", COMMANDS)
+def test_unreachable_database_is_one_line(argv: list[str], tmp_path: Path) -> None:
+    if argv[0] == "reconcile" and not _reconcile_exists():
+        pytest.skip("berth reconcile is not written yet")
+    url = f"postgresql://berth:hunter2@127.0.0.1:{port_free()}/berth"
+    result = berth_run(*argv, cwd=tmp_path, BERTH_DATABASE_URL=url)
+    line = assert_one_line(result, "unreachable", "BERTH_DATABASE_URL")
+    assert "hunter2" not in line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv", [p for p in COMMANDS if p.id != "migrate"])
+def test_schema_behind_head_is_one_line(
+    argv: list[str], tmp_path: Path, empty_database_url: str
+) -> None:
+    if argv[0] == "reconcile" and not _reconcile_exists():
+        pytest.skip("berth reconcile is not written yet")
+    result = berth_run(*argv, cwd=tmp_path, BERTH_DATABASE_URL=empty_database_url)
+    assert_one_line(result, "run `berth migrate`")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("variable", "value", "command"),
+    [
+        pytest.param("BERTH_PORT", "abc", ["serve"], id="port-not-a-number"),
+        pytest.param("BERTH_LOG_LEVEL", "loud", ["serve"], id="unknown-log-level"),
+        pytest.param("BERTH_DATABASE_URL", "mysql://x@y/z", ["migrate"], id="not-postgresql"),
+    ],
+)
+def test_bad_setting_is_one_line(
+    variable: str, value: str, command: list[str], tmp_path: Path
+) -> None:
+    result = berth_run(*command, cwd=tmp_path, **{variable: value})
+    assert_one_line(result, variable)
