@@ -39,7 +39,7 @@ class LeastLoaded(ScorePlugin):
     def score_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray:
         """Return ``100 * (1 - u)`` scaled so that the result stays within 0..100."""
         dominant, mean = projected_utilization(cycle, idx)
-        return (1.001 - dominant - mean / 1000.0) * _SCALE
+        return np.clip((1.001 - dominant - mean / 1000.0) * _SCALE, 0.0, 100.0)
 
     def describe(self, cycle: Cycle, pool: int, value: float) -> str:
         """Return the projected utilization that produced ``value``."""
@@ -55,7 +55,7 @@ class MostLoaded(ScorePlugin):
     def score_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray:
         """Return ``100 * u`` scaled so that the result stays within 0..100."""
         dominant, mean = projected_utilization(cycle, idx)
-        return (dominant + mean / 1000.0) * _SCALE
+        return np.clip((dominant + mean / 1000.0) * _SCALE, 0.0, 100.0)
 
     def describe(self, cycle: Cycle, pool: int, value: float) -> str:
         """Return the projected utilization that produced ``value``."""
