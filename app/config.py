@@ -80,7 +80,7 @@ class Settings(BaseSettings):
     reconciler_enabled: bool = Field(
         default=True, description="Run a reconciler inside `berth serve`."
     )
-    batch_size: int = Field(default=256, ge=1, le=5000, description="Tasks claimed per pass.")
+    batch_size: int = Field(default=1024, ge=1, le=5000, description="Tasks claimed per pass.")
     claim_ttl_seconds: float = Field(default=30.0, gt=0, description="Claim expiry.")
     lease_ttl_seconds: float = Field(
         default=60.0, gt=0, description="Lease expiry; each heartbeat renews it."

@@ -157,6 +157,18 @@ Index(
     tasks.c.seq,
     postgresql_where=text("state = 'ADMITTED' AND NOT parked"),
 )
+# Oldest claimable tasks across every slot (revision 0002).
+Index(
+    "ix_tasks_claim_order", tasks.c.seq, postgresql_where=text("state = 'ADMITTED' AND NOT parked")
+)
+# A tenant's claimable queue within its slot: the fair claim's per-tenant reads (revision 0002).
+Index(
+    "ix_tasks_claim_tenant",
+    tasks.c.shard,
+    tasks.c.tenant_id,
+    tasks.c.seq,
+    postgresql_where=text("state = 'ADMITTED' AND NOT parked"),
+)
 # Parked tasks woken by an event.
 Index("ix_tasks_parked", tasks.c.shard, postgresql_where=text("state = 'ADMITTED' AND parked"))
 # Claims whose reconciler died.

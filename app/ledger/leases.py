@@ -1,0 +1,281 @@
+"""Leases: runtime heartbeats, a runtime's lease list, completion with fencing, cancel, revoke.
+
+A lease is granted at placement (see :mod:`app.ledger.claims`) to the pool's runtime instance
+with an expiry and a fencing ``epoch``. Heartbeats keep the instance healthy and push the
+expiry of its live leases forward. Completing a lease names its epoch: a lease that was
+recovered (expired, revoked) and re-granted has moved on, so a stale runtime is refused with
+409. Completion and cancel release capacity in the same transaction that changes the task's
+state. Lock order everywhere: task row, then lease rows, then ledger rows (sorted, last).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.errors import Conflict, NotFound, Unprocessable
+from app.ledger.events import task_events_add
+from app.ledger.recovery import RecoveryCause, leases_requeue, pool_leased_tasks
+from app.ledger.reservations import reservations_release
+from app.ledger.wakeups import WakeSource, wakeup_notify
+
+TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+OUTCOMES = {"succeeded": "SUCCEEDED", "failed": "FAILED"}
+DEFAULT_FRESHNESS_SECONDS = 15.0
+
+
+class LeaseNotFound(NotFound):
+    """The lease does not exist."""
+
+    type_slug = "lease-not-found"
+
+
+class LeaseStale(Conflict):
+    """The lease is no longer live at this epoch: it expired, was revoked or was re-granted."""
+
+    type_slug = "lease-stale"
+
+
+class LeaseOutcomeInvalid(Unprocessable):
+    """The outcome must be `succeeded` or `failed`."""
+
+
+class TaskNotFound(NotFound):
+    """The task does not exist."""
+
+    type_slug = "task-not-found"
+
+
+class TaskNotCancellable(Conflict):
+    """The task already finished; only admitted, claimed or leased tasks can be cancelled."""
+
+    type_slug = "task-not-cancellable"
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatResult:
+    """What a heartbeat did: leases renewed, and whether the instance just became healthy."""
+
+    renewed_leases: int
+    became_healthy: bool
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+_INSTANCE_LOCK = text("SELECT last_heartbeat_at FROM runtime_instances WHERE id = :id FOR UPDATE")
+_INSTANCE_UPSERT = text(
+    "INSERT INTO runtime_instances (id, last_heartbeat_at, first_seen_at) "
+    "VALUES (:id, :now, :now) ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = "
+    "GREATEST(runtime_instances.last_heartbeat_at, EXCLUDED.last_heartbeat_at)"
+)
+_LEASES_RENEW = text(
+    "UPDATE leases SET expires_at = GREATEST(expires_at, :expires) "
+    "WHERE runtime_instance_id = :id AND state = 'ACTIVE' AND expires_at > :now"
+)
+_POOL_NAMES_INSTANCE = text("SELECT EXISTS (SELECT 1 FROM pools WHERE runtime_instance_id = :id)")
+
+
+async def runtime_heartbeat(
+    conn: AsyncConnection,
+    *,
+    instance_id: str,
+    now: datetime,
+    lease_ttl_seconds: float,
+    freshness_seconds: float = DEFAULT_FRESHNESS_SECONDS,
+) -> HeartbeatResult:
+    """Record a heartbeat of ``instance_id`` and extend the expiry of its live leases.
+
+    Leases already past their expiry are not revived: recovery owns them. When the instance
+    was never seen or had gone stale and some pool names it, reconcilers are woken
+    (``pool_healthy``) so that tasks pending for health are retried.
+    """
+    previous = (await conn.execute(_INSTANCE_LOCK, {"id": instance_id})).scalar_one_or_none()
+    await conn.execute(_INSTANCE_UPSERT, {"id": instance_id, "now": now})
+    expires = now + timedelta(seconds=lease_ttl_seconds)
+    renewed = await conn.execute(
+        _LEASES_RENEW, {"id": instance_id, "expires": expires, "now": now}
+    )
+    stale = previous is None or previous <= now - timedelta(seconds=freshness_seconds)
+    became_healthy = False
+    if stale and (await conn.execute(_POOL_NAMES_INSTANCE, {"id": instance_id})).scalar():
+        became_healthy = True
+        await wakeup_notify(conn, source=WakeSource.POOL_HEALTHY)
+    return HeartbeatResult(renewed_leases=renewed.rowcount, became_healthy=became_healthy)
+
+
+_LEASES_OF_INSTANCE = text(
+    "SELECT l.id, l.task_id, l.pool_id, l.runtime_instance_id, l.epoch, l.expires_at, "
+    "l.granted_at, COALESCE(r.members, 1), t.tenant_id, t.spec -> 'requests', t.labels "
+    "FROM leases l JOIN tasks t ON t.id = l.task_id "
+    "LEFT JOIN reservations r ON r.task_id = l.task_id AND r.pool_id = l.pool_id "
+    "WHERE l.runtime_instance_id = :id AND l.state = 'ACTIVE' "
+    "ORDER BY l.granted_at, l.id"
+)
+
+
+def _requests(raw: Any) -> dict[str, int]:
+    raw = raw or {}
+    return {
+        "cpuMillis": int(raw.get("cpuMillis", 0)),
+        "memoryMiB": int(raw.get("memoryMiB", 0)),
+        "llmSlots": int(raw.get("llmSlots", 0)),
+    }
+
+
+async def runtime_leases_list(conn: AsyncConnection, *, instance_id: str) -> list[dict[str, Any]]:
+    """Return the live leases granted to ``instance_id`` as camelCase dicts, oldest first.
+
+    ``members`` is how many members of the task run on this lease's pool and ``requests``
+    what each member needs.
+    """
+    rows = await conn.execute(_LEASES_OF_INSTANCE, {"id": instance_id})
+    return [
+        {
+            "id": str(r[0]),
+            "taskId": str(r[1]),
+            "poolId": r[2],
+            "runtimeInstanceId": r[3],
+            "epoch": int(r[4]),
+            "expiresAt": _iso(r[5]),
+            "grantedAt": _iso(r[6]),
+            "members": int(r[7]),
+            "tenantId": r[8],
+            "requests": _requests(r[9]),
+            "labels": dict(r[10] or {}),
+        }
+        for r in rows
+    ]
+
+
+_LEASE_GET = text(
+    "SELECT task_id, runtime_instance_id, state, epoch FROM leases WHERE id = :id"
+)
+_TASK_LOCK = text("SELECT state FROM tasks WHERE id = :id FOR UPDATE")
+_TASK_LEASES_END = text(
+    "UPDATE leases SET state = :state, ended_at = :now, end_reason = :reason "
+    "WHERE task_id = :task_id AND state = 'ACTIVE'"
+)
+_TASK_FINISH = text(
+    "UPDATE tasks SET state = :state, finished_at = :now, updated_at = :now, "
+    "failure_reason = :failure_reason, claim_owner = NULL, claim_expires_at = NULL, "
+    "parked = false WHERE id = :id"
+)
+
+
+async def lease_complete(
+    conn: AsyncConnection,
+    *,
+    lease_id: uuid.UUID,
+    epoch: int,
+    outcome: str,
+    message: str | None,
+    now: datetime,
+    instance_ids: frozenset[str] | None = None,
+) -> dict[str, Any]:
+    """Finish the lease's task with ``outcome`` and release its capacity, checking the epoch.
+
+    Raises LeaseNotFound when the lease does not exist or belongs to none of
+    ``instance_ids`` (when given), LeaseStale when it is no longer live or ``epoch`` is not
+    its epoch. Every live lease of the task (all of a gang's pools) ends with it.
+    """
+    state = OUTCOMES.get(outcome)
+    if state is None:
+        raise LeaseOutcomeInvalid(f"outcome must be 'succeeded' or 'failed', not {outcome!r}")
+    lease = (await conn.execute(_LEASE_GET, {"id": lease_id})).one_or_none()
+    if lease is None or (instance_ids is not None and lease[1] not in instance_ids):
+        raise LeaseNotFound(f"lease {lease_id} does not exist")
+    task_id = lease[0]
+    await conn.execute(_TASK_LOCK, {"id": task_id})
+    # Re-read under the task lock: recovery or a cancel may have ended it meanwhile.
+    _, _, lease_state, lease_epoch = (await conn.execute(_LEASE_GET, {"id": lease_id})).one()
+    if lease_state != "ACTIVE":
+        raise LeaseStale(f"lease {lease_id} is {lease_state.lower()}, not active")
+    if int(epoch) != int(lease_epoch):
+        raise LeaseStale(
+            f"stale epoch {epoch}: lease {lease_id} is at epoch {lease_epoch}",
+            extra={"epoch": int(lease_epoch)},
+        )
+    await conn.execute(
+        _TASK_LEASES_END,
+        {"task_id": task_id, "state": "COMPLETED", "reason": outcome, "now": now},
+    )
+    failure = None if state == "SUCCEEDED" else "runtime_reported_failure"
+    await conn.execute(
+        _TASK_FINISH, {"id": task_id, "state": state, "now": now, "failure_reason": failure}
+    )
+    detail: dict[str, Any] = {"leaseId": str(lease_id), "epoch": int(lease_epoch)}
+    if message:
+        detail["message"] = message[:1000]
+    await task_events_add(
+        conn,
+        rows=[{"task_id": task_id, "from_state": "LEASED", "to_state": state,
+               "reason": f"lease_{outcome}", "detail": detail}],
+        now=now,
+    )
+    released = await reservations_release(conn, task_ids=[task_id], now=now)
+    if released:
+        await wakeup_notify(conn, source=WakeSource.CAPACITY_RELEASED)
+    return {
+        "taskId": str(task_id),
+        "leaseId": str(lease_id),
+        "state": state,
+        "outcome": outcome,
+        "epoch": int(lease_epoch),
+        "finishedAt": now.isoformat(),
+    }
+
+
+_TASK_OF_TENANT_LOCK = text(
+    "SELECT state FROM tasks WHERE id = :id AND tenant_id = :tenant_id FOR UPDATE"
+)
+
+
+async def task_cancel(
+    conn: AsyncConnection, *, task_id: uuid.UUID, tenant_id: str, now: datetime
+) -> str:
+    """Cancel the tenant's task, ending its leases and releasing its capacity; return its state.
+
+    A claimed task is cancelled at once: the reconciler holding the claim only leases tasks
+    still claimed by itself, so it drops this one at commit.
+    """
+    state = (
+        await conn.execute(_TASK_OF_TENANT_LOCK, {"id": task_id, "tenant_id": tenant_id})
+    ).scalar_one_or_none()
+    if state is None:
+        raise TaskNotFound(f"task {task_id} does not exist")
+    if state in TERMINAL_STATES:
+        raise TaskNotCancellable(f"task {task_id} is {state}; it can no longer be cancelled")
+    if state == "LEASED":
+        await conn.execute(
+            _TASK_LEASES_END,
+            {"task_id": task_id, "state": "CANCELLED", "reason": "task_cancelled", "now": now},
+        )
+    await conn.execute(
+        _TASK_FINISH, {"id": task_id, "state": "CANCELLED", "now": now, "failure_reason": None}
+    )
+    await task_events_add(
+        conn,
+        rows=[{"task_id": task_id, "from_state": state, "to_state": "CANCELLED",
+               "reason": "cancelled_by_tenant"}],
+        now=now,
+    )
+    released = await reservations_release(conn, task_ids=[task_id], now=now)
+    if released:
+        await wakeup_notify(conn, source=WakeSource.CAPACITY_RELEASED)
+    return "CANCELLED"
+
+
+async def pool_leases_revoke(conn: AsyncConnection, *, pool_id: str, now: datetime) -> int:
+    """Revoke every live lease on ``pool_id`` and requeue (or fail) its tasks; return how many."""
+    task_ids = await pool_leased_tasks(conn, pool_id=pool_id)
+    result = await leases_requeue(
+        conn, task_ids=task_ids, now=now, cause=RecoveryCause.REVOKED
+    )
+    return result.tasks

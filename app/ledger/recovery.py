@@ -1,0 +1,146 @@
+"""Lease recovery: expired or revoked leases send their tasks back to the queue (or fail them).
+
+A task whose lease lapsed (its runtime stopped heartbeating) or was revoked (its pool's drain
+deadline passed) loses every live lease and reservation in one transaction, its capacity
+returns to the ledger, and it goes back to ``ADMITTED`` with ``attempts + 1`` — or to
+``FAILED`` once ``attempts`` reaches ``max_attempts``. Task rows are locked first (sorted by
+id, skipping rows a completion or cancel holds right now: that writer wins), the ledger is
+changed last. Only the reconciler holding the leadership lock calls
+:func:`leases_expired_recover` and :func:`pools_drain_overdue`; the statements are safe under
+concurrency anyway because every row is re-checked after locking.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.ledger.events import task_events_add
+from app.ledger.reservations import reservations_release
+from app.ledger.wakeups import WakeSource, wakeup_notify
+
+
+class RecoveryCause(StrEnum):
+    """Why leases are taken back; the values label the expired-leases metric."""
+
+    EXPIRED = "expired"
+    REVOKED = "revoked"
+
+
+#: Per cause: the lease state, the event reason and the task failure reason.
+_CAUSES = {
+    RecoveryCause.EXPIRED: ("EXPIRED", "lease_expired"),
+    RecoveryCause.REVOKED: ("REVOKED", "lease_revoked"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryResult:
+    """What one recovery did: tasks requeued, tasks failed, and the pools capacity returned to."""
+
+    requeued: int = 0
+    failed: int = 0
+    pools: frozenset[str] = frozenset()
+
+    @property
+    def tasks(self) -> int:
+        """Return the number of tasks whose leases were recovered."""
+        return self.requeued + self.failed
+
+
+_TASKS_LOCK = text(
+    "SELECT id FROM tasks WHERE id = ANY(CAST(:ids AS uuid[])) AND state = 'LEASED' "
+    "ORDER BY id FOR UPDATE SKIP LOCKED"
+)
+_LEASES_END = text(
+    "UPDATE leases SET state = :state, ended_at = :now, end_reason = :reason "
+    "WHERE task_id = ANY(CAST(:ids AS uuid[])) AND state = 'ACTIVE'"
+)
+_TASKS_REQUEUE = text(
+    "UPDATE tasks SET attempts = attempts + 1, "
+    "state = CASE WHEN attempts + 1 >= max_attempts THEN 'FAILED' ELSE 'ADMITTED' END, "
+    "failure_reason = CASE WHEN attempts + 1 >= max_attempts THEN :reason END, "
+    "finished_at = CASE WHEN attempts + 1 >= max_attempts THEN CAST(:now AS timestamptz) END, "
+    "parked = false, pending_reason = NULL, placement = NULL, leased_at = NULL, "
+    "updated_at = :now "
+    "WHERE id = ANY(CAST(:ids AS uuid[])) RETURNING id, state, attempts"
+)
+_EXPIRED = text(
+    "SELECT DISTINCT task_id FROM ("
+    "SELECT task_id FROM leases WHERE state = 'ACTIVE' AND expires_at <= :now "
+    "ORDER BY expires_at LIMIT :limit) e"
+)
+_POOL_LEASED = text(
+    "SELECT DISTINCT task_id FROM leases WHERE state = 'ACTIVE' AND pool_id = :pool_id"
+)
+_DRAIN_OVERDUE = text(
+    "SELECT p.id FROM pools p WHERE p.status = 'DRAINING' AND p.drain_deadline <= :now "
+    "AND EXISTS (SELECT 1 FROM leases l WHERE l.pool_id = p.id AND l.state = 'ACTIVE') "
+    "ORDER BY p.id"
+)
+
+
+async def leases_requeue(
+    conn: AsyncConnection,
+    *,
+    task_ids: Iterable[uuid.UUID],
+    now: datetime,
+    cause: RecoveryCause,
+) -> RecoveryResult:
+    """End the live leases of the still-leased ``task_ids``, release them, requeue or fail them."""
+    ids = sorted(set(task_ids))
+    if not ids:
+        return RecoveryResult()
+    locked = [r[0] for r in await conn.execute(_TASKS_LOCK, {"ids": ids})]
+    if not locked:
+        return RecoveryResult()
+    lease_state, reason = _CAUSES[cause]
+    await conn.execute(
+        _LEASES_END, {"ids": locked, "state": lease_state, "reason": reason, "now": now}
+    )
+    rows = (
+        await conn.execute(_TASKS_REQUEUE, {"ids": locked, "reason": reason, "now": now})
+    ).all()
+    await task_events_add(
+        conn,
+        rows=[
+            {
+                "task_id": r[0],
+                "from_state": "LEASED",
+                "to_state": r[1],
+                "reason": reason,
+                "detail": {"attempts": r[2]},
+            }
+            for r in rows
+        ],
+        now=now,
+    )
+    released = await reservations_release(conn, task_ids=locked, now=now)
+    if released:
+        await wakeup_notify(conn, source=WakeSource.CAPACITY_RELEASED)
+    failed = sum(1 for r in rows if r[1] == "FAILED")
+    return RecoveryResult(len(rows) - failed, failed, frozenset(released))
+
+
+async def leases_expired_recover(
+    conn: AsyncConnection, *, now: datetime, limit: int = 500
+) -> RecoveryResult:
+    """Recover up to ``limit`` leases that expired at or before ``now``."""
+    ids = [r[0] for r in await conn.execute(_EXPIRED, {"now": now, "limit": limit})]
+    return await leases_requeue(conn, task_ids=ids, now=now, cause=RecoveryCause.EXPIRED)
+
+
+async def pools_drain_overdue(conn: AsyncConnection, *, now: datetime) -> list[str]:
+    """Return the draining pools whose deadline passed and that still hold live leases."""
+    return [r[0] for r in await conn.execute(_DRAIN_OVERDUE, {"now": now})]
+
+
+async def pool_leased_tasks(conn: AsyncConnection, *, pool_id: str) -> list[uuid.UUID]:
+    """Return the tasks holding a live lease on ``pool_id``."""
+    return [r[0] for r in await conn.execute(_POOL_LEASED, {"pool_id": pool_id})]

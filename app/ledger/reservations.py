@@ -1,0 +1,119 @@
+"""Ledger arithmetic: reserve and release capacity on pools, always in pool-id lock order.
+
+Every statement that changes several ``ledgers`` rows goes through :data:`_LOCKED`, a CTE
+that locks the rows with ``FOR UPDATE`` sorted by pool id, evaluated as a one-time filter
+before the ``UPDATE`` reads any row. Whatever plan the update itself gets, every row is
+locked first, in pool-id order, so two transactions that change overlapping sets of pools
+wait for each other instead of deadlocking (a plain multi-row
+``UPDATE … FROM (VALUES …)`` locks in the planner's scan order and does deadlock).
+Callers issue the ledger statement last before COMMIT so the hot rows are held briefly.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+Vector = tuple[int, int, int]
+
+# The amounts arrive as arrays joined through unnest, and the lock CTE is consumed by a
+# one-time filter (``(SELECT count(*) FROM locked) > 0``), never joined: the filter runs
+# before the update reads its first row, so every row is locked in pool-id order first, and
+# no plan (a cached generic plan guesses 10 array elements) can pair each ledger row with
+# every element of the batch.
+_LOCKED = (
+    "WITH v AS (SELECT * FROM unnest(CAST(:pools AS text[]), CAST(:cpu AS bigint[]), "
+    "CAST(:memory AS bigint[]), CAST(:llm AS bigint[])) AS v(pool_id, cpu, memory, llm)), "
+    "locked AS (SELECT l.pool_id FROM ledgers l JOIN v ON v.pool_id = l.pool_id "
+    "ORDER BY l.pool_id FOR UPDATE OF l) "
+)
+
+_RESERVE = text(
+    _LOCKED
+    + "UPDATE ledgers l SET cpu_reserved = l.cpu_reserved + v.cpu, "
+    "memory_reserved = l.memory_reserved + v.memory, llm_reserved = l.llm_reserved + v.llm, "
+    "updated_at = :now "
+    "FROM v WHERE v.pool_id = l.pool_id AND (SELECT count(*) FROM locked) > 0 "
+    "AND l.cpu_reserved + v.cpu <= l.cpu_total "
+    "AND l.memory_reserved + v.memory <= l.memory_total "
+    "AND l.llm_reserved + v.llm <= l.llm_total "
+    "RETURNING l.pool_id"
+)
+
+_RELEASE = text(
+    _LOCKED
+    + "UPDATE ledgers l SET cpu_reserved = l.cpu_reserved - v.cpu, "
+    "memory_reserved = l.memory_reserved - v.memory, llm_reserved = l.llm_reserved - v.llm, "
+    "updated_at = :now "
+    "FROM v WHERE v.pool_id = l.pool_id AND (SELECT count(*) FROM locked) > 0"
+)
+
+_RESERVATIONS_DELETE = text(
+    "DELETE FROM reservations WHERE task_id = ANY(CAST(:ids AS uuid[])) "
+    "RETURNING pool_id, cpu, memory, llm"
+)
+
+
+def _columns(amounts: Mapping[str, Vector]) -> dict[str, list]:
+    pools = sorted(amounts)
+    return {
+        "pools": pools,
+        "cpu": [int(amounts[p][0]) for p in pools],
+        "memory": [int(amounts[p][1]) for p in pools],
+        "llm": [int(amounts[p][2]) for p in pools],
+    }
+
+
+def amounts_sum(rows: Iterable[tuple[str, int, int, int]]) -> dict[str, Vector]:
+    """Return per-pool sums of ``(pool_id, cpu, memory, llm)`` rows."""
+    out: dict[str, list[int]] = {}
+    for pool_id, cpu, memory, llm in rows:
+        acc = out.setdefault(pool_id, [0, 0, 0])
+        acc[0] += cpu
+        acc[1] += memory
+        acc[2] += llm
+    return {p: (a[0], a[1], a[2]) for p, a in out.items()}
+
+
+async def ledger_reserve_many(
+    conn: AsyncConnection, *, amounts: Mapping[str, Vector], now: datetime
+) -> set[str]:
+    """Add ``amounts`` to the pools whose totals still hold them; return the pools updated.
+
+    A pool missing from the result lost a race: adding its amount would exceed a total, so
+    nothing was added there (the caller rolls back and walks the affected tasks).
+    """
+    if not amounts:
+        return set()
+    rows = await conn.execute(_RESERVE, {**_columns(amounts), "now": now})
+    return {r[0] for r in rows}
+
+
+async def ledger_release_many(
+    conn: AsyncConnection, *, amounts: Mapping[str, Vector], now: datetime
+) -> None:
+    """Subtract ``amounts`` from the pools' reserved totals."""
+    if amounts:
+        await conn.execute(_RELEASE, {**_columns(amounts), "now": now})
+
+
+async def reservations_release(
+    conn: AsyncConnection, *, task_ids: Iterable[uuid.UUID], now: datetime
+) -> dict[str, Vector]:
+    """Delete the tasks' reservations and return them to their pools' ledgers.
+
+    Returns the released amounts by pool. The caller has locked the task rows, and nothing
+    else deletes reservations of a locked task, so the ledger stays equal to the sum of its
+    live reservations at commit.
+    """
+    ids = list(task_ids)
+    if not ids:
+        return {}
+    rows = await conn.execute(_RESERVATIONS_DELETE, {"ids": ids})
+    released = amounts_sum((r[0], r[1], r[2], r[3]) for r in rows)
+    await ledger_release_many(conn, amounts=released, now=now)
+    return released

@@ -1,0 +1,178 @@
+"""The one read a pass makes: pools with their ledger and runtime health, and what affinity needs.
+
+Health is computed here with the pass's ``now``: a pool's runtime is fresh when its instance
+heartbeated within the freshness window; an instance that never did is unhealthy (fail
+closed). A pool whose ledger was never registered has ``capacity=None`` (``ledger_missing``).
+Actual placements are loaded only for the tenants of claimed tasks that carry affinity
+terms; tenant usage only for the ``fair`` policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import orjson
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.scheduling.model import PlacedTask, PoolState
+
+Vector = tuple[int, int, int]
+
+# Read through the raw asyncpg connection: this is the widest read of every pass, and
+# SQLAlchemy's row processing (JSON decoding through the json module) would triple its cost.
+# As the first statement on a connection it runs outside a transaction (the reconciler reads
+# on a connection of its own; a single statement sees one consistent snapshot anyway).
+# The first 19 columns (arrays as text) are the row's identity for PoolCache: a Record slice
+# is a hashable tuple, so an unchanged pool costs one dict lookup.
+_POOLS = (
+    "SELECT p.id, p.tenant_ids::text, p.runtime_class, p.runtime_instance_id, p.region, "
+    "p.data_residency, p.failure_domain, p.labels::text, p.artifact_regions::text, "
+    "p.cost_weight, p.status, p.ready, l.cpu_total, l.memory_total, l.llm_total, "
+    "l.cpu_reserved, l.memory_reserved, l.llm_reserved, "
+    "COALESCE(ri.last_heartbeat_at > $1, false), p.tenant_ids, p.artifact_regions "
+    "FROM pools p LEFT JOIN ledgers l ON l.pool_id = p.id "
+    "LEFT JOIN runtime_instances ri ON ri.id = p.runtime_instance_id "
+    "ORDER BY p.id"
+)
+
+_PLACED = (
+    "SELECT t.id, t.tenant_id, t.labels::text, r.pool_id, r.members FROM tasks t "
+    "JOIN reservations r ON r.task_id = t.id "
+    "WHERE t.tenant_id = ANY($1::text[]) AND t.state = 'LEASED' "
+    "ORDER BY t.id, r.pool_id"
+)
+
+_TENANT_USAGE = text(
+    "SELECT t.tenant_id, SUM(r.cpu), SUM(r.memory), SUM(r.llm) FROM reservations r "
+    "JOIN tasks t ON t.id = r.task_id WHERE t.tenant_id = ANY(CAST(:tenants AS text[])) "
+    "GROUP BY t.tenant_id"
+)
+
+_LEDGERS = text(
+    "SELECT pool_id, cpu_total, memory_total, llm_total, cpu_reserved, memory_reserved, "
+    "llm_reserved FROM ledgers WHERE pool_id = ANY(CAST(:pools AS text[]))"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerRow:
+    """A pool's ledger totals and reservations, as read now."""
+
+    total: Vector
+    reserved: Vector
+
+    @property
+    def free(self) -> Vector:
+        """Return what is left on each dimension."""
+        t, r = self.total, self.reserved
+        return (t[0] - r[0], t[1] - r[1], t[2] - r[2])
+
+
+class PoolCache:
+    """Pool states of the previous read, by their full row: an unchanged pool is reused.
+
+    Building a frozen ``PoolState`` costs more than reading its row, and between two passes
+    most pools do not change at all (only the pools a pass reserved on differ).
+    """
+
+    __slots__ = ("states",)
+
+    def __init__(self) -> None:
+        self.states: dict[tuple, PoolState] = {}
+
+
+async def pools_read(
+    conn: AsyncConnection,
+    *,
+    now: datetime,
+    freshness_seconds: float,
+    cache: PoolCache | None = None,
+) -> list[PoolState]:
+    """Return every pool as the core sees it, with health computed at ``now``."""
+    raw = await conn.get_raw_connection()
+    rows = await raw.driver_connection.fetch(  # type: ignore[union-attr]
+        _POOLS, now - timedelta(seconds=freshness_seconds)
+    )
+    previous = cache.states if cache is not None else {}
+    current: dict[tuple, PoolState] = {}
+    labels_of: dict[str, dict[str, str]] = {}
+    out = []
+    for r in rows:
+        key = r[0:19]
+        state = previous.get(key)
+        if state is None:
+            labels = labels_of.get(r[7])
+            if labels is None:
+                labels = labels_of[r[7]] = orjson.loads(r[7])
+            state = PoolState(
+                id=r[0],
+                tenant_ids=frozenset(r[19] or ()),
+                runtime_class=r[2],
+                runtime_instance_id=r[3],
+                region=r[4],
+                data_residency=r[5] or None,
+                failure_domain=r[6] or "",
+                labels=labels,
+                artifact_regions=frozenset(r[20] or ()),
+                cost_weight=float(r[9]),
+                status=r[10],
+                ready=r[11],
+                heartbeat_fresh=r[18],
+                capacity=None if r[12] is None else (r[12], r[13], r[14]),
+                reserved=(0, 0, 0) if r[15] is None else (r[15], r[16], r[17]),
+            )
+        current[key] = state
+        out.append(state)
+    if cache is not None:
+        cache.states = current
+    return out
+
+
+async def placements_read(
+    conn: AsyncConnection, *, tenant_ids: Collection[str]
+) -> list[PlacedTask]:
+    """Return the leased placements of ``tenant_ids`` (a pool repeated once per member)."""
+    if not tenant_ids:
+        return []
+    raw = await conn.get_raw_connection()
+    rows = await raw.driver_connection.fetch(  # type: ignore[union-attr]
+        _PLACED, sorted(tenant_ids)
+    )
+    labels_of: dict[str, dict[str, str]] = {}
+    by_task: dict[object, tuple[str, dict, list[str]]] = {}
+    for task_id, tenant_id, labels_json, pool_id, members in rows:
+        entry = by_task.get(task_id)
+        if entry is None:
+            labels = labels_of.get(labels_json)
+            if labels is None:
+                labels = labels_of[labels_json] = orjson.loads(labels_json)
+            entry = by_task[task_id] = (tenant_id, labels, [])
+        entry[2].extend([pool_id] * members)
+    return [
+        PlacedTask(str(task_id), tenant, labels, tuple(pools))
+        for task_id, (tenant, labels, pools) in by_task.items()
+    ]
+
+
+async def tenant_usage_read(
+    conn: AsyncConnection, *, tenant_ids: Collection[str]
+) -> dict[str, Vector]:
+    """Return the capacity each tenant holds reserved now."""
+    if not tenant_ids:
+        return {}
+    rows = await conn.execute(_TENANT_USAGE, {"tenants": sorted(tenant_ids)})
+    return {r[0]: (int(r[1]), int(r[2]), int(r[3])) for r in rows}
+
+
+async def ledgers_read(conn: AsyncConnection, *, pool_ids: Collection[str]) -> dict[str, LedgerRow]:
+    """Return the current ledger rows of ``pool_ids`` (no locks: a fresh look after a lost race)."""
+    if not pool_ids:
+        return {}
+    rows = await conn.execute(_LEDGERS, {"pools": sorted(pool_ids)})
+    return {
+        r[0]: LedgerRow((int(r[1]), int(r[2]), int(r[3])), (int(r[4]), int(r[5]), int(r[6])))
+        for r in rows
+    }

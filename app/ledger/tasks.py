@@ -1,0 +1,321 @@
+"""Task SQL for the API: submit (idempotent), get, list and the event history.
+
+Submission is one statement: a CTE inserts the task, appends its ``ADMITTED`` event and
+notifies reconcilers (``pg_notify`` is delivered only when the transaction commits). The
+idempotency race is settled by the unique index on (tenant, idempotency key): the insert
+does nothing on a conflict and the caller re-reads the winner. Every read is tenant-scoped:
+a task of another tenant is indistinguishable from a task that does not exist.
+
+Every function takes a SQLAlchemy connection (and then runs in the caller's transaction) or a
+raw asyncpg connection from :class:`app.ledger.driver.StatementPool` (autocommit: the API's
+hot path). Rows come back as :class:`TaskRow` (plain values, JSON columns already parsed);
+the API turns them into the SPEC §6 shape.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from app.errors import Conflict, Unprocessable
+from app.ledger.driver import Statements, statement_fetch
+from app.ledger.wakeups import CHANNEL, WakeSource
+from app.shards import shard_of
+
+__all__ = [
+    "IdempotencyKeyReused",
+    "LeaseView",
+    "SpecHasNul",
+    "TaskEventRow",
+    "TaskRow",
+    "request_hash",
+    "task_events_list",
+    "task_get",
+    "task_list",
+    "task_submit",
+]
+
+
+class IdempotencyKeyReused(Conflict):
+    """This Idempotency-Key was already used with a different request body."""
+
+    type_slug = "idempotency-key-reused"
+
+
+class SpecHasNul(Unprocessable):
+    """The spec contains a NUL character (\\u0000), which no stored string may hold."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseView:
+    """The active lease of a task, as the task view shows it."""
+
+    id: uuid.UUID
+    pool_id: str
+    runtime_instance_id: str
+    expires_at: datetime
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRow:
+    """A stored task with its JSON columns parsed and its active leases."""
+
+    id: uuid.UUID
+    seq: int
+    tenant_id: str
+    state: str
+    priority: int
+    runtime_class: str
+    spec: dict[str, Any]
+    labels: dict[str, str]
+    pending_reason: dict[str, Any] | None
+    placement: dict[str, Any] | None
+    attempts: int
+    max_attempts: int
+    failure_reason: str | None
+    created_at: datetime
+    updated_at: datetime
+    leased_at: datetime | None
+    finished_at: datetime | None
+    leases: tuple[LeaseView, ...] = ()
+    #: Alternatives of the stored placement the tenant can no longer see (the pool stopped
+    #: listing it, or is gone): explanations never name a pool the tenant cannot see.
+    hidden_pool_ids: frozenset[str] = frozenset()
+    created: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TaskEventRow:
+    """One transition of a task's history."""
+
+    id: int
+    at: datetime
+    from_state: str | None
+    to_state: str
+    reason: str
+    detail: dict[str, Any] | None
+
+
+#: An escaped NUL in JSON: ``\u0000`` not itself preceded by an escaping backslash.
+_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def request_hash(spec_json: bytes, tenant_id: str) -> str:
+    """Return the idempotency fingerprint of a normalized spec submitted for ``tenant_id``."""
+    return hashlib.sha256(tenant_id.encode() + b"\0" + spec_json).hexdigest()
+
+
+_SUBMIT = f"""
+    WITH ins AS (
+        INSERT INTO tasks (id, tenant_id, shard, state, priority, runtime_class, spec, labels,
+                           max_attempts, idempotency_key, request_hash,
+                           created_at, admitted_at, updated_at)
+        VALUES ($1, $2, $3, 'ADMITTED', $4, $5, $6::jsonb, $7::jsonb, $8, $9, $10, $11, $11, $11)
+        ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+        RETURNING id, seq
+    ), ev AS (
+        INSERT INTO task_events (task_id, at, from_state, to_state, reason)
+        SELECT id, $11, NULL, 'ADMITTED', 'submitted' FROM ins
+    )
+    SELECT ins.seq, pg_notify('{CHANNEL}', '{WakeSource.SUBMITTED.value}') FROM ins
+"""
+
+# JSON columns are read as text and parsed with orjson: faster than either driver's codec.
+_COLUMNS = """
+    t.id::text, t.seq, t.tenant_id, t.state, t.priority, t.runtime_class, t.spec::text,
+    t.labels::text, t.pending_reason::text, t.placement::text, t.attempts, t.max_attempts,
+    t.failure_reason, t.created_at, t.updated_at, t.leased_at, t.finished_at,
+    (SELECT coalesce(json_agg(json_build_object(
+                'id', l.id, 'poolId', l.pool_id, 'runtimeInstanceId', l.runtime_instance_id,
+                'expiresAt', l.expires_at, 'epoch', l.epoch) ORDER BY l.pool_id), '[]')::text
+       FROM leases l WHERE l.task_id = t.id AND l.state = 'ACTIVE'),
+    (SELECT coalesce(array_agg(a->>'poolId'), '{}')
+       FROM jsonb_array_elements(coalesce(t.placement->'alternatives', '[]')) a
+      WHERE NOT EXISTS (SELECT 1 FROM pools p
+                         WHERE p.id = a->>'poolId' AND t.tenant_id = ANY(p.tenant_ids)))
+"""
+
+_GET = f"SELECT {_COLUMNS} FROM tasks t WHERE t.id = $1 AND t.tenant_id = ANY($2::text[])"
+
+_BY_KEY = f"""
+    SELECT {_COLUMNS}, t.request_hash FROM tasks t
+    WHERE t.tenant_id = $1 AND t.idempotency_key = $2
+"""
+
+
+def _json(value: str | None) -> Any:
+    return None if value is None else orjson.loads(value)
+
+
+def _lease(entry: dict[str, Any]) -> LeaseView:
+    return LeaseView(
+        id=uuid.UUID(entry["id"]),
+        pool_id=entry["poolId"],
+        runtime_instance_id=entry["runtimeInstanceId"],
+        expires_at=datetime.fromisoformat(entry["expiresAt"]),
+        epoch=int(entry["epoch"]),
+    )
+
+
+def _row(r: Any) -> TaskRow:
+    """Return a row of ``_COLUMNS`` (index access works on both drivers' rows) as a TaskRow."""
+    return TaskRow(
+        id=uuid.UUID(r[0]),
+        seq=r[1],
+        tenant_id=r[2],
+        state=r[3],
+        priority=r[4],
+        runtime_class=r[5],
+        spec=orjson.loads(r[6]),
+        labels=orjson.loads(r[7]),
+        pending_reason=_json(r[8]),
+        placement=_json(r[9]),
+        attempts=r[10],
+        max_attempts=r[11],
+        failure_reason=r[12],
+        created_at=r[13],
+        updated_at=r[14],
+        leased_at=r[15],
+        finished_at=r[16],
+        leases=tuple(_lease(e) for e in orjson.loads(r[17])),
+        hidden_pool_ids=frozenset(r[18]),
+    )
+
+
+async def task_submit(
+    conn: Statements,
+    *,
+    tenant_id: str,
+    spec: dict[str, Any],
+    idempotency_key: str | None,
+    now: datetime,
+) -> TaskRow:
+    """Store a validated spec (camelCase JSON) as an ADMITTED task and notify reconcilers.
+
+    With an ``idempotency_key`` already used by the tenant, return the original task
+    (``created=False``) when the spec is the same, else raise :class:`IdempotencyKeyReused`.
+    One statement does the insert, the event and the notification: on an autocommit
+    connection it is its own transaction.
+    """
+    spec_json = orjson.dumps(spec, option=orjson.OPT_SORT_KEYS)
+    if b"\\u0000" in spec_json and _NUL.search(spec_json):
+        # PostgreSQL text and jsonb cannot hold NUL; refuse it as invalid content, not a 500.
+        raise SpecHasNul()
+    digest = request_hash(spec_json, tenant_id) if idempotency_key is not None else None
+    labels = spec.get("labels") or {}
+    task_id = uuid.uuid4()
+    priority = int(spec.get("priority", 0))
+    max_attempts = int(spec.get("maxAttempts", 3))
+    runtime_class = spec["runtimeClass"]
+    inserted = await statement_fetch(
+        conn,
+        _SUBMIT,
+        (
+            task_id,
+            tenant_id,
+            shard_of(tenant_id),
+            priority,
+            runtime_class,
+            spec_json.decode(),
+            orjson.dumps(labels).decode(),
+            max_attempts,
+            idempotency_key,
+            digest,
+            now,
+        ),
+    )
+    if inserted:
+        return TaskRow(
+            id=task_id,
+            seq=inserted[0][0],
+            tenant_id=tenant_id,
+            state="ADMITTED",
+            priority=priority,
+            runtime_class=runtime_class,
+            spec=spec,
+            labels=labels,
+            pending_reason=None,
+            placement=None,
+            attempts=0,
+            max_attempts=max_attempts,
+            failure_reason=None,
+            created_at=now,
+            updated_at=now,
+            leased_at=None,
+            finished_at=None,
+            created=True,
+        )
+    # The key is taken: by a committed task, or by one whose transaction we just waited for.
+    existing = await statement_fetch(conn, _BY_KEY, (tenant_id, idempotency_key))
+    if not existing:  # pragma: no cover - the unique index guarantees a winner exists
+        raise IdempotencyKeyReused("the Idempotency-Key is in use by a concurrent request")
+    if existing[0][-1] != digest:
+        raise IdempotencyKeyReused(
+            "this Idempotency-Key was already used with a different request body; "
+            "use a new key for a new task"
+        )
+    return _row(existing[0])
+
+
+async def task_get(
+    conn: Statements, *, task_id: uuid.UUID, tenant_ids: Collection[str]
+) -> TaskRow | None:
+    """Return the task ``task_id`` if it belongs to one of ``tenant_ids``, else None."""
+    rows = await statement_fetch(conn, _GET, (task_id, list(tenant_ids)))
+    return _row(rows[0]) if rows else None
+
+
+async def task_list(
+    conn: Statements,
+    *,
+    tenant_ids: Collection[str],
+    after_seq: int | None = None,
+    state: str | None = None,
+    runtime_class: str | None = None,
+    limit: int = 100,
+) -> tuple[list[TaskRow], int | None]:
+    """Return a page of the tenants' tasks in admission order and the cursor seq of the next."""
+    where = ["t.tenant_id = ANY($1::text[])", "t.seq > $2"]
+    args: list[Any] = [list(tenant_ids), after_seq if after_seq is not None else 0]
+    if state is not None:
+        args.append(state)
+        where.append(f"t.state = ${len(args)}")
+    if runtime_class is not None:
+        args.append(runtime_class)
+        where.append(f"t.runtime_class = ${len(args)}")
+    args.append(limit + 1)
+    sql = (
+        f"SELECT {_COLUMNS} FROM tasks t WHERE {' AND '.join(where)} "
+        f"ORDER BY t.seq LIMIT ${len(args)}"
+    )
+    rows = [_row(r) for r in await statement_fetch(conn, sql, args)]
+    if len(rows) > limit:
+        rows = rows[:limit]
+        return rows, rows[-1].seq
+    return rows, None
+
+
+_EVENTS = """
+    SELECT e.id, e.at, e.from_state, e.to_state, e.reason, e.detail::text
+    FROM task_events e
+    WHERE e.task_id = $1 AND e.id > $2
+    ORDER BY e.id
+    LIMIT $3
+"""
+
+
+async def task_events_list(
+    conn: Statements, *, task_id: uuid.UUID, after_id: int = 0, limit: int = 100
+) -> tuple[list[TaskEventRow], int | None]:
+    """Return a page of a task's transitions, oldest first, and the cursor id of the next."""
+    rows = await statement_fetch(conn, _EVENTS, (task_id, after_id, limit + 1))
+    events = [TaskEventRow(r[0], r[1], r[2], r[3], r[4], _json(r[5])) for r in rows[:limit]]
+    return events, (events[-1].id if len(rows) > limit else None)

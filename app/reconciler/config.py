@@ -1,0 +1,71 @@
+"""The reconciler's configuration: one dataclass with documented defaults, built from Settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.config import Settings
+
+#: Ranked candidates kept per decision unless the walk limit needs more.
+TOP_K_DEFAULT = 4
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcilerConfig:
+    """How a reconciler claims, schedules, retries, wakes up and recovers leases."""
+
+    #: Tasks claimed per pass.
+    batch_size: int = 1024
+    #: A claim not committed within this many seconds may be re-taken by another pass.
+    claim_ttl_seconds: float = 30.0
+    #: Lease expiry after grant and after each heartbeat.
+    lease_ttl_seconds: float = 60.0
+    #: A runtime is healthy while its last heartbeat is newer than this.
+    heartbeat_freshness_seconds: float = 15.0
+    #: Next-ranked candidates a task may walk to after its reservation lost a race.
+    reservation_walk_limit: int = 3
+    #: Tries of a transaction that failed transiently (serialization, deadlock, connection).
+    retry_attempts: int = 5
+    #: First retry backoff; doubles each try, with full jitter.
+    retry_base_delay_seconds: float = 0.02
+    #: Cap of one retry backoff.
+    retry_max_delay_seconds: float = 2.0
+    #: Safety-net period: a pass (and an unpark of pending tasks) without any wakeup.
+    tick_seconds: float = 5.0
+    #: How often dynamic ownership re-reads the live replicas and rebalances slots; a dead
+    #: replica's slots are taken over within about this long.
+    rebalance_seconds: float = 2.0
+    #: How often the leader looks for expired leases and overdue drains.
+    recovery_seconds: float = 1.0
+    #: Leases recovered per recovery transaction.
+    recovery_batch: int = 500
+    #: Order of the claimed tasks: fifo, priority or fair.
+    policy: str = "fifo"
+    #: Placement strategy: spread or binpack.
+    strategy: str = "spread"
+    #: Priority aging: one point per this many seconds waited.
+    priority_aging_seconds: float = 60.0
+    #: Ranked candidates kept per decision: the placement, then the alternatives shown in its
+    #: JSON and walked to after lost races (keep it above ``reservation_walk_limit``).
+    top_k: int = TOP_K_DEFAULT
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: object) -> ReconcilerConfig:
+        """Return the configuration read from ``settings`` (fields in ``overrides`` win)."""
+        values: dict[str, object] = {
+            "batch_size": settings.batch_size,
+            "claim_ttl_seconds": settings.claim_ttl_seconds,
+            "lease_ttl_seconds": settings.lease_ttl_seconds,
+            "heartbeat_freshness_seconds": settings.heartbeat_freshness_seconds,
+            "reservation_walk_limit": settings.reservation_walk_limit,
+            "retry_attempts": settings.retry_attempts,
+            "retry_base_delay_seconds": settings.retry_base_delay_ms / 1000.0,
+            "tick_seconds": settings.tick_seconds,
+            "policy": str(settings.policy),
+            "strategy": str(settings.strategy),
+            "priority_aging_seconds": settings.priority_aging_seconds,
+            # Enough ranked candidates for every walk the limit allows.
+            "top_k": max(TOP_K_DEFAULT, settings.reservation_walk_limit + 1),
+        }
+        values.update(overrides)
+        return cls(**values)  # type: ignore[arg-type]

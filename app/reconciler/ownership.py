@@ -1,0 +1,253 @@
+"""Shard ownership (static or by advisory locks) and lease-recovery leadership.
+
+Static ownership is fixed by ``--shard INDEX/COUNT``. Dynamic ownership uses PostgreSQL
+session advisory locks on one dedicated connection per replica:
+
+* a **member** lock ``(NAMESPACE, MEMBER_BASE + i)`` on the lowest free index ``i`` says the
+  replica is alive; ``pg_locks`` lists the live members to every replica, and a replica
+  that dies (even SIGKILL) loses its locks the moment its session ends;
+* each replica's fair share is the slots ``s`` with ``s % members == rank`` (its position
+  among live member indexes); it releases slot locks ``(NAMESPACE, s)`` outside its share
+  and tries to take those inside; a slot still held by a replica that has not rebalanced
+  yet is retried at the next rebalance, so a dead replica's slots are owned again within
+  about two rebalance periods;
+* the **leader** lock ``(NAMESPACE, LEADER_KEY)`` elects the one replica that recovers
+  expired leases and overdue drains; its recovery transactions run on this same connection,
+  so they can only commit while the session — and so the leadership term — is alive.
+
+Ownership is for spreading work, not for correctness: claims use ``SKIP LOCKED`` and commit
+only tasks still claimed by their pass, so a slot briefly owned twice during a handover is
+harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from app.config import SHARD_SLOTS
+from app.metrics import SHARDS_OWNED
+
+log = logging.getLogger("berth.reconciler")
+
+T = TypeVar("T")
+
+#: First key of every Berth advisory lock (the two-int form): "BRTH".
+NAMESPACE = 0x42525448
+#: Second key of the leadership lock.
+LEADER_KEY = 1_000_000
+#: Member locks use MEMBER_BASE + index.
+MEMBER_BASE = 2_000_000
+MEMBERS_MAX = SHARD_SLOTS * 4
+
+_TRY = text("SELECT pg_try_advisory_lock(:ns, :key)")
+_UNLOCK = text("SELECT pg_advisory_unlock(:ns, :key)")
+_MEMBERS = text(
+    "SELECT objid FROM pg_locks WHERE locktype = 'advisory' AND granted "
+    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+    "AND classid = :ns AND objsubid = 2 AND objid >= :lo AND objid < :hi ORDER BY objid"
+)
+
+
+def slots_share(rank: int, members: int, slots: int = SHARD_SLOTS) -> frozenset[int]:
+    """Return the slots of the replica at ``rank`` among ``members`` live replicas."""
+    if members < 1 or not 0 <= rank < members:
+        return frozenset()
+    return frozenset(s for s in range(slots) if s % members == rank)
+
+
+class StaticOwnership:
+    """Fixed slots; never the lease-recovery leader unless told so."""
+
+    def __init__(
+        self,
+        slots: frozenset[int],
+        *,
+        engine: AsyncEngine,
+        owner_id: str = "static",
+        lead: bool = True,
+    ) -> None:
+        self.slots = frozenset(slots)
+        self._engine = engine
+        self._dynamic = DynamicOwnership(engine, owner_id=owner_id) if lead else None
+
+    async def start(self) -> None:
+        """Publish the owned slots."""
+        SHARDS_OWNED.set(len(self.slots))
+        log.info("owning static shard slots", extra={"slots": sorted(self.slots)})
+
+    async def refresh(self) -> frozenset[int]:
+        """Return the owned slots (they never change)."""
+        if self._dynamic is not None:
+            await self._dynamic.connection_ensure()
+        return self.slots
+
+    async def leader(self) -> bool:
+        """Return whether this replica holds the lease-recovery leadership now."""
+        return self._dynamic is not None and await self._dynamic.leader()
+
+    async def as_leader(self, operation: Callable[[AsyncConnection], Awaitable[T]]) -> T | None:
+        """Run ``operation`` in a transaction tied to the leadership term, if leader."""
+        if self._dynamic is None:
+            return None
+        return await self._dynamic.as_leader(operation)
+
+    async def stop(self) -> None:
+        """Give up leadership."""
+        SHARDS_OWNED.set(0)
+        if self._dynamic is not None:
+            await self._dynamic.stop()
+
+
+class DynamicOwnership:
+    """Slots split among live replicas through advisory locks on one session connection."""
+
+    def __init__(
+        self, engine: AsyncEngine, *, owner_id: str, slots_total: int = SHARD_SLOTS
+    ) -> None:
+        self._engine = engine
+        self.owner_id = owner_id
+        self.slots_total = slots_total
+        self.slots: frozenset[int] = frozenset()
+        self.member: int | None = None
+        self.members = 0
+        self._conn: AsyncConnection | None = None
+        self._is_leader = False
+        self._mutex = asyncio.Lock()
+
+    async def _scalar(self, stmt: Any, **params: Any) -> Any:
+        assert self._conn is not None
+        value = (await self._conn.execute(stmt, params)).scalar()
+        await self._conn.commit()
+        return value
+
+    async def connection_ensure(self) -> AsyncConnection:
+        """Open the session connection (and take a member lock) if it is not open."""
+        if self._conn is not None:
+            return self._conn
+        self._conn = await self._engine.connect()
+        self.slots = frozenset()
+        self._is_leader = False
+        self.member = None
+        return self._conn
+
+    async def _member_take(self) -> None:
+        for i in range(MEMBERS_MAX):
+            if await self._scalar(_TRY, ns=NAMESPACE, key=MEMBER_BASE + i):
+                self.member = i
+                return
+        raise RuntimeError(f"more than {MEMBERS_MAX} reconciler replicas on one database")
+
+    async def _lost(self, exc: BaseException) -> None:
+        log.warning(
+            "ownership connection lost; giving up every slot",
+            extra={"owner": self.owner_id, "error": type(exc).__name__},
+        )
+        conn, self._conn = self._conn, None
+        self.slots = frozenset()
+        self._is_leader = False
+        self.member = None
+        SHARDS_OWNED.set(0)
+        if conn is not None:
+            try:
+                await conn.invalidate()
+                await conn.close()
+            except Exception:  # the connection is already broken
+                pass
+
+    async def start(self) -> None:
+        """Join the replicas and take a first share of slots."""
+        await self.refresh()
+
+    async def refresh(self) -> frozenset[int]:
+        """Re-read the live replicas, release slots outside this share, take those inside."""
+        async with self._mutex:
+            try:
+                await self.connection_ensure()
+                if self.member is None:
+                    await self._member_take()
+                rows = await self._conn.execute(  # type: ignore[union-attr]
+                    _MEMBERS, {"ns": NAMESPACE, "lo": MEMBER_BASE,
+                               "hi": MEMBER_BASE + MEMBERS_MAX}
+                )
+                live = [int(r[0]) - MEMBER_BASE for r in rows]
+                await self._conn.commit()  # type: ignore[union-attr]
+                member = self.member
+                assert member is not None
+                if member not in live:  # pragma: no cover - our own lock is always listed
+                    live = sorted([*live, member])
+                self.members = len(live)
+                share = slots_share(live.index(member), len(live), self.slots_total)
+                owned = set(self.slots)
+                for s in sorted(owned - share):
+                    await self._scalar(_UNLOCK, ns=NAMESPACE, key=s)
+                    owned.discard(s)
+                for s in sorted(share - owned):
+                    if await self._scalar(_TRY, ns=NAMESPACE, key=s):
+                        owned.add(s)
+                changed = frozenset(owned) != self.slots
+                self.slots = frozenset(owned)
+                SHARDS_OWNED.set(len(self.slots))
+                if changed:
+                    log.info(
+                        "shard slots rebalanced",
+                        extra={"owner": self.owner_id, "member": self.member,
+                               "replicas": self.members, "slots_owned": len(self.slots),
+                               "slots": sorted(self.slots)},
+                    )
+            except Exception as exc:
+                await self._lost(exc)
+            return self.slots
+
+    async def leader(self) -> bool:
+        """Try to hold the leadership lock; return whether this replica is the leader."""
+        async with self._mutex:
+            if self._is_leader and self._conn is not None:
+                return True
+            try:
+                await self.connection_ensure()
+                self._is_leader = bool(await self._scalar(_TRY, ns=NAMESPACE, key=LEADER_KEY))
+                if self._is_leader:
+                    log.info("became lease-recovery leader", extra={"owner": self.owner_id})
+            except Exception as exc:
+                await self._lost(exc)
+            return self._is_leader
+
+    async def as_leader(self, operation: Callable[[AsyncConnection], Awaitable[T]]) -> T | None:
+        """Run ``operation`` in a transaction on the leadership session, if still leader."""
+        if not await self.leader():
+            return None
+        async with self._mutex:
+            conn = self._conn
+            assert conn is not None
+            try:
+                async with conn.begin():
+                    return await operation(conn)
+            except Exception as exc:
+                from app.reconciler.retry import transient_kind
+
+                if transient_kind(exc) == "connection":
+                    await self._lost(exc)
+                    return None
+                raise
+
+    async def stop(self) -> None:
+        """Release every lock by closing the session."""
+        async with self._mutex:
+            conn, self._conn = self._conn, None
+            self.slots = frozenset()
+            self._is_leader = False
+            self.member = None
+            SHARDS_OWNED.set(0)
+            if conn is not None:
+                try:
+                    await conn.execute(text("SELECT pg_advisory_unlock_all()"))
+                    await conn.commit()
+                except Exception:  # closing anyway
+                    pass
+                await conn.close()

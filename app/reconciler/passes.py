@@ -1,0 +1,518 @@
+"""One reconcile pass: claim, snapshot, select in policy order, then reserve + lease in one tx.
+
+1. **Claim** up to ``batch`` tasks of the owned slots (``FOR UPDATE SKIP LOCKED``, claim
+   expiry, policy-aware claim order) in a short transaction of its own.
+2. **Snapshot**: one read of pools, ledgers and runtime health at the pass's ``now`` (plus
+   actual placements only for tenants whose tasks carry affinity terms, and tenant usage
+   only under ``fair``).
+3. **Select** each task with the pure core in policy order; every decision is added to an
+   :class:`~app.scheduling.model.Assumed` overlay so later tasks see it, and specs that fit
+   nowhere are remembered in the pass's :class:`UnsatisfiableCache`.
+4. **Commit** in one transaction: tasks ``LEASED`` with placement, reservations, leases and
+   events; tasks that fit nowhere back to ``ADMITTED``, parked, with their pending reason;
+   the ledger last (conditional ``reserved + amount <= total``, pool-id lock order). When a
+   pool's amount no longer fits — another reconciler won the race — the transaction rolls
+   back, those pools are re-read, and the affected tasks keep their pool if it still fits or
+   walk to their next ranked candidate, at most ``reservation_walk_limit`` times; gangs do not
+   walk (all-or-nothing): they go back to the queue unparked, as do tasks past the limit.
+
+Transient failures of each transaction are retried (see :mod:`app.reconciler.retry`); other
+errors propagate and the claims expire.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.ledger.claims import (
+    ClaimedTask,
+    Grant,
+    Unclaim,
+    tasks_claim,
+    tasks_lease,
+    tasks_unclaim,
+)
+from app.ledger.reservations import amounts_sum, ledger_reserve_many
+from app.ledger.snapshot import (
+    LedgerRow,
+    PoolCache,
+    ledgers_read,
+    placements_read,
+    pools_read,
+    tenant_usage_read,
+)
+from app.metrics import (
+    FILTER_REJECTIONS,
+    PASS_DURATION,
+    PLACEMENTS,
+    QUEUE_WAIT,
+    RESERVATION_CONFLICTS,
+    TASKS_CLAIMED,
+    TASKS_LEASED,
+)
+from app.reconciler.config import ReconcilerConfig
+from app.reconciler.retry import transient_retry
+from app.scheduling.framework import select
+from app.scheduling.model import Assumed, NoPlacement, Result, Snapshot
+from app.scheduling.plugins.registry import FILTERS
+from app.scheduling.policies import QueuedTask, get_policy
+from app.scheduling.reasons import Reason
+from app.scheduling.spec import CompiledSpec, TaskSpec, compile_spec
+from app.scheduling.unsatisfiable import UnsatisfiableCache
+
+log = logging.getLogger("berth.reconciler")
+
+#: Event reason of a task handed back unparked after losing reservation races.
+CONFLICT_REASON = "reservation_conflict"
+#: Event reason and pending code of a stored spec the core cannot read.
+INVALID_SPEC = "invalid_spec"
+#: Event reason and pending code of a task the core raised an error on (a bug, logged).
+SCHEDULER_ERROR = "scheduler_error"
+#: Distinct compiled specs a reconciler keeps between passes.
+COMPILED_KEPT = 4096
+
+
+def _reason_plugins() -> dict[str, str]:
+    """Map each filter reason code to the filter plugin that emits it (for metric labels)."""
+    out: dict[str, str] = {}
+    for name, ctor in FILTERS.items():
+        for reason in getattr(sys.modules[ctor.__module__], "REASONS", ()):
+            out[str(reason)] = name
+    out.setdefault(str(Reason.GANG_UNSATISFIABLE), "gang")
+    return out
+
+
+REASON_PLUGIN = _reason_plugins()
+
+
+@dataclass(slots=True)
+class PassResult:
+    """What one pass did, counted by outcome, and how long its phases took."""
+
+    pass_id: str
+    slots: int = 0
+    claimed: int = 0
+    leased: int = 0
+    pending: int = 0
+    requeued: int = 0
+    lost: int = 0
+    conflicts: int = 0
+    walked: int = 0
+    unsatisfiable_hits: int = 0
+    commit_rounds: int = 0
+    duration_seconds: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)
+    leased_ids: list[uuid.UUID] = field(default_factory=list)
+
+    def to_log(self) -> dict[str, Any]:
+        """Return the result as flat log fields."""
+        return {
+            "pass_id": self.pass_id,
+            "slots": self.slots,
+            "claimed": self.claimed,
+            "leased": self.leased,
+            "pending": self.pending,
+            "requeued": self.requeued,
+            "lost": self.lost,
+            "conflicts": self.conflicts,
+            "walked": self.walked,
+            "unsatisfiable_hits": self.unsatisfiable_hits,
+            "duration_ms": round(self.duration_seconds * 1000, 2),
+            **{f"{k}_ms": round(v * 1000, 2) for k, v in self.phases.items()},
+        }
+
+
+@dataclass(slots=True)
+class Decision:
+    """A task the core placed in this pass, and where it stands while the pass commits."""
+
+    task: ClaimedTask
+    spec: CompiledSpec
+    result: Result
+    members: tuple[tuple[str, int], ...]
+    cursor: int = 0
+    walks: int = 0
+
+    def placement_json(self) -> dict[str, Any]:
+        """Return the placement to store: the core's, or the candidate walked to."""
+        placement = self.result.placement
+        assert placement is not None
+        if self.walks == 0:
+            return placement.to_json()
+        chosen = self.result.candidates[self.cursor]
+        return {
+            "poolId": chosen.pool_id,
+            "score": round(chosen.score, 4),
+            "components": [c.to_json() for c in chosen.components],
+            "members": [{"poolId": p, "count": c} for p, c in self.members],
+            "alternatives": [
+                {"poolId": c.pool_id, "score": round(c.score, 4)}
+                for c in self.result.candidates[self.cursor + 1:]
+            ],
+            "walkedFrom": [c.pool_id for c in self.result.candidates[: self.cursor]],
+        }
+
+
+class _LostRace(Exception):
+    """The ledger refused some pools' amounts; the transaction is rolled back."""
+
+    def __init__(self, pools: set[str]) -> None:
+        super().__init__(f"reservation lost a race on {len(pools)} pool(s)")
+        self.pools = pools
+
+
+def _scaled(requests: tuple[int, int, int], members: int) -> tuple[int, int, int]:
+    return (requests[0] * members, requests[1] * members, requests[2] * members)
+
+
+def _fits(free: list[int], need: Sequence[int]) -> bool:
+    return free[0] >= need[0] and free[1] >= need[1] and free[2] >= need[2]
+
+
+def decisions_replan(
+    decisions: Sequence[Decision],
+    *,
+    fresh: dict[str, LedgerRow],
+    snapshot: Snapshot,
+    walk_limit: int,
+    force: Collection[str] = (),
+) -> tuple[list[Decision], list[Decision]]:
+    """Re-fit ``decisions`` (in policy order) after lost races; return (kept, released).
+
+    Pools in ``fresh`` count with their re-read ledger, the others with the snapshot. A task
+    that no longer fits keeps walking its ranked candidates while ``walks < walk_limit``;
+    gangs and tasks touching a pool in ``force`` are released instead of walking.
+    """
+    free: dict[str, list[int]] = {}
+
+    def free_of(pool_id: str) -> list[int]:
+        room = free.get(pool_id)
+        if room is None:
+            if pool_id in fresh:
+                room = list(fresh[pool_id].free)
+            else:
+                i = snapshot.pos[pool_id]
+                room = [int(snapshot.cap[i, d] - snapshot.reserved[i, d]) for d in range(3)]
+            free[pool_id] = room
+        return room
+
+    def try_take(members: Sequence[tuple[str, int]], req: tuple[int, int, int]) -> bool:
+        needs = [(p, [c * r for r in req]) for p, c in members]
+        if not all(_fits(free_of(p), n) for p, n in needs):
+            return False
+        for p, n in needs:
+            room = free_of(p)
+            for d in range(3):
+                room[d] -= n[d]
+        return True
+
+    kept: list[Decision] = []
+    released: list[Decision] = []
+    for d in decisions:
+        req = d.spec.requests
+        forced = any(p in force for p, _ in d.members)
+        if not forced and try_take(d.members, req):
+            kept.append(d)
+            continue
+        if forced or d.spec.is_gang:
+            released.append(d)
+            continue
+        moved = False
+        while d.walks < walk_limit and d.cursor + 1 < len(d.result.candidates):
+            d.cursor += 1
+            d.walks += 1
+            pool_id = d.result.candidates[d.cursor].pool_id
+            if try_take(((pool_id, 1),), req):
+                d.members = ((pool_id, 1),)
+                moved = True
+                break
+        (kept if moved else released).append(d)
+    return kept, released
+
+
+@dataclass(slots=True)
+class PassContext:
+    """What a pass needs from its reconciler: the engine, config, owner and retry hooks."""
+
+    engine: AsyncEngine
+    config: ReconcilerConfig
+    claim_owner: str
+    slots: frozenset[int]
+    rng: Callable[[], float]
+    sleep: Callable[[float], Awaitable[object]]
+    #: The wall clock for commit times; None pins every time of the pass to its ``now``.
+    clock: Callable[[], datetime] | None = None
+    #: A number that changes every pass (the fair claim's starting slot rotates with it).
+    rotation: int = 0
+    #: Pool states of the previous pass, reused when their rows did not change.
+    pool_cache: PoolCache = field(default_factory=PoolCache)
+    #: Compiled specs by (tenant, spec JSON), kept across passes: equal texts compile equal.
+    compiled: dict[tuple[str, str], CompiledSpec] = field(default_factory=dict)
+
+    def compile(self, task: ClaimedTask) -> CompiledSpec:
+        """Return the task's compiled spec, validating each distinct spec text once."""
+        key = (task.tenant_id, task.spec_json)
+        template = self.compiled.get(key)
+        if template is None:
+            if len(self.compiled) >= COMPILED_KEPT:
+                self.compiled.clear()
+            spec = TaskSpec.model_validate_json(task.spec_json)
+            template = self.compiled[key] = compile_spec(spec, tenant_id=task.tenant_id)
+        return replace(template, task_id=str(task.id))
+
+    async def retry(self, operation: Callable[[], Awaitable[Any]], what: str) -> Any:
+        """Run a transaction with the configured transient-failure retries."""
+        return await transient_retry(
+            operation,
+            attempts=self.config.retry_attempts,
+            base_seconds=self.config.retry_base_delay_seconds,
+            max_seconds=self.config.retry_max_delay_seconds,
+            what=what,
+            rng=self.rng,
+            sleep=self.sleep,
+        )
+
+
+async def pass_run(ctx: PassContext, *, pass_id: str, now: datetime) -> PassResult:
+    """Run one pass at ``now`` and return what it did."""
+    cfg = ctx.config
+    started = time.perf_counter()
+    result = PassResult(pass_id=pass_id, slots=len(ctx.slots))
+    phases = result.phases
+
+    async def claim() -> list[ClaimedTask]:
+        async with ctx.engine.begin() as conn:
+            return await tasks_claim(
+                conn,
+                owner=ctx.claim_owner,
+                slots=ctx.slots,
+                batch=cfg.batch_size,
+                now=now,
+                claim_ttl_seconds=cfg.claim_ttl_seconds,
+                policy=cfg.policy,
+                aging_seconds=cfg.priority_aging_seconds,
+                fair_rotation=ctx.rotation,
+            )
+
+    claimed: list[ClaimedTask] = await ctx.retry(claim, "claim")
+    phases["claim"] = time.perf_counter() - started
+    result.claimed = len(claimed)
+    if not claimed:
+        result.duration_seconds = time.perf_counter() - started
+        return result
+    TASKS_CLAIMED.inc(len(claimed))
+
+    specs: dict[uuid.UUID, CompiledSpec] = {}
+    unclaims: list[Unclaim] = []
+    for task in claimed:
+        try:
+            specs[task.id] = ctx.compile(task)
+        except (ValidationError, ValueError, TypeError) as exc:
+            unclaims.append(Unclaim(task.id, INVALID_SPEC, {
+                "code": INVALID_SPEC,
+                "message": f"stored spec cannot be read: {str(exc).splitlines()[0][:200]}",
+                "rejections": {},
+            }, parked=True))
+    affinity_tenants = {
+        specs[t.id].tenant_id for t in claimed
+        if t.id in specs and (specs[t.id].required or specs[t.id].preferred)
+    }
+    tenants = {t.tenant_id for t in claimed}
+
+    t0 = time.perf_counter()
+
+    async def read() -> tuple:
+        async with ctx.engine.connect() as conn:
+            pools = await pools_read(
+                conn, now=now, freshness_seconds=cfg.heartbeat_freshness_seconds,
+                cache=ctx.pool_cache,
+            )
+            placed = await placements_read(conn, tenant_ids=affinity_tenants)
+            usage = (
+                await tenant_usage_read(conn, tenant_ids=tenants) if cfg.policy == "fair" else {}
+            )
+            await conn.rollback()
+            return pools, placed, usage
+
+    pools, placed, usage = await ctx.retry(read, "snapshot")
+    snapshot = Snapshot.build(pools, placed, strategy=cfg.strategy)
+    phases["snapshot"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    options = {"aging_seconds": cfg.priority_aging_seconds} if cfg.policy == "priority" else {}
+    policy = get_policy(cfg.policy, **options)
+    by_id = {str(t.id): t for t in claimed if t.id in specs}
+    queued = [
+        QueuedTask(
+            task_id=key,
+            tenant_id=t.tenant_id,
+            priority=t.priority,
+            seq=t.seq,
+            admitted_at=t.admitted_at.timestamp(),
+            requests=_scaled(specs[t.id].requests, specs[t.id].members),
+        )
+        for key, t in by_id.items()
+    ]
+    total = snapshot.cap.sum(axis=0) if snapshot.n else (0, 0, 0)
+    capacity = (int(total[0]), int(total[1]), int(total[2]))
+    ordered = policy.order(
+        queued, now=now.timestamp(), tenant_usage=usage, cluster_capacity=capacity
+    )
+
+    assumed = Assumed(snapshot)
+    cache = UnsatisfiableCache(assumed)
+    rejections: Counter[str] = Counter()
+    decisions: list[Decision] = []
+    for q in ordered:
+        task = by_id[q.task_id]
+        spec = specs[task.id]
+        reason = cache.get(spec)
+        if reason is None:
+            try:
+                outcome = select(spec, snapshot, assumed=assumed, top_k=cfg.top_k)
+            except Exception as exc:
+                # One task the core cannot evaluate must not poison the batch it came in.
+                log.exception("select failed for a task; parking it",
+                              extra={"pass_id": pass_id, "task_id": str(task.id)})
+                unclaims.append(Unclaim(task.id, SCHEDULER_ERROR, {
+                    "code": SCHEDULER_ERROR,
+                    "message": f"the scheduler failed on this task: {type(exc).__name__}",
+                    "rejections": {},
+                }, parked=True))
+                continue
+            for code, n in outcome.rejection_counts.items():
+                rejections[str(code)] += n
+            if outcome.placement is not None:
+                assumed.add(spec, outcome.placement.members)
+                decisions.append(Decision(task, spec, outcome, outcome.placement.members))
+                continue
+            reason = outcome.reason or NoPlacement(Reason.TENANT_NOT_ALLOWED, "no pool fits")
+            cache.put(spec, reason)
+        unclaims.append(Unclaim(task.id, str(reason.code), reason.to_json(), parked=True))
+    result.unsatisfiable_hits = cache.hits
+    phases["select"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    await _commit(ctx, result, decisions, unclaims, snapshot, now=now)
+    phases["commit"] = time.perf_counter() - t0
+
+    for label, n in rejections.items():
+        FILTER_REJECTIONS.labels(plugin=REASON_PLUGIN.get(label, "core"), reason=label).inc(n)
+    result.duration_seconds = time.perf_counter() - started
+    PASS_DURATION.observe(result.duration_seconds)
+    return result
+
+
+async def _commit(
+    ctx: PassContext,
+    result: PassResult,
+    decisions: list[Decision],
+    unclaims: list[Unclaim],
+    snapshot: Snapshot,
+    *,
+    now: datetime,
+) -> None:
+    """Apply the decisions in one transaction, walking lost races; fill ``result``."""
+    cfg = ctx.config
+    instance = {p.id: p.runtime_instance_id for p in snapshot.pools}
+    kept = decisions
+    released: list[Decision] = []
+    failed_ever: set[str] = set()
+    force: set[str] = set()
+    commit_now = now
+
+    while True:
+        result.commit_rounds += 1
+        # Leases and leased_at carry the commit's time, not the pass start.
+        commit_now = ctx.clock() if ctx.clock is not None else now
+        grants = [
+            Grant(
+                task_id=d.task.id,
+                placement=d.placement_json(),
+                members=tuple((p, c, instance[p]) for p, c in d.members),
+                requests=d.spec.requests,
+            )
+            for d in kept
+        ]
+        handback = unclaims + [
+            Unclaim(d.task.id, CONFLICT_REASON, None, parked=False) for d in released
+        ]
+
+        async def commit(grants=grants, handback=handback, at=commit_now) -> tuple:
+            async with ctx.engine.begin() as conn:
+                leased = await tasks_lease(
+                    conn, owner=ctx.claim_owner, grants=grants, now=at,
+                    lease_ttl_seconds=cfg.lease_ttl_seconds,
+                )
+                unclaimed = await tasks_unclaim(
+                    conn, owner=ctx.claim_owner, items=handback, now=at
+                )
+                amounts = amounts_sum(
+                    (p, c * g.requests[0], c * g.requests[1], c * g.requests[2])
+                    for g in grants if g.task_id in leased
+                    for p, c, _ in g.members
+                )
+                ok = await ledger_reserve_many(conn, amounts=amounts, now=at)
+                lost = set(amounts) - ok
+                if lost:
+                    raise _LostRace(lost)
+                return leased, unclaimed
+
+        try:
+            leased, unclaimed = await ctx.retry(commit, "commit")
+            break
+        except _LostRace as race:
+            result.conflicts += len(race.pools)
+            RESERVATION_CONFLICTS.labels(stage="reserve").inc(len(race.pools))
+            failed_ever |= race.pools
+            if result.commit_rounds > cfg.reservation_walk_limit + 1:
+                force |= race.pools
+
+            async def reread(pools=frozenset(failed_ever)) -> dict[str, LedgerRow]:
+                async with ctx.engine.connect() as conn:
+                    rows = await ledgers_read(conn, pool_ids=pools)
+                    await conn.rollback()
+                    return rows
+
+            fresh = await ctx.retry(reread, "reread")
+            walks_before = sum(d.walks for d in kept)
+            kept, dropped = decisions_replan(
+                kept, fresh=fresh, snapshot=snapshot,
+                walk_limit=cfg.reservation_walk_limit, force=force,
+            )
+            result.walked += sum(d.walks for d in kept + dropped) - walks_before
+            released += dropped
+
+    leased_decisions = [d for d in kept if d.task.id in leased]
+    result.leased = len(leased_decisions)
+    result.leased_ids = [d.task.id for d in leased_decisions]
+    result.pending = sum(1 for u in unclaims if u.task_id in unclaimed)
+    result.requeued = sum(1 for d in released if d.task.id in unclaimed)
+    result.lost = (len(kept) - len(leased_decisions)) + (
+        len(unclaims) + len(released) - len(unclaimed)
+    )
+    if result.lost:
+        RESERVATION_CONFLICTS.labels(stage="bind").inc(result.lost)
+    TASKS_LEASED.inc(result.leased)
+    PLACEMENTS.labels(outcome="leased").inc(result.leased)
+    PLACEMENTS.labels(outcome="pending").inc(result.pending)
+    PLACEMENTS.labels(outcome="conflict").inc(result.requeued)
+    for d in leased_decisions:
+        QUEUE_WAIT.observe(max((commit_now - d.task.admitted_at).total_seconds(), 0.0))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "task leased",
+                extra={"pass_id": result.pass_id, "task_id": str(d.task.id),
+                       "pool_id": d.members[0][0], "walks": d.walks},
+            )

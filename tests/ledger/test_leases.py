@@ -1,0 +1,288 @@
+"""Leases: heartbeats, a runtime's lease list, completion with fencing, cancel, revoke."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.config import SHARD_SLOTS
+from app.ledger.leases import (
+    LeaseNotFound,
+    LeaseOutcomeInvalid,
+    LeaseStale,
+    TaskNotCancellable,
+    TaskNotFound,
+    lease_complete,
+    pool_leases_revoke,
+    runtime_heartbeat,
+    runtime_leases_list,
+    task_cancel,
+)
+from app.ledger.recovery import leases_expired_recover
+from app.reconciler import Reconciler, ReconcilerConfig
+from tests.factories import (
+    NOW,
+    heartbeat_add,
+    ledger_violations,
+    pool_add,
+    spec_make,
+    task_get,
+    tasks_add,
+)
+
+ALL = frozenset(range(SHARD_SLOTS))
+TTL = 60.0
+
+
+async def _placed(db: AsyncEngine, count: int = 1, *, cpu: int = 500, max_attempts: int = 3):
+    """Create one healthy pool p1 and ``count`` tasks leased on it; return the task ids."""
+    async with db.begin() as conn:
+        await pool_add(conn, "p1", tenants=["t1"], capacity=(1000, 1000, 0))
+        await heartbeat_add(conn, "rt-p1", at=NOW)
+        ids = await tasks_add(
+            conn, tenant="t1", count=count, spec=spec_make(cpu=cpu, max_attempts=max_attempts)
+        )
+    result = await Reconciler(
+        db, ReconcilerConfig(lease_ttl_seconds=TTL), owner_id="t", slots=ALL
+    ).run_once(now=NOW)
+    assert result.leased == count
+    return ids
+
+
+async def _lease_of(db: AsyncEngine, task_id: uuid.UUID) -> tuple[uuid.UUID, int]:
+    async with db.connect() as conn:
+        row = (await conn.execute(
+            text("SELECT id, epoch FROM leases WHERE task_id = :t AND state = 'ACTIVE'"),
+            {"t": task_id},
+        )).one()
+    return row[0], int(row[1])
+
+
+async def _cpu_reserved(db: AsyncEngine, pool_id: str = "p1") -> int:
+    async with db.connect() as conn:
+        return (await conn.execute(
+            text("SELECT cpu_reserved FROM ledgers WHERE pool_id = :p"), {"p": pool_id}
+        )).scalar_one()
+
+
+async def test_heartbeat_first_time_wakes_and_renews_live_leases(db: AsyncEngine) -> None:
+    async with db.begin() as conn:
+        await pool_add(conn, "p1", tenants=["t1"])
+        first = await runtime_heartbeat(conn, instance_id="rt-p1", now=NOW, lease_ttl_seconds=TTL)
+        again = await runtime_heartbeat(
+            conn, instance_id="rt-p1", now=NOW + timedelta(seconds=1), lease_ttl_seconds=TTL
+        )
+        stranger = await runtime_heartbeat(
+            conn, instance_id="rt-unknown", now=NOW, lease_ttl_seconds=TTL
+        )
+    assert first.became_healthy and not again.became_healthy
+    assert not stranger.became_healthy  # no pool names it: nobody to wake
+
+    async with db.begin() as conn:
+        await conn.execute(text("DELETE FROM pools"))
+    (task_id,) = await _placed(db)
+    later = NOW + timedelta(seconds=30)
+    async with db.begin() as conn:
+        beat = await runtime_heartbeat(conn, instance_id="rt-p1", now=later, lease_ttl_seconds=TTL)
+        expires = (await conn.execute(
+            text("SELECT expires_at FROM leases WHERE task_id = :t"), {"t": task_id}
+        )).scalar_one()
+    assert beat.renewed_leases == 1
+    assert expires == later + timedelta(seconds=TTL)
+
+
+async def test_heartbeat_after_staleness_is_healthy_again_but_expired_leases_stay_expired(
+    db: AsyncEngine,
+) -> None:
+    await _placed(db)
+    much_later = NOW + timedelta(seconds=TTL + 100)
+    async with db.begin() as conn:
+        beat = await runtime_heartbeat(
+            conn, instance_id="rt-p1", now=much_later, lease_ttl_seconds=TTL
+        )
+    assert beat.became_healthy
+    assert beat.renewed_leases == 0  # past its expiry: recovery owns it, not the runtime
+
+
+async def test_leases_list_shows_live_leases_of_the_instance(db: AsyncEngine) -> None:
+    (task_id,) = await _placed(db)
+    async with db.connect() as conn:
+        items = await runtime_leases_list(conn, instance_id="rt-p1")
+        none = await runtime_leases_list(conn, instance_id="rt-other")
+    assert none == []
+    (item,) = items
+    assert item["taskId"] == str(task_id)
+    assert item["poolId"] == "p1" and item["runtimeInstanceId"] == "rt-p1"
+    assert item["epoch"] == 1 and item["members"] == 1
+    assert item["requests"] == {"cpuMillis": 500, "memoryMiB": 0, "llmSlots": 0}
+    assert item["expiresAt"] == (NOW + timedelta(seconds=TTL)).isoformat()
+
+
+async def test_complete_succeeded_releases_capacity_in_the_same_transaction(
+    db: AsyncEngine,
+) -> None:
+    (task_id,) = await _placed(db)
+    lease_id, epoch = await _lease_of(db, task_id)
+    assert await _cpu_reserved(db) == 500
+    async with db.begin() as conn:
+        out = await lease_complete(
+            conn, lease_id=lease_id, epoch=epoch, outcome="succeeded", message=None,
+            now=NOW, instance_ids=frozenset({"rt-p1"}),
+        )
+    assert out["state"] == "SUCCEEDED"
+    assert await _cpu_reserved(db) == 0
+    async with db.connect() as conn:
+        task = await task_get(conn, task_id)
+        lease_state = (await conn.execute(
+            text("SELECT state FROM leases WHERE id = :id"), {"id": lease_id}
+        )).scalar_one()
+        events = [r[0] for r in await conn.execute(
+            text("SELECT to_state FROM task_events WHERE task_id = :t ORDER BY id"),
+            {"t": task_id},
+        )]
+    assert task["state"] == "SUCCEEDED" and task["finished_at"] == NOW
+    assert lease_state == "COMPLETED"
+    assert events == ["CLAIMED", "LEASED", "SUCCEEDED"]
+    assert await ledger_violations(db) == []
+
+
+async def test_complete_failed_marks_the_task_failed(db: AsyncEngine) -> None:
+    (task_id,) = await _placed(db)
+    lease_id, epoch = await _lease_of(db, task_id)
+    async with db.begin() as conn:
+        out = await lease_complete(
+            conn, lease_id=lease_id, epoch=epoch, outcome="failed", message="exit 1",
+            now=NOW, instance_ids=None,
+        )
+    assert out["state"] == "FAILED"
+    assert await _cpu_reserved(db) == 0
+
+
+async def test_complete_refuses_unknown_foreign_and_invalid(db: AsyncEngine) -> None:
+    (task_id,) = await _placed(db)
+    lease_id, epoch = await _lease_of(db, task_id)
+    async with db.connect() as conn:
+        with pytest.raises(LeaseNotFound):
+            await lease_complete(conn, lease_id=uuid.uuid4(), epoch=1, outcome="succeeded",
+                                 message=None, now=NOW, instance_ids=None)
+        with pytest.raises(LeaseNotFound):
+            await lease_complete(conn, lease_id=lease_id, epoch=epoch, outcome="succeeded",
+                                 message=None, now=NOW, instance_ids=frozenset({"rt-other"}))
+        with pytest.raises(LeaseOutcomeInvalid):
+            await lease_complete(conn, lease_id=lease_id, epoch=epoch, outcome="done",
+                                 message=None, now=NOW, instance_ids=None)
+        with pytest.raises(LeaseStale, match="stale epoch 7"):
+            await lease_complete(conn, lease_id=lease_id, epoch=7, outcome="succeeded",
+                                 message=None, now=NOW, instance_ids=None)
+        await conn.rollback()
+    assert await _cpu_reserved(db) == 500
+
+
+async def test_fencing_refuses_the_stale_runtime_after_recovery_and_regrant(
+    db: AsyncEngine,
+) -> None:
+    (task_id,) = await _placed(db)
+    old_lease, old_epoch = await _lease_of(db, task_id)
+    expired_at = NOW + timedelta(seconds=TTL + 1)
+    async with db.begin() as conn:
+        recovered = await leases_expired_recover(conn, now=expired_at)
+        await heartbeat_add(conn, "rt-p1", at=expired_at)  # the runtime is back, late
+    assert recovered.requeued == 1
+    result = await Reconciler(db, ReconcilerConfig(), owner_id="t2", slots=ALL).run_once(
+        now=NOW + timedelta(seconds=TTL + 2)
+    )
+    assert result.leased == 1
+    new_lease, new_epoch = await _lease_of(db, task_id)
+    assert new_epoch == old_epoch + 1 and new_lease != old_lease
+
+    async with db.connect() as conn:
+        with pytest.raises(LeaseStale) as caught:
+            await lease_complete(conn, lease_id=old_lease, epoch=old_epoch, outcome="succeeded",
+                                 message=None, now=expired_at, instance_ids=None)
+        assert caught.value.status == 409
+        with pytest.raises(LeaseStale, match="stale epoch"):
+            await lease_complete(conn, lease_id=new_lease, epoch=old_epoch, outcome="succeeded",
+                                 message=None, now=expired_at, instance_ids=None)
+        await conn.rollback()
+    async with db.begin() as conn:
+        out = await lease_complete(conn, lease_id=new_lease, epoch=new_epoch,
+                                   outcome="succeeded", message=None, now=expired_at,
+                                   instance_ids=None)
+    assert out["state"] == "SUCCEEDED"
+    assert await ledger_violations(db) == []
+
+
+async def test_cancel_leased_task_releases_capacity_and_ends_the_lease(db: AsyncEngine) -> None:
+    (task_id,) = await _placed(db)
+    lease_id, _ = await _lease_of(db, task_id)
+    async with db.begin() as conn:
+        assert await task_cancel(conn, task_id=task_id, tenant_id="t1", now=NOW) == "CANCELLED"
+    assert await _cpu_reserved(db) == 0
+    async with db.connect() as conn:
+        state = (await conn.execute(
+            text("SELECT state FROM leases WHERE id = :id"), {"id": lease_id}
+        )).scalar_one()
+    assert state == "CANCELLED"
+    async with db.connect() as conn:
+        with pytest.raises(TaskNotCancellable):
+            await task_cancel(conn, task_id=task_id, tenant_id="t1", now=NOW)
+        with pytest.raises(LeaseStale):
+            await lease_complete(conn, lease_id=lease_id, epoch=1, outcome="succeeded",
+                                 message=None, now=NOW, instance_ids=None)
+    assert await ledger_violations(db) == []
+
+
+async def test_cancel_hides_other_tenants_tasks(db: AsyncEngine) -> None:
+    async with db.begin() as conn:
+        (task_id,) = await tasks_add(conn, tenant="t1")
+    async with db.connect() as conn:
+        with pytest.raises(TaskNotFound):
+            await task_cancel(conn, task_id=task_id, tenant_id="t2", now=NOW)
+        with pytest.raises(TaskNotFound):
+            await task_cancel(conn, task_id=uuid.uuid4(), tenant_id="t1", now=NOW)
+
+
+async def test_cancel_of_a_claimed_task_wins_over_the_reconcilers_commit(
+    db: AsyncEngine,
+) -> None:
+    """A pass that claimed the task finds it cancelled at commit and leaves it alone."""
+    async with db.begin() as conn:
+        await pool_add(conn, "p1", tenants=["t1"], capacity=(1000, 1000, 0))
+        await heartbeat_add(conn, "rt-p1", at=NOW)
+        (task_id,) = await tasks_add(conn, tenant="t1", spec=spec_make(cpu=500))
+    from app.ledger.claims import Grant, tasks_claim, tasks_lease
+
+    async with db.begin() as conn:
+        claimed = await tasks_claim(conn, owner="pass-1", slots=ALL, batch=10, now=NOW,
+                                    claim_ttl_seconds=30)
+    assert [c.id for c in claimed] == [task_id]
+    async with db.begin() as conn:
+        assert await task_cancel(conn, task_id=task_id, tenant_id="t1", now=NOW) == "CANCELLED"
+    async with db.begin() as conn:
+        leased = await tasks_lease(
+            conn, owner="pass-1", now=NOW, lease_ttl_seconds=TTL,
+            grants=[Grant(task_id, {"poolId": "p1"}, (("p1", 1, "rt-p1"),), (500, 0, 0))],
+        )
+    assert leased == set()
+    async with db.connect() as conn:
+        assert (await task_get(conn, task_id))["state"] == "CANCELLED"
+    assert await _cpu_reserved(db) == 0
+    assert await ledger_violations(db) == []
+
+
+async def test_revoke_requeues_every_task_leased_on_the_pool(db: AsyncEngine) -> None:
+    ids = await _placed(db, count=2, cpu=400)
+    async with db.begin() as conn:
+        assert await pool_leases_revoke(conn, pool_id="p1", now=NOW) == 2
+        assert await pool_leases_revoke(conn, pool_id="p1", now=NOW) == 0
+    async with db.connect() as conn:
+        tasks = [await task_get(conn, i) for i in ids]
+        states = {r[0] for r in await conn.execute(text("SELECT state FROM leases"))}
+    assert [(t["state"], t["attempts"]) for t in tasks] == [("ADMITTED", 1), ("ADMITTED", 1)]
+    assert states == {"REVOKED"}
+    assert await _cpu_reserved(db) == 0
+    assert await ledger_violations(db) == []

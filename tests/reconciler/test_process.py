@@ -1,0 +1,150 @@
+"""`berth reconcile` as a real process: SIGKILL mid-pass leaks nothing; SIGTERM stops cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.config import SHARD_SLOTS
+from app.reconciler import Reconciler, ReconcilerConfig
+from tests.factories import ledger_violations, pools_add, spec_make, task_states, tasks_add
+
+pytestmark = pytest.mark.slow
+
+TASKS = 3000
+
+
+def _start(database_url: str, *args: str) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        "BERTH_DATABASE_URL": database_url,
+        "BERTH_BATCH_SIZE": "20",
+        "BERTH_CLAIM_TTL_SECONDS": "30",
+        "BERTH_LOG_LEVEL": "warning",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "reconcile", *args],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+
+
+async def _setup(db: AsyncEngine) -> None:
+    fresh = datetime.now(UTC) + timedelta(hours=1)  # the process reads the real clock
+    async with db.begin() as conn:
+        await pools_add(conn, 20, tenants=["t1", "t2", "t3"], capacity=(1_000_000, 10**7, 0),
+                        heartbeat_at=fresh)
+        for tenant in ("t1", "t2", "t3"):
+            await tasks_add(conn, tenant=tenant, count=TASKS // 3, spec=spec_make(cpu=10))
+
+
+async def _mid_pass(db: AsyncEngine, proc: subprocess.Popen) -> None:
+    """Wait until some tasks are leased and a pass holds claims (or the process ended)."""
+    for _ in range(20_000):
+        states = await task_states(db)
+        if states.get("LEASED", 0) and states.get("CLAIMED", 0):
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"reconciler exited early: {proc.stderr.read().decode()[-2000:]}")
+        await asyncio.sleep(0.002)
+    pytest.fail("never caught the reconciler mid-pass")
+
+
+async def test_sigkill_mid_pass_then_another_reconciler_finishes(
+    db: AsyncEngine, database_url: str
+) -> None:
+    await _setup(db)
+    proc = _start(database_url)
+    try:
+        await _mid_pass(db, proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stranded = (await task_states(db)).get("CLAIMED", 0)
+    assert stranded > 0  # killed while holding claims
+    assert await ledger_violations(db) == []  # a torn pass leaves nothing half-written
+
+    # After the claims expire, another reconciler takes them over and finishes.
+    after_expiry = datetime.now(UTC) + timedelta(seconds=31)
+    finisher = Reconciler(db, ReconcilerConfig(batch_size=500), owner_id="finisher",
+                          slots=frozenset(range(SHARD_SLOTS)))
+    while (await finisher.run_once(now=after_expiry)).claimed:
+        pass
+    assert await task_states(db) == {"LEASED": TASKS}
+    assert await ledger_violations(db) == []
+    async with db.connect() as conn:
+        twice = (await conn.execute(text(
+            "SELECT count(*) FROM (SELECT task_id FROM leases GROUP BY task_id "
+            "HAVING count(*) > 1) x"))).scalar()
+        retaken = (await conn.execute(text(
+            "SELECT count(*) FROM task_events WHERE reason = 'claim_expired'"))).scalar()
+        reserved = (await conn.execute(text("SELECT SUM(cpu_reserved) FROM ledgers"))).scalar()
+    assert twice == 0
+    assert retaken == stranded
+    assert reserved == TASKS * 10
+
+
+async def test_sigterm_finishes_the_pass_and_exits_cleanly(
+    db: AsyncEngine, database_url: str
+) -> None:
+    await _setup(db)
+    proc = _start(database_url, "--shard", "0/1")
+    try:
+        await _mid_pass(db, proc)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    states = await task_states(db)
+    assert "CLAIMED" not in states  # the pass in flight was finished, not torn
+    assert await ledger_violations(db) == []
+    async with db.connect() as conn:
+        locks = (await conn.execute(text(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = "
+            "(SELECT oid FROM pg_database WHERE datname = current_database())"))).scalar()
+    assert locks == 0
+
+
+async def test_a_killed_dynamic_replicas_slots_are_taken_over(
+    db: AsyncEngine, database_url: str
+) -> None:
+    from app.reconciler.ownership import DynamicOwnership
+
+    survivor = DynamicOwnership(db, owner_id="survivor")
+    proc = _start(database_url)  # dynamic ownership: no --shard
+    try:
+        for _ in range(3000):
+            slots = await survivor.refresh()
+            if len(slots) == SHARD_SLOTS // 2 and survivor.members == 2:
+                break
+            if proc.poll() is not None:
+                pytest.fail(proc.stderr.read().decode()[-2000:])
+            await asyncio.sleep(0.02)
+        else:
+            pytest.fail("the two replicas never split the slots")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        for _ in range(3000):
+            if await survivor.refresh() == frozenset(range(SHARD_SLOTS)):
+                break
+            await asyncio.sleep(0.02)
+        else:
+            pytest.fail("the survivor never took over the dead replica's slots")
+        assert survivor.members == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        await survivor.stop()
