@@ -8,16 +8,20 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
+from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_fastapi_instrumentator import Instrumentator
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app import __version__
+from app.api.limits import BodySizeLimit
+from app.api.openapi import openapi_install
 from app.api.problems import problem_response, problems_install
 from app.api.router import api_router
 from app.auth import KeyCache
 from app.config import Settings, get_settings
 from app.db import make_engine
 from app.errors import ConfigurationError
+from app.ledger.driver import StatementPool
 from app.schema import schema_current, schema_head
 
 log = logging.getLogger("berth")
@@ -34,6 +38,14 @@ async def readiness(engine: AsyncEngine) -> str | None:
     if current != head:
         return f"database schema is at {current or 'nothing'}, not {head}: run `berth migrate`"
     return None
+
+
+class _DefaultMetrics:
+    """Berth's own metrics (the default registry), collected into an app's HTTP registry."""
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        """Yield every metric of the default registry."""
+        return REGISTRY.collect()
 
 
 def create_app(settings: Settings | None = None, *, engine: AsyncEngine | None = None) -> FastAPI:
@@ -55,9 +67,21 @@ def create_app(settings: Settings | None = None, *, engine: AsyncEngine | None =
         )
         app.state.settings = settings
         app.state.key_cache = KeyCache()
+        # Raw autocommit connections for the single-statement hot paths (task submit/read).
+        app.state.statements = StatementPool.for_engine(
+            app.state.engine, max_size=settings.db_pool_size
+        )
+        reconciler = None
+        if settings.reconciler_enabled:
+            from app.reconciler.process import reconciler_start
+
+            reconciler = reconciler_start(app.state.engine, settings)
         try:
             yield
         finally:
+            if reconciler is not None:
+                await reconciler.stop()
+            await app.state.statements.close()
             if own_engine:
                 await app.state.engine.dispose()
 
@@ -68,7 +92,9 @@ def create_app(settings: Settings | None = None, *, engine: AsyncEngine | None =
         lifespan=lifespan,
     )
     problems_install(app)
+    app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_body_bytes)
     app.include_router(api_router())
+    openapi_install(app)
 
     @app.get("/healthz", tags=["health"], operation_id="getHealth", summary="Liveness")
     async def healthz() -> dict[str, str]:
@@ -89,7 +115,11 @@ def create_app(settings: Settings | None = None, *, engine: AsyncEngine | None =
             return problem_response(503, detail=why, type_uri="https://berth.dev/problems/unavailable")
         return JSONResponse({"status": "ready"})
 
-    Instrumentator(excluded_handlers=["/metrics"]).instrument(app).expose(
+    # HTTP metrics live in a registry of this app (a second app in one process, as in tests,
+    # would otherwise record nothing); /metrics serves it together with Berth's own metrics.
+    http_registry = CollectorRegistry(auto_describe=False)
+    http_registry.register(_DefaultMetrics())
+    Instrumentator(excluded_handlers=["/metrics"], registry=http_registry).instrument(app).expose(
         app, "/metrics", include_in_schema=False
     )
     return app

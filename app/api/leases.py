@@ -1,7 +1,136 @@
-"""HTTP API: leases (being written)."""
+"""HTTP API: leases — a runtime reports the outcome of a leased task.
+
+Completion names the lease's fencing epoch: a lease that expired or was revoked and whose
+task was granted again has moved on, so a stale runtime's report is 409 and changes
+nothing. A lease of another runtime instance answers 404, like one that does not exist.
+With an ``Idempotency-Key``, a runtime that lost the answer may send the same completion
+again and gets the first answer instead of a 409.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import uuid
+from datetime import UTC, datetime
+from typing import Annotated, Literal
 
-router = APIRouter()
+from fastapi import APIRouter, Header, Path, Response
+from fastapi.responses import JSONResponse
+from pydantic import ConfigDict, Field
+
+from app.api.common import CamelModel, problems
+from app.auth import RuntimeDep
+from app.db import ConnDep
+from app.ledger.idempotency import idempotency_claim, idempotency_store, request_hash
+from app.ledger.leases import lease_complete
+
+router = APIRouter(tags=["leases"])
+
+LeaseIdPath = Annotated[
+    uuid.UUID, Path(alias="leaseId", description="The lease id (a UUID).")
+]
+IdempotencyKeyHeader = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=255,
+        description="Repeat a completion safely: the same key and body replay the first "
+        "answer; the same key with a different body is 409.",
+    ),
+]
+
+
+class LeaseCompletion(CamelModel):
+    """The outcome of a leased task, with the lease's fencing epoch."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"outcome": "succeeded", "epoch": 1}]}
+    )
+
+    outcome: Literal["succeeded", "failed"]
+    epoch: int = Field(ge=1, le=2**62, description="The epoch the lease was granted with.")
+    message: str | None = Field(
+        default=None, max_length=1000, description="Kept in the task's event log."
+    )
+
+
+class LeaseCompleted(CamelModel):
+    """The task's state after its lease completed; its capacity is released."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "taskId": "0b6e4c52-8a1e-4c55-9d9e-3f7d0a1c2b3d",
+                    "leaseId": "5a7f9e0c-1d2b-4e3f-8a9b-0c1d2e3f4a5b",
+                    "state": "SUCCEEDED",
+                    "outcome": "succeeded",
+                    "epoch": 1,
+                    "finishedAt": "2026-01-01T12:00:00Z",
+                }
+            ]
+        }
+    )
+
+    task_id: str
+    lease_id: str
+    state: Literal["SUCCEEDED", "FAILED"]
+    outcome: Literal["succeeded", "failed"]
+    epoch: int
+    finished_at: datetime
+
+
+@router.post(
+    "/leases/{leaseId}/complete",
+    operation_id="completeLease",
+    summary="Complete a lease with its task's outcome",
+    response_model=LeaseCompleted,
+    responses=problems(401, 403, 404, 409, 413, 422),
+)
+async def complete_lease(
+    lease_id: LeaseIdPath,
+    body: LeaseCompletion,
+    principal: RuntimeDep,
+    conn: ConnDep,
+    idempotency_key: IdempotencyKeyHeader = None,
+) -> Response:
+    """Finish the lease's task as SUCCEEDED or FAILED and release its capacity (every pool of
+    a gang). 404 for an unknown lease or one of another instance; 409 when the epoch is stale
+    or the lease already ended. For runtime keys."""
+    operation = "completeLease"
+    if idempotency_key is not None:
+        stored = await idempotency_claim(
+            conn,
+            subject=principal.subject,
+            operation=operation,
+            key=idempotency_key,
+            request_hash=request_hash(
+                {"leaseId": str(lease_id), "body": body.model_dump(mode="json", by_alias=True)}
+            ),
+        )
+        if stored is not None:
+            return JSONResponse(
+                stored.body,
+                status_code=stored.status_code,
+                headers={"Idempotent-Replayed": "true"},
+            )
+    result = await lease_complete(
+        conn,
+        lease_id=lease_id,
+        epoch=body.epoch,
+        outcome=body.outcome,
+        message=body.message,
+        now=datetime.now(UTC),
+        instance_ids=principal.runtime_instance_ids,
+    )
+    answer = LeaseCompleted.model_validate(result).model_dump(mode="json", by_alias=True)
+    if idempotency_key is not None:
+        await idempotency_store(
+            conn,
+            subject=principal.subject,
+            operation=operation,
+            key=idempotency_key,
+            status_code=200,
+            body=answer,
+        )
+    return JSONResponse(answer)

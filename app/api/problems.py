@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.errors import BerthError, Unprocessable
@@ -97,6 +98,21 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return problem_response(exc.status_code, detail=detail, headers=exc.headers)
 
 
+#: SQLSTATEs of text PostgreSQL cannot store (a NUL character): bad input, not a server fault.
+_BAD_TEXT_SQLSTATES = frozenset({"22021", "22P05"})
+
+
+async def _database_error(request: Request, exc: Exception) -> JSONResponse:
+    if getattr(getattr(exc, "orig", None), "sqlstate", None) in _BAD_TEXT_SQLSTATES:
+        return problem_response(
+            422,
+            detail="a string in the request contains a NUL character (\\u0000), "
+            "which cannot be stored",
+            type_uri="https://berth.dev/problems/validation",
+        )
+    return await _unexpected(request, exc)
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
     log.error(
@@ -117,4 +133,5 @@ def problems_install(app: FastAPI) -> None:
     app.add_exception_handler(BerthError, _berth_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(DBAPIError, _database_error)
     app.add_exception_handler(Exception, _unexpected)

@@ -1,7 +1,188 @@
-"""HTTP API: runtimes (being written)."""
+"""HTTP API: runtimes — heartbeats and the leases granted to a runtime instance.
+
+Only runtime keys reach these routes, and only for the instances their key names: a runtime
+heartbeating or listing another instance is refused with 403 (the instance id is in the
+path the caller chose, so nothing is revealed by saying no).
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from datetime import UTC, datetime, timedelta
+from typing import Annotated
 
-router = APIRouter()
+from fastapi import APIRouter, Path, Request
+from pydantic import Field
+
+from app.api.common import CamelModel, CursorQuery, LimitQuery, cursor_decode, cursor_encode
+from app.api.common import problems as problem_responses
+from app.auth import Principal, RuntimeDep
+from app.db import ConnDep
+from app.errors import BadRequest, Forbidden
+from app.ledger.leases import runtime_heartbeat, runtime_leases_list
+
+router = APIRouter(tags=["runtimes"])
+
+InstanceIdPath = Annotated[
+    str,
+    Path(
+        alias="instanceId",
+        min_length=1,
+        max_length=128,
+        description="The runtime instance id (a pool's runtimeInstanceId).",
+        examples=["rt-eu-1"],
+    ),
+]
+
+
+class RuntimeInstanceForbidden(Forbidden):
+    """This runtime key does not act for that runtime instance."""
+
+
+class Heartbeat(CamelModel):
+    """What a heartbeat did."""
+
+    model_config = {
+        "json_schema_extra": {
+            "examples": [
+                {
+                    "instanceId": "rt-eu-1",
+                    "lastHeartbeatAt": "2026-01-01T12:00:00Z",
+                    "renewedLeases": 3,
+                    "leasesExpireAt": "2026-01-01T12:01:00Z",
+                    "heartbeatFreshnessSeconds": 15.0,
+                }
+            ]
+        }
+    }
+
+    instance_id: str
+    last_heartbeat_at: datetime
+    renewed_leases: int = Field(description="Live leases of the instance whose expiry moved.")
+    leases_expire_at: datetime = Field(description="The new expiry of the renewed leases.")
+    heartbeat_freshness_seconds: float = Field(
+        description="Heartbeat at least this often, or the instance's pools turn unhealthy."
+    )
+
+
+class LeaseRequests(CamelModel):
+    """What each member of the leased task needs."""
+
+    cpu_millis: int
+    memory_mib: int = Field(alias="memoryMiB")
+    llm_slots: int
+
+
+class RuntimeLease(CamelModel):
+    """A live lease granted to a runtime instance: run this task (``members`` copies here)."""
+
+    id: str = Field(description="The lease id; complete it with completeLease.")
+    task_id: str
+    pool_id: str
+    runtime_instance_id: str
+    epoch: int = Field(description="Fencing epoch: send it back when completing the lease.")
+    expires_at: datetime
+    granted_at: datetime
+    members: int = Field(description="Members of the task placed on this lease's pool.")
+    tenant_id: str
+    requests: LeaseRequests
+    labels: dict[str, str]
+
+
+class RuntimeLeasePage(CamelModel):
+    """One page of a runtime's leases, oldest grant first."""
+
+    items: list[RuntimeLease]
+    next_cursor: str | None = None
+
+
+def instance_check(principal: Principal, instance_id: str) -> None:
+    """Raise 403 unless ``principal`` acts for runtime instance ``instance_id``."""
+    if instance_id not in principal.runtime_instance_ids:
+        raise RuntimeInstanceForbidden(
+            f"this key does not act for runtime instance {instance_id!r}"
+        )
+
+
+@router.post(
+    "/runtimes/{instanceId}/heartbeat",
+    operation_id="heartbeatRuntime",
+    summary="Report a runtime instance alive and renew its leases",
+    response_model=Heartbeat,
+    responses=problem_responses(401, 403, 422),
+)
+async def heartbeat_runtime(
+    instance_id: InstanceIdPath, principal: RuntimeDep, conn: ConnDep, request: Request
+) -> Heartbeat:
+    """Record that the instance is alive (its pools count as healthy while heartbeats are
+    fresher than the freshness window) and push the expiry of its live leases forward. No
+    body. For runtime keys acting for the instance."""
+    instance_check(principal, instance_id)
+    settings = request.app.state.settings
+    now = datetime.now(UTC)
+    result = await runtime_heartbeat(
+        conn,
+        instance_id=instance_id,
+        now=now,
+        lease_ttl_seconds=settings.lease_ttl_seconds,
+        freshness_seconds=settings.heartbeat_freshness_seconds,
+    )
+    return Heartbeat(
+        instance_id=instance_id,
+        last_heartbeat_at=now,
+        renewed_leases=result.renewed_leases,
+        leases_expire_at=now + timedelta(seconds=settings.lease_ttl_seconds),
+        heartbeat_freshness_seconds=settings.heartbeat_freshness_seconds,
+    )
+
+
+@router.get(
+    "/runtimes/{instanceId}/leases",
+    operation_id="listRuntimeLeases",
+    summary="List the live leases granted to a runtime instance",
+    response_model=RuntimeLeasePage,
+    responses=problem_responses(400, 401, 403, 422),
+)
+async def list_runtime_leases(
+    instance_id: InstanceIdPath,
+    principal: RuntimeDep,
+    conn: ConnDep,
+    limit: LimitQuery = 100,
+    cursor: CursorQuery = None,
+) -> RuntimeLeasePage:
+    """List the instance's live leases, oldest grant first: what the runtime should be
+    running now. For runtime keys acting for the instance."""
+    instance_check(principal, instance_id)
+    leases = await runtime_leases_list(conn, instance_id=instance_id)
+    start = 0
+    if cursor is not None:
+        position = _position_decode(cursor)
+        # Leases are ordered by (grantedAt, id); resume after the last one seen.
+        start = next(
+            (i for i, lease in enumerate(leases) if _position(lease) > position), len(leases)
+        )
+    page = leases[start : start + limit]
+    more = start + limit < len(leases)
+    next_cursor = (
+        cursor_encode([page[-1]["grantedAt"], page[-1]["id"]]) if more and page else None
+    )
+    return RuntimeLeasePage(
+        items=[RuntimeLease.model_validate(lease) for lease in page], next_cursor=next_cursor
+    )
+
+
+def _position(lease: dict) -> tuple[datetime, str]:
+    return (datetime.fromisoformat(lease["grantedAt"]), lease["id"])
+
+
+def _position_decode(cursor: str) -> tuple[datetime, str]:
+    invalid = BadRequest("the cursor is not valid; pass back the nextCursor of a list")
+    after = cursor_decode(cursor)
+    if not (isinstance(after, list) and len(after) == 2 and all(isinstance(p, str) for p in after)):
+        raise invalid
+    try:
+        granted = datetime.fromisoformat(after[0])
+    except ValueError:
+        raise invalid from None
+    if granted.tzinfo is None:
+        raise invalid
+    return (granted, after[1])

@@ -1,0 +1,210 @@
+"""The OpenAPI document: FastAPI's, completed for generated clients and contract tests.
+
+On top of what FastAPI derives from the routes this adds the ``Problem`` schema (RFC 9457)
+and declares every error as ``application/problem+json`` (FastAPI's own 422 schema is
+replaced, since Berth never answers with it), the bearer security scheme, tag descriptions
+and servers; every secured operation declares 401 and 403, every operation with a body 400
+(not JSON), 413 and 422. Regenerate the committed copy with::
+
+    python -m app.api.openapi > docs/openapi.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from app.api.common import PROBLEM, problems
+
+SECURITY_SCHEME = "HTTPBearer"
+
+TAGS: list[dict[str, str]] = [
+    {
+        "name": "pools",
+        "description": "Runtime pools: where work can run. Admins create and change them and "
+        "register their capacity ledger; every caller sees the pools visible to it.",
+    },
+    {
+        "name": "operators",
+        "description": "Pool status actions (cordon, drain, activate) for the operators a "
+        "pool lists.",
+    },
+    {
+        "name": "tasks",
+        "description": "Tenants submit tasks and read their state, placement explanation, "
+        "lease and history. Another tenant's task is always 404.",
+    },
+    {
+        "name": "placements",
+        "description": "Dry-run placement on the live snapshot: ranked candidates with "
+        "score components and rejections; reserves nothing.",
+    },
+    {
+        "name": "runtimes",
+        "description": "Runtime instances: heartbeats (health and lease renewal) and the "
+        "leases granted to them.",
+    },
+    {
+        "name": "leases",
+        "description": "Leases held by runtimes: completion releases the reserved capacity.",
+    },
+    {"name": "health", "description": "Liveness and readiness probes (no key needed)."},
+]
+
+SERVERS = [{"url": "http://127.0.0.1:8000", "description": "`berth serve` with its defaults"}]
+
+DESCRIPTION = """\
+Berth places tasks on runtime pools and holds their capacity in a durable ledger. Every
+decision is explainable: a task shows its placement (score components and ranked
+alternatives) or why it is pending; `previewPlacement` shows the same for a spec without
+submitting it.
+
+**Auth**: `Authorization: Bearer <key>`. A key has one role — `admin`, `operator`,
+`tenant` or `runtime` — and the tenants or runtime instances it acts for. A tenant key
+acting for several tenants names one in `X-Berth-Tenant` when it submits.
+
+**Errors** are RFC 9457 `application/problem+json` (`type`, `title`, `status`, `detail`,
+and `errors` [{`loc`, `msg`}] for validation). Lists are cursor-paginated: pass the
+`nextCursor` of a page as `cursor` for the next one.
+"""
+
+PROBLEM_SCHEMA: dict[str, Any] = {
+    "title": "Problem",
+    "type": "object",
+    "description": "An RFC 9457 problem: every error answer of the API has this shape.",
+    "required": ["type", "title", "status", "detail"],
+    "properties": {
+        "type": {
+            "type": "string",
+            "description": "A URI naming the kind of problem.",
+            "examples": ["https://berth.dev/problems/validation"],
+        },
+        "title": {"type": "string", "description": "Short summary of the kind of problem."},
+        "status": {"type": "integer", "description": "The HTTP status code."},
+        "detail": {"type": "string", "description": "What went wrong, for a human."},
+        "errors": {
+            "type": "array",
+            "description": "Validation errors, one per invalid field.",
+            "items": {
+                "type": "object",
+                "required": ["loc", "msg"],
+                "properties": {
+                    "loc": {
+                        "type": "array",
+                        "items": {"anyOf": [{"type": "string"}, {"type": "integer"}]},
+                        "description": "Where: e.g. [\"body\", \"requests\", \"cpuMillis\"].",
+                    },
+                    "msg": {"type": "string"},
+                },
+            },
+        },
+        "requestId": {
+            "type": "string",
+            "description": "Set on 500: the id the error was logged with.",
+        },
+    },
+    "additionalProperties": True,
+    "examples": [
+        {
+            "type": "https://berth.dev/problems/validation",
+            "title": "Unprocessable Content",
+            "status": 422,
+            "detail": "body.requests.cpuMillis: Input should be greater than or equal to 0",
+            "errors": [
+                {
+                    "loc": ["body", "requests", "cpuMillis"],
+                    "msg": "Input should be greater than or equal to 0",
+                }
+            ],
+        }
+    ],
+}
+
+_METHODS = ("get", "put", "post", "delete", "patch")
+
+
+def _complete_operation(op: dict[str, Any]) -> None:
+    responses = op.setdefault("responses", {})
+    wanted: list[int] = []
+    if op.get("security"):
+        wanted += [401, 403]
+    if "requestBody" in op:
+        wanted += [400, 413, 422]  # 400: a body that is not JSON at all
+    if op.get("parameters"):
+        wanted.append(422)
+    for status, declaration in problems(*wanted).items():
+        responses.setdefault(str(status), declaration)
+    for status, response in responses.items():
+        if status.startswith(("4", "5")):
+            # FastAPI declares its default 422 as application/json HTTPValidationError;
+            # Berth answers every error as a Problem.
+            response["content"] = PROBLEM["content"]
+
+
+def openapi_build(app: FastAPI) -> dict[str, Any]:
+    """Return the completed OpenAPI document of ``app``."""
+    doc = get_openapi(
+        title=app.title,
+        version=app.version,
+        summary=app.summary,
+        description=DESCRIPTION,
+        routes=app.routes,
+        tags=TAGS,
+        servers=SERVERS,
+    )
+    components = doc.setdefault("components", {})
+    schemas = components.setdefault("schemas", {})
+    schemas.pop("HTTPValidationError", None)
+    schemas.pop("ValidationError", None)
+    schemas["Problem"] = PROBLEM_SCHEMA
+    scheme = components.setdefault("securitySchemes", {}).setdefault(
+        SECURITY_SCHEME, {"type": "http", "scheme": "bearer"}
+    )
+    scheme["bearerFormat"] = "berth API key"
+    for path in doc.get("paths", {}).values():
+        for method in _METHODS:
+            if method in path:
+                _complete_operation(path[method])
+    doc["components"]["schemas"] = dict(sorted(schemas.items()))
+    return doc
+
+
+def openapi_install(app: FastAPI) -> None:
+    """Make ``app`` serve the completed document at /openapi.json (built once, then cached)."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = openapi_build(app)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def openapi_render(doc: dict[str, Any]) -> str:
+    """Return ``doc`` as the committed text: indented JSON with a final newline."""
+    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+
+
+def document() -> dict[str, Any]:
+    """Return the OpenAPI document of the Berth app (no database needed)."""
+    from app.config import Settings
+    from app.main import create_app
+
+    # The app is built but never started: no connection is made.
+    settings = Settings(database_url="postgresql://berth@localhost/berth")
+    return openapi_build(create_app(settings))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the OpenAPI document (for `python -m app.api.openapi > docs/openapi.json`)."""
+    sys.stdout.write(openapi_render(document()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

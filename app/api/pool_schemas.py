@@ -1,0 +1,305 @@
+"""Request and response bodies of the pool API (SPEC §2 and §6), in camelCase JSON."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import (
+    AwareDatetime,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+
+from app.api.common import CamelModel
+from app.ledger.pools import PoolRecord, PoolViewer
+from app.scheduling.spec import LabelKey, LabelValue, RuntimeClass
+
+POOL_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+MAX_LABELS = 32
+MAX_LIST = 256
+MAX_TOTAL = 10**12
+
+PoolId = Annotated[str, StringConstraints(pattern=POOL_ID_PATTERN)]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+OptionalName = Annotated[str, StringConstraints(max_length=128)]
+Reason = Annotated[str, StringConstraints(min_length=1, max_length=512)]
+
+
+class PoolStatus(StrEnum):
+    """Operator intent: ACTIVE takes new placements; CORDONED and DRAINING keep leases only."""
+
+    ACTIVE = "ACTIVE"
+    CORDONED = "CORDONED"
+    DRAINING = "DRAINING"
+
+
+class Capacity(CamelModel):
+    """Ledger amounts of one pool: CPU millicores, memory MiB and LLM slots."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"cpuMillis": 16000, "memoryMiB": 65536, "llmSlots": 8}]}
+    )
+
+    cpu_millis: int = Field(ge=0, le=MAX_TOTAL, description="CPU millicores.")
+    memory_mib: int = Field(ge=0, le=MAX_TOTAL, alias="memoryMiB", description="Memory in MiB.")
+    llm_slots: int = Field(ge=0, le=MAX_TOTAL, description="Concurrent LLM slots.")
+
+    def as_tuple(self) -> tuple[int, int, int]:
+        """Return (cpuMillis, memoryMiB, llmSlots)."""
+        return (self.cpu_millis, self.memory_mib, self.llm_slots)
+
+    @classmethod
+    def of(cls, amounts: tuple[int, int, int] | None) -> Capacity | None:
+        """Return the amounts as a Capacity, or None for a missing ledger."""
+        if amounts is None:
+            return None
+        return cls.model_validate(
+            {"cpuMillis": amounts[0], "memoryMiB": amounts[1], "llmSlots": amounts[2]}
+        )
+
+
+def _unique(values: list[str] | None) -> list[str] | None:
+    """Return ``values`` without repeats, in their first order."""
+    return None if values is None else list(dict.fromkeys(values))
+
+
+_UNIQUE_LISTS = ("tenant_ids", "artifact_regions", "operators")
+
+
+def _cost_weight_finite(value: float | None) -> float | None:
+    if value is not None and not math.isfinite(value):
+        raise ValueError("costWeight must be a finite number")
+    return value
+
+
+class PoolCreate(CamelModel):
+    """A new pool: identity, who may use and operate it, and its placement keys."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": "eu-gpu-1",
+                    "tenantIds": ["acme"],
+                    "runtimeClass": "python-3.11",
+                    "runtimeInstanceId": "rt-eu-1",
+                    "region": "eu-west-1",
+                    "dataResidency": "eu",
+                    "failureDomain": "eu-west-1a",
+                    "labels": {"tier": "std", "gpu": "a100"},
+                    "artifactRegions": ["eu-west-1"],
+                    "costWeight": 1.0,
+                    "operators": ["ops-eu"],
+                    "ready": True,
+                }
+            ]
+        }
+    )
+
+    id: PoolId = Field(description="Caller-chosen slug: lowercase letters, digits and dashes.")
+    tenant_ids: list[Name] = Field(
+        default_factory=list, max_length=MAX_LIST, description="Tenants that may use the pool."
+    )
+    runtime_class: RuntimeClass = Field(description="What kind of runtime the pool offers.")
+    runtime_instance_id: Name = Field(description="The runtime instance that runs the leases.")
+    region: Name
+    data_residency: OptionalName = ""
+    failure_domain: OptionalName = ""
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS)
+    artifact_regions: list[Name] = Field(default_factory=list, max_length=MAX_LIST)
+    cost_weight: float = Field(default=1.0, ge=0, le=1e6, description="Lower is cheaper.")
+    operators: list[Name] = Field(
+        default_factory=list,
+        max_length=MAX_LIST,
+        description="Subjects allowed to cordon, drain and activate the pool.",
+    )
+    ready: bool = Field(default=True, description="The operator's static readiness flag.")
+
+    @field_validator(*_UNIQUE_LISTS)
+    @classmethod
+    def _dedupe(cls, values: list[str]) -> list[str] | None:
+        return _unique(values)
+
+    @model_validator(mode="after")
+    def _finite(self) -> PoolCreate:
+        _cost_weight_finite(self.cost_weight)
+        return self
+
+    def fields(self) -> dict[str, Any]:
+        """Return the stored columns of the new pool (without its id)."""
+        return self.model_dump(exclude={"id"})
+
+
+class PoolPatch(CamelModel):
+    """A JSON merge patch (RFC 7396) of a pool: absent fields stay; in ``labels`` a null value
+    removes that label. Status and capacity have their own operations."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"labels": {"gpu": None, "tier": "gold"}, "ready": False}]}
+    )
+
+    tenant_ids: list[Name] | None = Field(default=None, max_length=MAX_LIST)
+    runtime_class: RuntimeClass | None = None
+    runtime_instance_id: Name | None = None
+    region: Name | None = None
+    data_residency: OptionalName | None = None
+    failure_domain: OptionalName | None = None
+    labels: dict[LabelKey, LabelValue | None] | None = Field(default=None, max_length=MAX_LABELS)
+    artifact_regions: list[Name] | None = Field(default=None, max_length=MAX_LIST)
+    cost_weight: float | None = Field(default=None, ge=0, le=1e6)
+    operators: list[Name] | None = Field(default=None, max_length=MAX_LIST)
+    ready: bool | None = None
+
+    @field_validator(*_UNIQUE_LISTS)
+    @classmethod
+    def _dedupe(cls, values: list[str] | None) -> list[str] | None:
+        return _unique(values)
+
+    @model_validator(mode="after")
+    def _no_nulls(self) -> PoolPatch:
+        for name in self.model_fields_set:
+            if getattr(self, name) is None:
+                alias = type(self).model_fields[name].alias or name
+                raise ValueError(f"{alias} cannot be null; omit it to leave it unchanged")
+        _cost_weight_finite(self.cost_weight)
+        return self
+
+    def changes(self) -> dict[str, Any]:
+        """Return the columns to replace (every set field except ``labels``)."""
+        return {name: getattr(self, name) for name in self.model_fields_set - {"labels"}}
+
+    def label_changes(self) -> dict[str, str | None]:
+        """Return the labels to set (string) or remove (None)."""
+        return dict(self.labels or {})
+
+
+class StatusChange(CamelModel):
+    """Optional body of cordon and activate: why the status changes."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"reason": "kernel upgrade"}]})
+
+    reason: Reason | None = None
+
+
+class DrainRequest(CamelModel):
+    """Optional body of drain: why, and when remaining leases are revoked (RFC 3339, future)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"reason": "decommission", "deadline": "2030-01-01T12:00:00Z"}]
+        }
+    )
+
+    reason: Reason | None = None
+    deadline: AwareDatetime | None = Field(
+        default=None,
+        description="When it passes, remaining leases are revoked and their tasks requeued.",
+    )
+
+
+class DrainProgress(CamelModel):
+    """How far a drain has got."""
+
+    leases_left: int = Field(description="Live leases still on the pool.")
+
+
+class Pool(CamelModel):
+    """A pool with its ledger view, health and operator status."""
+
+    id: str
+    tenant_ids: list[str] = Field(
+        description="Tenants that may use the pool (a tenant caller sees only its own)."
+    )
+    runtime_class: str
+    runtime_instance_id: str
+    region: str
+    data_residency: str
+    failure_domain: str
+    labels: dict[str, str]
+    artifact_regions: list[str]
+    cost_weight: float
+    operators: list[str]
+    status: PoolStatus
+    status_reason: str | None
+    drain_deadline: datetime | None
+    drain_progress: DrainProgress | None = Field(description="Set while the pool is DRAINING.")
+    ready: bool
+    capacity: Capacity | None = Field(description="Ledger totals; null until registered.")
+    reserved: Capacity | None
+    available: Capacity | None
+    healthy: bool = Field(
+        description="ready, heartbeat fresh and ledger registered: the pool can take work."
+    )
+    last_heartbeat_at: datetime | None
+    active_leases: int
+    version: int
+    etag: str
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(
+        cls, record: PoolRecord, *, viewer: PoolViewer, now: datetime, freshness_seconds: float
+    ) -> Pool:
+        """Return the API view of ``record`` for ``viewer``."""
+        tenant_ids = list(record.tenant_ids)
+        operates = viewer.role == "operator" and viewer.subject in record.operators
+        if viewer.role != "admin" and not operates:
+            # A shared pool must not tell one tenant which other tenants use it.
+            tenant_ids = [t for t in tenant_ids if t in viewer.tenant_ids]
+        return cls(
+            id=record.id,
+            tenant_ids=tenant_ids,
+            runtime_class=record.runtime_class,
+            runtime_instance_id=record.runtime_instance_id,
+            region=record.region,
+            data_residency=record.data_residency,
+            failure_domain=record.failure_domain,
+            labels=record.labels,
+            artifact_regions=list(record.artifact_regions),
+            cost_weight=record.cost_weight,
+            operators=list(record.operators),
+            status=PoolStatus(record.status),
+            status_reason=record.status_reason,
+            drain_deadline=record.drain_deadline,
+            drain_progress=DrainProgress(leases_left=record.active_leases)
+            if record.status == PoolStatus.DRAINING
+            else None,
+            ready=record.ready,
+            capacity=Capacity.of(record.capacity),
+            reserved=Capacity.of(record.reserved),
+            available=Capacity.of(record.available),
+            healthy=record.healthy(now=now, freshness_seconds=freshness_seconds),
+            last_heartbeat_at=record.last_heartbeat_at,
+            active_leases=record.active_leases,
+            version=record.version,
+            etag=etag_of(record.version),
+            created_at=record.created_at,
+            updated_at=record.updated_at,
+        )
+
+
+def etag_of(version: int) -> str:
+    """Return the ETag of a pool at ``version``."""
+    return f'"{version}"'
+
+
+def if_match_versions(header: str) -> set[int] | None:
+    """Return the versions an If-Match header accepts, or None for ``*`` (any)."""
+    versions: set[int] = set()
+    for raw in header.split(","):
+        tag = raw.strip()
+        if tag == "*":
+            return None
+        if tag.startswith("W/"):
+            tag = tag[2:]
+        tag = tag.strip('"')
+        if tag.isdigit():
+            versions.add(int(tag))
+    return versions

@@ -1,0 +1,304 @@
+"""Response models of tasks and placement previews (SPEC §6), and the row -> JSON mapping.
+
+The models document the shapes in the OpenAPI document; the hot endpoints build the JSON
+directly with :func:`task_json` (plain dicts serialized by orjson) instead of validating
+response objects, and tests check that both agree.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+import orjson
+from fastapi.responses import Response
+from pydantic import ConfigDict, Field
+
+from app.api.common import CamelModel, Page
+from app.ledger.tables import TASK_STATES
+from app.ledger.tasks import LeaseView, TaskEventRow, TaskRow
+from app.scheduling.spec import TaskSpec
+
+
+class TaskState(StrEnum):
+    """A task's state: ADMITTED -> CLAIMED -> LEASED -> SUCCEEDED | FAILED | CANCELLED."""
+
+    ADMITTED = "ADMITTED"
+    CLAIMED = "CLAIMED"
+    LEASED = "LEASED"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+assert tuple(TaskState) == TASK_STATES
+
+
+class ScoreComponent(CamelModel):
+    """One score plugin's weighted contribution to a pool's total, with a short reason."""
+
+    name: str = Field(description="Score plugin name, e.g. `least_loaded`, `cost`.")
+    value: float = Field(description="Weighted contribution to the total score.")
+    reason: str = Field(description="Why the plugin scored the pool this way.")
+
+
+class PlacementMember(CamelModel):
+    """How many members of the task are placed on a pool (1 for a plain task)."""
+
+    pool_id: str
+    count: int = Field(ge=1)
+
+
+class PlacementAlternative(CamelModel):
+    """A feasible pool that ranked below the chosen one."""
+
+    pool_id: str
+    score: float
+
+
+_COMPONENTS_EXAMPLE = [
+    {
+        "name": "least_loaded",
+        "value": 84.3807,
+        "reason": "projected utilization 16% dominant, 10% mean; lower is better",
+    },
+    {"name": "cost", "value": 100.0, "reason": "cost weight 1; cheaper pools score higher"},
+    {"name": "artifact_locality", "value": 100.0, "reason": "artifacts in eu-west-1 are local"},
+]
+_PLACEMENT_EXAMPLE = {
+    "poolId": "eu-gpu-1",
+    "score": 284.3807,
+    "components": _COMPONENTS_EXAMPLE,
+    "members": [{"poolId": "eu-gpu-1", "count": 1}],
+    "alternatives": [{"poolId": "eu-gpu-2", "score": 143.7698}],
+}
+
+
+class Placement(CamelModel):
+    """Where the task was placed and why: the chosen pool, its score and the runners-up."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [_PLACEMENT_EXAMPLE]})
+
+    pool_id: str = Field(description="The chosen pool (the first member's, for a gang).")
+    score: float = Field(description="Total score of the chosen pool (sum of components).")
+    components: list[ScoreComponent]
+    members: list[PlacementMember] = Field(description="Every pool holding members, with counts.")
+    alternatives: list[PlacementAlternative] = Field(
+        description="The next-ranked feasible pools, best first."
+    )
+
+
+class PendingReason(CamelModel):
+    """Why an admitted task is not placed now: headline code, a sentence, counts by code."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "code": "insufficient_cpu",
+                    "message": "no pool fits: 3 pools lack cpu, 1 pool is cordoned or draining",
+                    "rejections": {"insufficient_cpu": 3, "pool_not_active": 1},
+                }
+            ]
+        }
+    )
+
+    code: str = Field(description="The reason code that rejected the most pools.")
+    message: str = Field(description="A human sentence; names no pool.")
+    rejections: dict[str, int] = Field(description="Number of visible pools rejected, by code.")
+
+
+class TaskLease(CamelModel):
+    """The grant a runtime instance holds while it runs the task."""
+
+    id: uuid.UUID
+    pool_id: str
+    runtime_instance_id: str
+    expires_at: datetime
+    epoch: int = Field(ge=1, description="Fencing epoch; lease completion must name it.")
+
+
+class Task(CamelModel):
+    """A task: its spec, state, explanation (placement or pending reason) and lease."""
+
+    id: uuid.UUID
+    tenant_id: str
+    state: TaskState
+    spec: TaskSpec
+    priority: int
+    attempts: int = Field(ge=0, description="Leases of this task that expired or were revoked.")
+    max_attempts: int = Field(ge=1)
+    created_at: datetime
+    updated_at: datetime
+    leased_at: datetime | None
+    finished_at: datetime | None
+    pending_reason: PendingReason | None = Field(
+        description="Set while ADMITTED and no pool fits now."
+    )
+    placement: Placement | None = Field(description="Set once placed (LEASED and after).")
+    lease: TaskLease | None = Field(description="The active lease (a gang's first by pool id).")
+    leases: list[TaskLease] = Field(description="Every active lease (one per pool of a gang).")
+    failure_reason: str | None = Field(description="Set when FAILED or CANCELLED.")
+
+
+class TaskEvent(CamelModel):
+    """One transition of a task, with a bounded reason code."""
+
+    id: int
+    at: datetime
+    from_state: TaskState | None
+    to_state: TaskState
+    reason: str
+    detail: dict[str, Any] | None
+
+
+class TaskPage(Page[Task]):
+    """One page of tasks, in admission order."""
+
+
+class TaskEventPage(Page[TaskEvent]):
+    """One page of a task's transitions, oldest first."""
+
+
+class PlacementCandidate(CamelModel):
+    """A feasible pool in the ranking, with its score components."""
+
+    pool_id: str
+    score: float
+    components: list[ScoreComponent]
+
+
+class PlacementRejection(CamelModel):
+    """A pool visible to the tenant that a filter rejected."""
+
+    pool_id: str
+    reasons: list[str]
+
+
+class PlacementPreview(CamelModel):
+    """A dry-run decision on the live snapshot: nothing is reserved."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "placement": _PLACEMENT_EXAMPLE,
+                    "candidates": [
+                        {"poolId": "eu-gpu-1", "score": 284.3807,
+                         "components": _COMPONENTS_EXAMPLE},
+                        {"poolId": "eu-gpu-2", "score": 143.7698, "components": []},
+                    ],
+                    "rejected": [{"poolId": "eu-gpu-3", "reasons": ["runtime_unhealthy"]}],
+                    "reason": None,
+                }
+            ]
+        }
+    )
+
+    placement: Placement | None
+    candidates: list[PlacementCandidate] = Field(description="Every feasible pool, best first.")
+    rejected: list[PlacementRejection] = Field(
+        description="Every rejected pool visible to the tenant."
+    )
+    reason: PendingReason | None = Field(description="Why nothing fits (null if placed).")
+
+
+class FastJSONResponse(Response):
+    """A JSON response serialized by orjson from plain values (no response model pass)."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        """Return ``content`` as JSON bytes."""
+        return orjson.dumps(content)
+
+
+# --- row -> JSON -----------------------------------------------------------------------------
+
+
+def _components(raw: Any) -> list[dict[str, Any]]:
+    return [
+        {"name": str(c["name"]), "value": float(c["value"]), "reason": str(c.get("reason", ""))}
+        for c in raw or ()
+    ]
+
+
+def placement_json(
+    raw: dict[str, Any] | None, hidden: frozenset[str] = frozenset()
+) -> dict[str, Any] | None:
+    """Return a stored placement in the API shape, keeping only the documented fields and
+    leaving out the alternatives in ``hidden`` (pools the tenant can no longer see)."""
+    if not raw or "poolId" not in raw:
+        return None
+    members = raw.get("members") or [{"poolId": raw["poolId"], "count": 1}]
+    return {
+        "poolId": raw["poolId"],
+        "score": float(raw.get("score", 0.0)),
+        "components": _components(raw.get("components")),
+        "members": [{"poolId": m["poolId"], "count": int(m["count"])} for m in members],
+        "alternatives": [
+            {"poolId": a["poolId"], "score": float(a["score"])}
+            for a in raw.get("alternatives") or ()
+            if a["poolId"] not in hidden
+        ],
+    }
+
+
+def pending_reason_json(raw: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Return a stored pending reason in the API shape."""
+    if not raw or "code" not in raw:
+        return None
+    return {
+        "code": str(raw["code"]),
+        "message": str(raw.get("message", "")),
+        "rejections": {str(k): int(v) for k, v in (raw.get("rejections") or {}).items()},
+    }
+
+
+def _lease_json(lease: LeaseView) -> dict[str, Any]:
+    return {
+        "id": lease.id,
+        "poolId": lease.pool_id,
+        "runtimeInstanceId": lease.runtime_instance_id,
+        "expiresAt": lease.expires_at,
+        "epoch": lease.epoch,
+    }
+
+
+def task_json(row: TaskRow) -> dict[str, Any]:
+    """Return a task row in the SPEC §6 task shape (values orjson serializes)."""
+    leases = [_lease_json(lease) for lease in row.leases]
+    return {
+        "id": row.id,
+        "tenantId": row.tenant_id,
+        "state": row.state,
+        "spec": row.spec,
+        "priority": row.priority,
+        "attempts": row.attempts,
+        "maxAttempts": row.max_attempts,
+        "createdAt": row.created_at,
+        "updatedAt": row.updated_at,
+        "leasedAt": row.leased_at,
+        "finishedAt": row.finished_at,
+        "pendingReason": pending_reason_json(row.pending_reason)
+        if row.state in ("ADMITTED", "CLAIMED")
+        else None,
+        "placement": placement_json(row.placement, row.hidden_pool_ids),
+        "lease": leases[0] if leases else None,
+        "leases": leases,
+        "failureReason": row.failure_reason,
+    }
+
+
+def task_event_json(event: TaskEventRow) -> dict[str, Any]:
+    """Return a task event in the API shape."""
+    return {
+        "id": event.id,
+        "at": event.at,
+        "fromState": event.from_state,
+        "toState": event.to_state,
+        "reason": event.reason,
+        "detail": event.detail,
+    }

@@ -1,0 +1,152 @@
+"""Placement preview: the core on the live snapshot, full explanation, nothing reserved."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.api.task_schemas import PlacementPreview
+from app.shards import shard_of
+
+SPEC: dict[str, Any] = {
+    "runtimeClass": "gpu-small",
+    "requests": {"cpuMillis": 1000, "memoryMiB": 1024, "llmSlots": 1},
+}
+
+
+async def heartbeat(db: AsyncEngine, instance: str, *, age_seconds: float = 0.0) -> None:
+    """Record a heartbeat of runtime ``instance`` that is ``age_seconds`` old."""
+    at = datetime.now(UTC) - timedelta(seconds=age_seconds)
+    async with db.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO runtime_instances (id, last_heartbeat_at) VALUES (:id, :at) "
+                "ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = :at"
+            ),
+            {"id": instance, "at": at},
+        )
+
+
+async def ledger_totals(db: AsyncEngine) -> list[tuple]:
+    async with db.connect() as conn:
+        return [tuple(r) for r in (await conn.execute(text(
+            "SELECT pool_id, cpu_reserved, memory_reserved, llm_reserved FROM ledgers "
+            "ORDER BY pool_id"))).all()]
+
+
+@pytest.fixture
+async def pools(pool_make, db: AsyncEngine) -> None:
+    """Pools: big and small for tenant-a (rt-1 fresh), stale on rt-2, hidden for tenant-b."""
+    await pool_make("big", capacity={"cpuMillis": 16000, "memoryMiB": 65536, "llmSlots": 8})
+    await pool_make("small", capacity={"cpuMillis": 2000, "memoryMiB": 4096, "llmSlots": 2})
+    await pool_make("stale", runtimeInstanceId="rt-2")
+    await pool_make("hidden", tenant_ids=["tenant-b"],
+                    capacity={"cpuMillis": 64000, "memoryMiB": 262144, "llmSlots": 64})
+    await heartbeat(db, "rt-1")
+    await heartbeat(db, "rt-2", age_seconds=3600)
+
+
+def pool_ids(preview: dict[str, Any]) -> set[str]:
+    """Return every pool id a preview mentions anywhere."""
+    ids = {c["poolId"] for c in preview["candidates"]} | {r["poolId"] for r in preview["rejected"]}
+    if preview["placement"]:
+        p = preview["placement"]
+        ids |= {p["poolId"]} | {m["poolId"] for m in p["members"]}
+        ids |= {a["poolId"] for a in p["alternatives"]}
+    return ids
+
+
+async def test_preview_ranks_visible_pools_and_reserves_nothing(client, keys, pools, db):
+    before = await ledger_totals(db)
+    r = await client.post("/v1/placements/preview", json=SPEC, headers=keys.tenant_a)
+    assert r.status_code == 200, r.text
+    preview = r.json()
+    PlacementPreview.model_validate(preview)
+    assert preview["reason"] is None
+    placement = preview["placement"]
+    # Spread: the big pool is least loaded after the request.
+    assert placement["poolId"] == "big"
+    assert placement["members"] == [{"poolId": "big", "count": 1}]
+    assert [c["poolId"] for c in preview["candidates"]] == ["big", "small"]
+    assert placement["alternatives"] == [
+        {"poolId": "small", "score": preview["candidates"][1]["score"]}
+    ]
+    assert preview["candidates"][0]["score"] >= preview["candidates"][1]["score"]
+    names = {c["name"] for c in placement["components"]}
+    assert "least_loaded" in names, names
+    assert sum(c["value"] for c in placement["components"]) == pytest.approx(
+        placement["score"], abs=1e-3
+    )
+    assert preview["rejected"] == [{"poolId": "stale", "reasons": ["runtime_unhealthy"]}]
+    assert "hidden" not in pool_ids(preview)
+    assert await ledger_totals(db) == before
+    assert (await client.get("/v1/tasks", headers=keys.tenant_a)).json()["items"] == []
+
+
+async def test_preview_without_a_fit_explains_by_code_and_hides_other_tenants(
+    client, keys, pools
+):
+    too_big = {**SPEC, "requests": {"cpuMillis": 32000}}
+    r = await client.post("/v1/placements/preview", json=too_big, headers=keys.tenant_a)
+    assert r.status_code == 200, r.text
+    preview = r.json()
+    assert preview["placement"] is None and preview["candidates"] == []
+    reason = preview["reason"]
+    assert reason["code"] == "insufficient_cpu"
+    # Three visible pools; "hidden" (which would fit) is neither counted nor named.
+    assert reason["rejections"] == {"insufficient_cpu": 2, "runtime_unhealthy": 1}
+    assert "hidden" not in reason["message"]
+    assert {r["poolId"] for r in preview["rejected"]} == {"big", "small", "stale"}
+    assert "hidden" not in pool_ids(preview)
+
+
+async def test_preview_for_a_tenant_with_no_pool(client, keys, pool_make):
+    await pool_make("only-b", tenant_ids=["tenant-b"])
+    r = await client.post("/v1/placements/preview", json=SPEC, headers=keys.tenant_a)
+    assert r.status_code == 200
+    preview = r.json()
+    assert preview["placement"] is None
+    assert preview["reason"]["code"] == "tenant_not_allowed"
+    assert preview["reason"]["rejections"] == {}
+    assert pool_ids(preview) == set()
+
+
+async def test_preview_sees_placed_tasks_for_anti_affinity(client, keys, pools, db):
+    task_id = uuid.uuid4()
+    async with db.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO tasks (id, tenant_id, shard, state, runtime_class, spec, labels) "
+                "VALUES (:id, 'tenant-a', :shard, 'LEASED', 'gpu-small', '{}', "
+                "'{\"app\": \"db\"}')"
+            ),
+            {"id": task_id, "shard": shard_of("tenant-a")},
+        )
+        await conn.execute(
+            text("INSERT INTO reservations (task_id, pool_id, cpu, memory, llm) "
+                 "VALUES (:id, 'big', 1000, 1024, 1)"),
+            {"id": task_id},
+        )
+    spec = {**SPEC, "affinity": {"required": [
+        {"selector": {"app": "db"}, "topology": "pool", "anti": True}]}}
+    preview = (await client.post("/v1/placements/preview", json=spec,
+                                 headers=keys.tenant_a)).json()
+    assert preview["placement"]["poolId"] == "small"
+    assert {"poolId": "big", "reasons": ["anti_affinity_violated"]} in preview["rejected"]
+
+
+async def test_preview_validates_like_submit_and_is_for_tenants(client, keys, pools):
+    r = await client.post("/v1/placements/preview", json={**SPEC, "extra": 1},
+                          headers=keys.tenant_a)
+    assert r.status_code == 422
+    assert r.headers["content-type"].startswith("application/problem+json")
+    for role in ("admin", "operator_x", "runtime_1"):
+        r = await client.post("/v1/placements/preview", json=SPEC, headers=keys[role])
+        assert r.status_code == 403, role
+    r = await client.post("/v1/placements/preview", json=SPEC)
+    assert r.status_code == 401
