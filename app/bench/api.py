@@ -1,0 +1,389 @@
+"""``berth bench api``: HTTP throughput of task submission and reads over loopback.
+
+Starts one uvicorn worker (uvloop, httptools) serving Berth on a fresh database — a new
+database on ``BERTH_DATABASE_URL``'s server, dropped afterwards, or the embedded PostgreSQL
+in a temporary directory — with NO reconciler, so only the API and its SQL are measured; or
+targets a running server with ``--url`` and a tenant ``--key``. A tenant key is created,
+then N concurrent keep-alive clients drive ``POST /v1/tasks`` for a bounded time (or
+count), then ``GET /v1/tasks/{id}`` over the created tasks. The clients run in a separate
+process with a minimal HTTP/1.1 client so that they cost the server as little CPU as
+possible; on a small machine client, server and PostgreSQL still share the cores, which
+the output reports.
+
+Prints ONE JSON line::
+
+    {"submissions": {"count", "rps", "p50Ms", "p99Ms", "errors"}, "reads": {...},
+     "clients": N, "cpus": 2, "server": "...", "reconciler": "disabled", ...}
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+import psutil
+
+SPEC = {
+    "runtimeClass": "python-3.11",
+    "requests": {"cpuMillis": 250, "memoryMiB": 256},
+    "constraints": {"regions": ["eu-west-1", "eu-central-1"]},
+    "labels": {"app": "bench"},
+}
+
+
+# --- a minimal keep-alive HTTP/1.1 client (the bench client process) --------------------------
+
+
+@dataclass
+class PhaseResult:
+    """Latencies (seconds) of the successful requests of a phase, errors, wall time, ids."""
+
+    latencies: list[float]
+    errors: int
+    elapsed: float
+    ids: list[str]
+    statuses: dict[int, int]
+
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head[9:12])
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        if line[:15].lower() == b"content-length:":
+            length = int(line[15:])
+            break
+    body = await reader.readexactly(length) if length else b""
+    return status, body
+
+
+async def _client(
+    host: str,
+    port: int,
+    requests: list[bytes],
+    deadline: float,
+    out: PhaseResult,
+    collect_ids: bool,
+) -> None:
+    reader, writer = await asyncio.open_connection(host, port)
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        for raw in requests:
+            if time.perf_counter() > deadline:
+                break
+            start = time.perf_counter()
+            writer.write(raw)
+            status, body = await _read_response(reader)
+            took = time.perf_counter() - start
+            out.statuses[status] = out.statuses.get(status, 0) + 1
+            if 200 <= status < 300:
+                out.latencies.append(took)
+                if collect_ids:
+                    out.ids.append(orjson.loads(body)["id"])
+            else:
+                out.errors += 1
+    finally:
+        writer.close()
+
+
+def _post(host: str, key: str, body: bytes) -> bytes:
+    return (
+        b"POST /v1/tasks HTTP/1.1\r\nHost: " + host.encode() + b"\r\n"
+        b"Authorization: Bearer " + key.encode() + b"\r\n"
+        b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode()
+        + b"\r\n\r\n" + body
+    )
+
+
+def _get(host: str, key: str, task_id: str) -> bytes:
+    return (
+        b"GET /v1/tasks/" + task_id.encode() + b" HTTP/1.1\r\nHost: " + host.encode() + b"\r\n"
+        b"Authorization: Bearer " + key.encode() + b"\r\n\r\n"
+    )
+
+
+def drive(
+    url: str,
+    key: str,
+    *,
+    phase: str,
+    clients: int,
+    count: int,
+    seconds: float,
+    ids: Sequence[str] = (),
+) -> PhaseResult:
+    """Run one phase (``submit`` or ``read``) with ``clients`` connections; return its result."""
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # pragma: no cover - uvicorn[standard] brings uvloop
+        pass
+    parsed = urlsplit(url)
+    host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
+    host_port = parsed.netloc
+    body = orjson.dumps(SPEC)
+    per = [count // clients + (1 if i < count % clients else 0) for i in range(clients)]
+    if phase == "submit":
+        batches = [[_post(host_port, key, body)] * n for n in per]
+    else:
+        batches = []
+        start = 0
+        for n in per:
+            chunk = [ids[(start + j) % len(ids)] for j in range(n)]
+            batches.append([_get(host_port, key, t) for t in chunk])
+            start += n
+    out = PhaseResult([], 0, 0.0, [], {})
+
+    async def main() -> None:
+        t0 = time.perf_counter()
+        deadline = t0 + seconds
+        await asyncio.gather(
+            *(_client(host, port, b, deadline, out, phase == "submit") for b in batches)
+        )
+        out.elapsed = time.perf_counter() - t0
+
+    asyncio.run(main())
+    return out
+
+
+def _summary(result: PhaseResult) -> dict[str, Any]:
+    lat = sorted(result.latencies)
+    n = len(lat)
+
+    def pct(p: float) -> float:
+        return round(lat[min(n - 1, int(p * n))] * 1000, 2) if n else 0.0
+
+    return {
+        "count": n,
+        "errors": result.errors,
+        "seconds": round(result.elapsed, 2),
+        "rps": round(n / result.elapsed, 1) if result.elapsed else 0.0,
+        "p50Ms": pct(0.50),
+        "p99Ms": pct(0.99),
+        "statuses": {str(k): v for k, v in sorted(result.statuses.items())},
+    }
+
+
+# --- the server under test ----------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _admin_sql(url: str, sql: str) -> None:
+    from app.db import make_engine
+
+    engine = make_engine(url, pool_size=1, max_overflow=0, isolation_level="AUTOCOMMIT")
+    try:
+        async with engine.connect() as conn:
+            await conn.exec_driver_sql(sql)
+    finally:
+        await engine.dispose()
+
+
+@contextmanager
+def _fresh_database(server_url: str | None):  # type: ignore[no-untyped-def]
+    """Yield (url, description) of a fresh migrated database; drop or stop it afterwards."""
+    from sqlalchemy.engine import make_url
+
+    from app.db import describe_url, make_engine
+    from app.schema import schema_upgrade
+
+    async def migrate(url: str) -> None:
+        engine = make_engine(url, pool_size=1, max_overflow=0)
+        try:
+            await schema_upgrade(engine)
+        finally:
+            await engine.dispose()
+
+    if server_url:
+        name = f"berth_bench_{uuid.uuid4().hex[:10]}"
+        maintenance = make_url(server_url).set(database="postgres").render_as_string(False)
+        url = make_url(server_url).set(database=name).render_as_string(False)
+        asyncio.run(_admin_sql(maintenance, f'CREATE DATABASE "{name}"'))
+        try:
+            asyncio.run(migrate(url))
+            yield url, f"fresh database on {describe_url(server_url)}"
+        finally:
+            asyncio.run(_admin_sql(maintenance, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        return
+    from app.embedded import EmbeddedPostgres
+
+    with tempfile.TemporaryDirectory(prefix="berth-bench-") as tmp:
+        server = EmbeddedPostgres(Path(tmp))
+        url = server.start()
+        try:
+            asyncio.run(migrate(url))
+            yield url, "embedded PostgreSQL (fresh, temporary)"
+        finally:
+            server.stop()
+
+
+async def _tenant_key(url: str, tenant: str) -> str:
+    from app.db import make_engine
+    from app.ledger.keys import api_key_create
+
+    engine = make_engine(url, pool_size=1, max_overflow=0)
+    try:
+        async with engine.begin() as conn:
+            return await api_key_create(
+                conn, role="tenant", subject=f"bench-{tenant}", tenant_ids=[tenant]
+            )
+    finally:
+        await engine.dispose()
+
+
+@contextmanager
+def _uvicorn(database_url: str, port: int, pool_size: int):  # type: ignore[no-untyped-def]
+    """Run one uvicorn worker serving Berth (no reconciler); yield its base URL and pid."""
+    env = {
+        **os.environ,
+        "BERTH_DATABASE_URL": database_url,
+        "BERTH_RECONCILER_ENABLED": "false",
+        "BERTH_DB_POOL_SIZE": str(pool_size),
+        "BERTH_DB_MAX_OVERFLOW": "0",
+        "BERTH_LOG_LEVEL": "warning",
+    }
+    cmd = [
+        sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory",
+        "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+        "--loop", "uvloop", "--http", "httptools", "--log-level", "warning",
+        "--no-access-log", "--no-server-header",
+    ]
+    proc = subprocess.Popen(cmd, env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        import httpx
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the benchmark server did not start")
+            time.sleep(0.1)
+        yield base, proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+# --- the command ----------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="berth bench api", description=__doc__.splitlines()[0])
+    p.add_argument("--url", help="target a running server instead of starting one")
+    p.add_argument("--key", help="tenant API key for --url")
+    p.add_argument("--clients", type=int, default=32, help="concurrent connections (32)")
+    p.add_argument("--count", type=int, default=20000, help="max submissions (20000)")
+    p.add_argument("--reads", type=int, default=20000, help="max reads (20000)")
+    p.add_argument("--seconds", type=float, default=10.0, help="max seconds per phase (10)")
+    p.add_argument("--warmup", type=int, default=500, help="unmeasured submissions first (500)")
+    p.add_argument("--pool-size", type=int, default=16, help="server DB connections (16)")
+    return p
+
+
+def _cpu_seconds(pid: int | None) -> float:
+    if pid is None:
+        return 0.0
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def _measure(
+    url: str, key: str, args: argparse.Namespace, server_pid: int | None = None
+) -> dict[str, Any]:
+    """Run the warm-up, submission and read phases; return their summaries.
+
+    With the server's pid, each summary also gives the server's CPU time per request: unlike
+    requests/s it hardly depends on what else the machine is running.
+    """
+    with ProcessPoolExecutor(max_workers=1) as pool:
+        if args.warmup:
+            pool.submit(drive, url, key, phase="submit", clients=args.clients,
+                        count=args.warmup, seconds=args.seconds).result()
+        cpu0 = _cpu_seconds(server_pid)
+        submitted = pool.submit(drive, url, key, phase="submit", clients=args.clients,
+                                count=args.count, seconds=args.seconds).result()
+        cpu1 = _cpu_seconds(server_pid)
+        ids = submitted.ids
+        if not ids:
+            raise RuntimeError(f"no submission succeeded (statuses {submitted.statuses})")
+        reads = pool.submit(drive, url, key, phase="read", clients=args.clients,
+                            count=args.reads, seconds=args.seconds, ids=ids).result()
+        cpu2 = _cpu_seconds(server_pid)
+    out = {"submissions": _summary(submitted), "reads": _summary(reads)}
+    if server_pid is not None:
+        for name, phase, cpu in (("submissions", submitted, cpu1 - cpu0),
+                                 ("reads", reads, cpu2 - cpu1)):
+            if phase.latencies:
+                out[name]["serverCpuMsPerRequest"] = round(cpu / len(phase.latencies) * 1000, 3)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the API benchmark and print one JSON line; return the exit status."""
+    args = _parser().parse_args(list(argv or []))
+    if args.clients < 1 or args.count < 1 or args.seconds <= 0:
+        print("berth bench api: --clients, --count and --seconds must be positive",
+              file=sys.stderr)
+        return 2
+    info: dict[str, Any] = {
+        "clients": args.clients,
+        "cpus": os.cpu_count(),
+        # Other work on the machine competes for the same cores: report it with the figures.
+        "loadAverage1m": round(os.getloadavg()[0], 2),
+        "clientProcess": "separate process, raw HTTP/1.1 keep-alive on uvloop",
+        "reconciler": "disabled (API only)",
+    }
+    if args.url:
+        if not args.key:
+            print("berth bench api: --url needs --key (a tenant API key)", file=sys.stderr)
+            return 2
+        info["server"] = args.url
+        result = _measure(args.url, args.key, args)
+    else:
+        with ExitStack() as stack:
+            url, described = stack.enter_context(
+                _fresh_database(os.environ.get("BERTH_DATABASE_URL"))
+            )
+            key = asyncio.run(_tenant_key(url, "bench-tenant"))
+            base, pid = stack.enter_context(_uvicorn(url, _free_port(), args.pool_size))
+            info["server"] = "uvicorn, 1 worker, uvloop + httptools, same machine"
+            info["database"] = described
+            result = _measure(base, key, args, pid)
+    print(json.dumps({**result, **info}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,33 @@
+"""``berth bench api`` end to end with tiny counts: its own server, one JSON line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.bench import api
+
+
+@pytest.mark.slow
+def test_tiny_run_prints_one_json_line(server_url, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("BERTH_DATABASE_URL", server_url)
+    status = api.main(["--clients", "4", "--count", "60", "--reads", "40", "--warmup", "10",
+                       "--seconds", "30", "--pool-size", "2"])
+    assert status == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1
+    result = json.loads(lines[0])
+    assert result["clients"] == 4 and result["reconciler"].startswith("disabled")
+    for phase, count in (("submissions", 60), ("reads", 40)):
+        summary = result[phase]
+        assert summary["count"] == count and summary["errors"] == 0
+        assert summary["rps"] > 0 and 0 < summary["p50Ms"] <= summary["p99Ms"]
+        assert summary["serverCpuMsPerRequest"] > 0
+    assert result["submissions"]["statuses"] == {"201": 60}
+
+
+def test_bad_arguments_exit_2(capsys) -> None:
+    assert api.main(["--clients", "0"]) == 2
+    assert api.main(["--url", "http://127.0.0.1:1"]) == 2
+    assert "--key" in capsys.readouterr().err
