@@ -57,11 +57,6 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=0, le=65535, description="Port `berth serve` listens on.")
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024, description="Larger bodies: 413.")
     log_level: str = Field(default="info", description="debug, info, warning or error.")
-    dev_mode: bool = Field(
-        default=False,
-        description="Acknowledge a development set-up; required for anything that would "
-        "bypass production safety checks.",
-    )
 
     # --- scheduling -----------------------------------------------------------------------
     policy: Policy = Field(default=Policy.FIFO, description="fifo, priority or fair.")
