@@ -102,7 +102,54 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
 _BAD_TEXT_SQLSTATES = frozenset({"22021", "22P05"})
 
 
+#: SQLSTATE classes and codes that mean "the database cannot serve us right now": connection
+#: exceptions (08), too many connections (53300), shutdown (57P01..57P03), and transaction
+#: rollbacks a retry resolves (40001 serialization failure, 40P01 deadlock).
+_UNAVAILABLE_SQLSTATES = frozenset({"53300", "57P01", "57P02", "57P03", "40001", "40P01"})
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """Return whether ``exc`` means the database is unreachable or asks for a retry."""
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError | ConnectionError | TimeoutError):
+            return True
+        sqlstate = getattr(current, "sqlstate", None)
+        if isinstance(sqlstate, str) and (
+            sqlstate.startswith("08") or sqlstate in _UNAVAILABLE_SQLSTATES
+        ):
+            return True
+        if type(current).__module__.startswith("asyncpg") and type(current).__name__ in {
+            "ConnectionDoesNotExistError",
+            "InterfaceError",
+            "CannotConnectNowError",
+            "TooManyConnectionsError",
+        }:
+            return True
+        current = getattr(current, "orig", None) or current.__cause__ or current.__context__
+    return False
+
+
+def _unavailable(request: Request, exc: Exception) -> JSONResponse:
+    log.warning(
+        "database unavailable",
+        extra={"path": request.url.path, "method": request.method, "error": type(exc).__name__},
+    )
+    return problem_response(
+        503,
+        detail="the database is unavailable or busy; retry shortly",
+        type_uri="https://berth.dev/problems/unavailable",
+        headers={"Retry-After": "1"},
+    )
+
+
 async def _database_error(request: Request, exc: Exception) -> JSONResponse:
+    if database_unavailable(exc):
+        return _unavailable(request, exc)
     if getattr(getattr(exc, "orig", None), "sqlstate", None) in _BAD_TEXT_SQLSTATES:
         return problem_response(
             422,
@@ -114,6 +161,8 @@ async def _database_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    if database_unavailable(exc):
+        return _unavailable(request, exc)
     request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
     log.error(
         "unhandled error",
