@@ -16,7 +16,7 @@ from pydantic import (
     model_validator,
 )
 
-from app.api.common import CamelModel
+from app.api.common import CamelModel, Page
 from app.ledger.pools import PoolRecord, PoolViewer
 from app.scheduling.spec import LabelKey, LabelValue, RuntimeClass
 
@@ -303,3 +303,7 @@ def if_match_versions(header: str) -> set[int] | None:
         if tag.isdigit():
             versions.add(int(tag))
     return versions
+
+
+class PoolPage(Page[Pool]):
+    """One page of pools, in pool id order."""

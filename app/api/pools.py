@@ -18,13 +18,14 @@ from fastapi import APIRouter, Body, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.api.common import CursorQuery, LimitQuery, Page, cursor_decode, cursor_encode, problems
+from app.api.common import CursorQuery, LimitQuery, cursor_decode, cursor_encode, problems
 from app.api.pool_schemas import (
     MAX_LABELS,
     Capacity,
     DrainRequest,
     Pool,
     PoolCreate,
+    PoolPage,
     PoolPatch,
     PoolStatus,
     StatusChange,
@@ -126,7 +127,7 @@ async def create_pool(
     operation_id="listPools",
     tags=["pools"],
     summary="List the pools visible to the caller",
-    response_model=Page[Pool],
+    response_model=PoolPage,
     responses=problems(400, 401, 422),
 )
 async def list_pools(
@@ -140,7 +141,7 @@ async def list_pools(
         str | None,
         Query(alias="runtimeClass", max_length=64, description="Only pools of this class."),
     ] = None,
-) -> Page[Pool]:
+) -> PoolPage:
     """List visible pools in id order with their ledger view and health: an admin sees all,
     a tenant those listing it, an operator those it operates or that list its tenants, a
     runtime those of its instances."""
@@ -159,7 +160,7 @@ async def list_pools(
         runtime_class=runtime_class,
     )
     now = _now()
-    return Page[Pool](
+    return PoolPage(
         items=[_pool_view(request, r, viewer, now) for r in records],
         next_cursor=cursor_encode(last) if last is not None else None,
     )
