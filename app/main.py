@@ -13,6 +13,7 @@ from prometheus_fastapi_instrumentator import Instrumentator
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app import __version__
+from app.api.fast import fast_routes_install
 from app.api.limits import BodySizeLimit
 from app.api.openapi import openapi_install
 from app.api.problems import problem_response, problems_install
@@ -90,10 +91,14 @@ def create_app(settings: Settings | None = None, *, engine: AsyncEngine | None =
         version=__version__,
         summary="Multi-tenant placement scheduler with a durable capacity ledger.",
         lifespan=lifespan,
+        # Berth's observability is Prometheus (SPEC §7); FastAPI's native OpenTelemetry would
+        # otherwise look up the global OTel providers on every request only to find none.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     problems_install(app)
     app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_body_bytes)
     app.include_router(api_router())
+    fast_routes_install(app)
     openapi_install(app)
 
     @app.get("/healthz", tags=["health"], operation_id="getHealth", summary="Liveness")

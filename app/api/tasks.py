@@ -7,7 +7,10 @@ all of its tenants unless that header narrows them.
 
 The submit path is the API's hot path: the body is validated once by the core's
 :class:`TaskSpec`, stored by one SQL statement, and the answer is serialized by orjson
-without building response objects.
+without building response objects. Plain submissions and reads are answered ahead of these
+routes by :mod:`app.api.fast`, which hands everything else to them: a change to what
+``create_task`` or ``get_task`` answer must be made there too (tests/api/test_fast.py
+checks that both agree).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import asyncpg
@@ -68,11 +68,16 @@ class StatementPool:
             pool, self._pool = self._pool, None
             await pool.close()
 
+    def connection(self) -> AbstractAsyncContextManager[asyncpg.Connection]:
+        """Return a context giving a connection in autocommit mode (one statement, one commit)."""
+        if self._pool is not None:
+            # The pool's own acquire context: no generator wrapper on the hot path.
+            return self._pool.acquire()  # type: ignore[return-value]
+        return self._opening_connection()
+
     @asynccontextmanager
-    async def connection(self) -> AsyncIterator[asyncpg.Connection]:
-        """Yield a connection in autocommit mode: each statement is its own transaction."""
-        if self._pool is None:
-            await self.open()
+    async def _opening_connection(self) -> AsyncIterator[asyncpg.Connection]:
+        await self.open()
         assert self._pool is not None
         async with self._pool.acquire() as conn:
             yield conn
