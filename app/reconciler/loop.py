@@ -35,7 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.ledger.claims import tasks_unpark
 from app.ledger.leases import pool_leases_revoke
 from app.ledger.recovery import leases_expired_recover, pools_drain_overdue
-from app.ledger.snapshot import PoolCache
+from app.ledger.snapshot import SnapshotCache
 from app.ledger.wakeups import WakeSource
 from app.metrics import LEASES_EXPIRED, WAKEUPS
 from app.reconciler.config import ReconcilerConfig
@@ -87,7 +87,7 @@ class Reconciler:
         self._wake = asyncio.Event()
         self._unpark = True
         self._compiled: dict = {}
-        self._pool_cache = PoolCache()
+        self._snapshot_cache = SnapshotCache()
         #: The most recent pass results, newest last (for operators and tests).
         self.results: deque[PassResult] = deque(maxlen=RESULTS_KEPT)
 
@@ -111,7 +111,7 @@ class Reconciler:
             sleep=self._sleep,
             clock=_utcnow if now is None else None,
             compiled=self._compiled,
-            pool_cache=self._pool_cache,
+            snapshot_cache=self._snapshot_cache,
             rotation=self._passes,
         )
         result = await pass_run(ctx, pass_id=pass_id, now=now or _utcnow())

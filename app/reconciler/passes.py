@@ -2,9 +2,10 @@
 
 1. **Claim** up to ``batch`` tasks of the owned slots (``FOR UPDATE SKIP LOCKED``, claim
    expiry, policy-aware claim order) in a short transaction of its own.
-2. **Snapshot**: one read of pools, ledgers and runtime health at the pass's ``now`` (plus
-   actual placements only for tenants whose tasks carry affinity terms, and tenant usage
-   only under ``fair``).
+2. **Snapshot**: one read of ledgers and runtime health at the pass's ``now``, on top of the
+   previous pass's static part (pool rows are re-read only when one changed, see
+   :class:`~app.ledger.snapshot.SnapshotCache`), plus actual placements only for tenants
+   whose tasks carry affinity terms, and tenant usage only under ``fair``.
 3. **Select** each task with the pure core in policy order; every decision is added to an
    :class:`~app.scheduling.model.Assumed` overlay so later tasks see it, and specs that fit
    nowhere are remembered in the pass's :class:`UnsatisfiableCache`.
@@ -46,10 +47,10 @@ from app.ledger.claims import (
 from app.ledger.reservations import amounts_sum, ledger_reserve_many
 from app.ledger.snapshot import (
     LedgerRow,
-    PoolCache,
+    SnapshotCache,
     ledgers_read,
-    placements_read,
-    pools_read,
+    placements_grouped_read,
+    snapshot_read,
     tenant_usage_read,
 )
 from app.metrics import (
@@ -111,6 +112,8 @@ class PassResult:
     walked: int = 0
     unsatisfiable_hits: int = 0
     commit_rounds: int = 0
+    #: Whether the pass re-read the pool rows (a pool changed) instead of reusing them.
+    snapshot_rebuilt: bool = False
     duration_seconds: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)
     leased_ids: list[uuid.UUID] = field(default_factory=list)
@@ -128,6 +131,7 @@ class PassResult:
             "conflicts": self.conflicts,
             "walked": self.walked,
             "unsatisfiable_hits": self.unsatisfiable_hits,
+            "snapshot_rebuilt": self.snapshot_rebuilt,
             "duration_ms": round(self.duration_seconds * 1000, 2),
             **{f"{k}_ms": round(v * 1000, 2) for k, v in self.phases.items()},
         }
@@ -255,8 +259,8 @@ class PassContext:
     clock: Callable[[], datetime] | None = None
     #: A number that changes every pass (the fair claim's starting slot rotates with it).
     rotation: int = 0
-    #: Pool states of the previous pass, reused when their rows did not change.
-    pool_cache: PoolCache = field(default_factory=PoolCache)
+    #: The previous pass's snapshot, whose static part is reused while no pool row changed.
+    snapshot_cache: SnapshotCache = field(default_factory=SnapshotCache)
     #: Compiled specs by (tenant, spec JSON), kept across passes: equal texts compile equal.
     compiled: dict[tuple[str, str], CompiledSpec] = field(default_factory=dict)
 
@@ -334,19 +338,21 @@ async def pass_run(ctx: PassContext, *, pass_id: str, now: datetime) -> PassResu
 
     async def read() -> tuple:
         async with ctx.engine.connect() as conn:
-            pools = await pools_read(
+            snapshot = await snapshot_read(
                 conn, now=now, freshness_seconds=cfg.heartbeat_freshness_seconds,
-                cache=ctx.pool_cache,
+                strategy=cfg.strategy,
+                placed=lambda: placements_grouped_read(conn, tenant_ids=affinity_tenants),
+                cache=ctx.snapshot_cache,
             )
-            placed = await placements_read(conn, tenant_ids=affinity_tenants)
             usage = (
                 await tenant_usage_read(conn, tenant_ids=tenants) if cfg.policy == "fair" else {}
             )
             await conn.rollback()
-            return pools, placed, usage
+            return snapshot, usage
 
-    pools, placed, usage = await ctx.retry(read, "snapshot")
-    snapshot = Snapshot.build(pools, placed, strategy=cfg.strategy)
+    rebuilds = ctx.snapshot_cache.rebuilds
+    snapshot, usage = await ctx.retry(read, "snapshot")
+    result.snapshot_rebuilt = ctx.snapshot_cache.rebuilds != rebuilds
     phases["snapshot"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()

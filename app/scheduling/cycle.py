@@ -5,6 +5,8 @@ plugins read.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from app.scheduling.model import Assumed, Snapshot
@@ -26,7 +28,9 @@ def to_domains(snapshot: Snapshot, counts: np.ndarray, topology: str) -> np.ndar
 class Cycle:
     """Per-call state shared by the plugins of one ``select``."""
 
-    __slots__ = ("spec", "snapshot", "assumed", "req", "_terms", "_tenant")
+    __slots__ = (
+        "spec", "snapshot", "assumed", "req", "notes", "_terms", "_tenant", "_tenant_domains"
+    )
 
     def __init__(self, spec: CompiledSpec, snapshot: Snapshot, assumed: Assumed | None) -> None:
         if assumed is not None and assumed.snapshot is not snapshot:
@@ -35,15 +39,17 @@ class Cycle:
         self.snapshot = snapshot
         self.assumed = assumed
         self.req = np.array(spec.requests, dtype=np.int64)
+        #: What a plugin's ``score_many`` computed that its ``describe`` may read back.
+        self.notes: dict[str, Any] = {}
         self._terms: dict[tuple, tuple[np.ndarray, int]] = {}
         self._tenant: dict[str, np.ndarray] = {}
+        self._tenant_domains: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
     def used(self, idx: np.ndarray) -> np.ndarray:
         """Return reserved plus assumed usage of the pools at ``idx`` (rows of 3 ints)."""
-        used = self.snapshot.reserved[idx]
-        if self.assumed is not None and len(self.assumed):
-            used = used + self.assumed.usage[idx]
-        return used
+        if self.assumed is not None:
+            return self.assumed.used[idx]
+        return self.snapshot.reserved[idx]
 
     def available(self, idx: np.ndarray) -> np.ndarray:
         """Return the capacity left on the pools at ``idx`` after actual and assumed usage."""
@@ -102,3 +108,25 @@ class Cycle:
                 counts = counts + to_domains(snap, extra, topology)
         self._tenant[topology] = counts
         return counts
+
+    def tenant_domain_counts(self, topology: str) -> tuple[np.ndarray, np.ndarray]:
+        """Return each pool's ``topology`` domain code and, per domain, the tenant's placed
+        members (actual and assumed): ``per_domain[codes[i]]`` is pool ``i``'s count."""
+        hit = self._tenant_domains.get(topology)
+        if hit is not None:
+            return hit
+        snap = self.snapshot
+        tenant = self.spec.tenant_id
+        dom, nd = snap.domains(topology)
+        memo_key = ("tdomd", tenant, topology)
+        per_domain = snap._memo.get(memo_key)
+        if per_domain is None:
+            raw = snap.placed_counts(tenant, None)
+            per_domain = np.bincount(dom, weights=raw, minlength=nd).astype(np.int64)
+            snap._memo[memo_key] = per_domain
+        if self.assumed is not None:
+            extra = self.assumed.domain_counts(tenant, topology)
+            if extra is not None:
+                per_domain = per_domain + extra
+        hit = self._tenant_domains[topology] = (dom, per_domain)
+        return hit

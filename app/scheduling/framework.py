@@ -188,7 +188,16 @@ def select(
 
     if not gang:
         head = candidate(int(order[0]), True)
-        rest = [candidate(int(p), explain) for p in order[1:]]
+        if explain:
+            rest = [candidate(int(p), True) for p in order[1:]]
+        else:
+            # The hot path: scores only, read in bulk rather than element by element.
+            after = order[1:]
+            ids = snapshot.ids
+            rest = [
+                Candidate(ids[i], s)
+                for i, s in zip(idx[after].tolist(), total[after].tolist(), strict=True)
+            ]
         members = ((head.pool_id, 1),)
         alternatives = tuple(rest[: max(top_k - 1, 0)])
         candidates = (head, *rest)

@@ -1,11 +1,12 @@
 """The core's data: pool state, placed tasks, the immutable snapshot, the per-pass overlay, and
 the result types.
 
-A :class:`Snapshot` is built once per pass and never changes afterwards: pools are sorted by id
-(so array index order *is* the tie-break order) and turned into numpy arrays plus indexes by
-tenant, runtime class, label and placed task. It keeps private memo tables for derived arrays,
-which are pure functions of the snapshot. :class:`Assumed` is the mutable overlay of one pass:
-usage and placements decided in this pass but not yet committed.
+A :class:`Snapshot` is built once per pass (or derived from the previous pass's with
+:meth:`Snapshot.with_usage`, sharing its static part) and never changes afterwards: pools are
+sorted by id (so array index order *is* the tie-break order) and turned into numpy arrays plus
+indexes by tenant, runtime class, label and placed task. It keeps private memo tables for
+derived arrays, which are pure functions of the snapshot. :class:`Assumed` is the mutable
+overlay of one pass: usage and placements decided in this pass but not yet committed.
 """
 
 from __future__ import annotations
@@ -160,15 +161,79 @@ class Snapshot:
         self.by_tenant = {t: np.array(v, dtype=np.intp) for t, v in by_tenant.items()}
         self._label_idx = {k: np.array(v, dtype=np.intp) for k, v in label_idx.items()}
         self._artifact_idx = {k: np.array(v, dtype=np.intp) for k, v in artifact_idx.items()}
-        placed_by_tenant: dict[str, list[tuple[Items, np.ndarray]]] = {}
-        for t in placed:
-            idx = [self.pos[p] for p in t.pool_ids if p in self.pos]
-            if idx:
-                entry = (frozenset(t.labels.items()), np.array(idx, dtype=np.intp))
-                placed_by_tenant.setdefault(t.tenant_id, []).append(entry)
-        self._placed = placed_by_tenant
+        self._placed = self._placed_index(placed)
         self._memo: dict[Any, Any] = {}
         return self
+
+    def with_usage(
+        self,
+        *,
+        capacity: Sequence[tuple[int, int, int] | None],
+        reserved: Sequence[tuple[int, int, int]],
+        fresh: Sequence[bool],
+        placed: Iterable[PlacedTask] = (),
+    ) -> Snapshot:
+        """Return a snapshot of the same pools with new ledger totals, reservations, heartbeat
+        freshness and placements, sharing this one's static arrays, indexes and memo tables.
+
+        The sequences are aligned with ``ids``. This snapshot stays valid and unchanged; pool
+        states whose values did not change are reused as they are.
+        """
+        n = self.n
+        if not (len(capacity) == len(reserved) == len(fresh) == n):
+            raise ValueError(f"usage for {n} pools expected")
+        new = Snapshot.__new__(Snapshot)
+        for name in _STATIC_SLOTS:
+            object.__setattr__(new, name, getattr(self, name))
+        new.cap = np.array(
+            [c or (0, 0, 0) for c in capacity], dtype=np.int64
+        ).reshape(n, 3)
+        new.has_ledger = np.array([c is not None for c in capacity], dtype=bool)
+        new.reserved = np.array(reserved, dtype=np.int64).reshape(n, 3)
+        new.fresh = np.array(fresh, dtype=bool).reshape(n)
+        # Only pools whose values changed get a new state (found by array compares).
+        changed = np.flatnonzero(
+            (new.cap != self.cap).any(axis=1)
+            | (new.reserved != self.reserved).any(axis=1)
+            | (new.has_ledger != self.has_ledger)
+            | (new.fresh != self.fresh)
+        )
+        pools = list(self.pools)
+        for i in changed.tolist():
+            p = pools[i]
+            c = capacity[i]
+            pools[i] = PoolState(
+                p.id, p.tenant_ids, p.runtime_class, p.runtime_instance_id, p.region,
+                p.data_residency, p.failure_domain, p.labels, p.artifact_regions, p.cost_weight,
+                p.status, p.ready, bool(fresh[i]), None if c is None else tuple(c),
+                tuple(reserved[i]),
+            )
+        new.pools = tuple(pools)
+        new._placed = new._placed_index(placed)
+        # Memo entries over static columns carry over; the static filters' verdicts also read
+        # heartbeat freshness and ledger presence, so they carry over only when those held.
+        keep = _MEMO_STATIC
+        if np.array_equal(new.fresh, self.fresh) and np.array_equal(
+            new.has_ledger, self.has_ledger
+        ):
+            keep = keep | {"static"}
+        carried = {k: v for k, v in self._memo.items() if k[0] in keep}
+        # Selector masks are keyed by what specs ask for: start over rather than grow forever.
+        new._memo = carried if len(carried) <= MEMO_CARRIED else {}
+        return new
+
+    def _placed_index(
+        self, placed: Iterable[PlacedTask]
+    ) -> dict[str, list[tuple[Items, np.ndarray]]]:
+        """Return the placed tasks by tenant as (labels, pool indexes), skipping unknown pools."""
+        pos = self.pos
+        out: dict[str, list[tuple[Items, np.ndarray]]] = {}
+        for t in placed:
+            idx = [pos[p] for p in t.pool_ids if p in pos]
+            if idx:
+                entry = (frozenset(t.labels.items()), np.array(idx, dtype=np.intp))
+                out.setdefault(t.tenant_id, []).append(entry)
+        return out
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name != "_memo" and hasattr(self, "_memo"):
@@ -233,6 +298,17 @@ class Snapshot:
         return counts
 
 
+#: Attributes that depend only on the pools' static columns (shared by ``with_usage``).
+_STATIC_SLOTS = (
+    "ids", "pos", "n", "strategy", "status", "ready", "rc", "rc_table", "region",
+    "region_table", "residency", "residency_table", "fd", "fd_table", "cost", "by_tenant",
+    "_label_idx", "_artifact_idx",
+)
+#: Memo kinds computed from static columns only (selector, artifact and tenant masks).
+_MEMO_STATIC = frozenset({"sel", "art", "tenant_mask"})
+#: At most this many memo entries carry over to a snapshot built by ``with_usage``.
+MEMO_CARRIED = 4096
+
 _EMPTY = np.zeros(0, dtype=np.intp)
 _ARANGE: dict[int, np.ndarray] = {}
 
@@ -256,14 +332,19 @@ class _AssumedEntry:
 class Assumed:
     """The mutable overlay of one pass: usage and placements decided but not yet committed."""
 
-    __slots__ = ("snapshot", "usage", "version", "_entries", "_by_tenant")
+    __slots__ = ("snapshot", "usage", "used", "version", "_entries", "_by_tenant", "_domains")
 
     def __init__(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
         self.usage = np.zeros((snapshot.n, 3), dtype=np.int64)
+        #: Reserved plus assumed usage per pool (``snapshot.reserved + usage``), kept in step.
+        self.used = snapshot.reserved.copy()
         self.version = 0
         self._entries: dict[str, _AssumedEntry] = {}
         self._by_tenant: dict[str, dict[str, _AssumedEntry]] = {}
+        # Per tenant and topology, the members of all its assumed placements per domain, kept
+        # up to date by add/remove once asked for (spreading reads them for every task).
+        self._domains: dict[str, dict[str, np.ndarray]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -282,10 +363,17 @@ class Assumed:
         idx = np.array([pos[p] for p, _ in members], dtype=np.intp)
         counts = np.array([c for _, c in members], dtype=np.int64)
         req = np.array(spec.requests, dtype=np.int64)
-        np.add.at(self.usage, idx, counts[:, None] * req)
+        amounts = counts[:, None] * req
+        if len(idx) == 1:
+            self.usage[idx[0]] += amounts[0]
+            self.used[idx[0]] += amounts[0]
+        else:
+            np.add.at(self.usage, idx, amounts)
+            np.add.at(self.used, idx, amounts)
         entry = _AssumedEntry(spec.tenant_id, spec.labels, idx, counts, req)
         self._entries[task_id] = entry
         self._by_tenant.setdefault(spec.tenant_id, {})[task_id] = entry
+        self._domains_update(entry, 1)
         self.version += 1
 
     def remove(self, task_id: str) -> None:
@@ -293,9 +381,34 @@ class Assumed:
         entry = self._entries.pop(task_id, None)
         if entry is None:
             return
-        np.subtract.at(self.usage, entry.idx, entry.counts[:, None] * entry.requests)
+        amounts = entry.counts[:, None] * entry.requests
+        np.subtract.at(self.usage, entry.idx, amounts)
+        np.subtract.at(self.used, entry.idx, amounts)
         del self._by_tenant[entry.tenant_id][task_id]
+        self._domains_update(entry, -1)
         self.version += 1
+
+    def _domains_update(self, entry: _AssumedEntry, sign: int) -> None:
+        tracked = self._domains.get(entry.tenant_id)
+        if tracked:
+            for topology, per_domain in tracked.items():
+                dom, _ = self.snapshot.domains(topology)
+                np.add.at(per_domain, dom[entry.idx], sign * entry.counts)
+
+    def domain_counts(self, tenant_id: str, topology: str) -> np.ndarray | None:
+        """Return per ``topology`` domain the members of all the tenant's assumed placements
+        (indexed by ``Snapshot.domains`` codes), or None when there are none; read-only."""
+        if not self._by_tenant.get(tenant_id):
+            return None
+        tracked = self._domains.setdefault(tenant_id, {})
+        per_domain = tracked.get(topology)
+        if per_domain is None:
+            dom, nd = self.snapshot.domains(topology)
+            per_domain = np.zeros(nd, dtype=np.int64)
+            for e in self._by_tenant[tenant_id].values():
+                np.add.at(per_domain, dom[e.idx], e.counts)
+            tracked[topology] = per_domain
+        return per_domain
 
     def placed_counts(self, tenant_id: str, selector: Items | None) -> np.ndarray | None:
         """Return per-pool member counts of the tenant's assumed placements matching
@@ -357,10 +470,14 @@ class Placement:
 
     def to_json(self) -> dict[str, Any]:
         """Return the SPEC §6 placement shape."""
+        # Built inline (no per-item method calls): the reconciler stores one per placement.
         return {
             "poolId": self.pool_id,
             "score": round(self.score, 4),
-            "components": [c.to_json() for c in self.components],
+            "components": [
+                {"name": c.name, "value": round(c.value, 4), "reason": c.reason}
+                for c in self.components
+            ],
             "members": [{"poolId": p, "count": c} for p, c in self.members],
             "alternatives": [
                 {"poolId": a.pool_id, "score": round(a.score, 4)} for a in self.alternatives

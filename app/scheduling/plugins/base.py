@@ -70,4 +70,4 @@ def minmax(raw: np.ndarray, *, higher_is_better: bool, flat: float = 100.0) -> n
         return np.full(len(raw), flat)
     scaled = (raw - lo if higher_is_better else hi - raw) * (100.0 / (hi - lo))
     # Rounding can land a hair outside the range (100/3 * 3 > 100); scores are 0..100 exactly.
-    return np.clip(scaled, 0.0, 100.0)
+    return np.minimum(np.maximum(scaled, 0.0, out=scaled), 100.0, out=scaled)

@@ -22,7 +22,8 @@ class FailureDomainSpread(ScorePlugin):
 
     def score_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray:
         """Return the tenant's member count in each pool's failure domain (lower is better)."""
-        return cycle.tenant_counts("failureDomain")[idx].astype(np.float64)
+        dom, per_domain = cycle.tenant_domain_counts("failureDomain")
+        return per_domain[dom[idx]].astype(np.float64)
 
     def normalize(self, cycle: Cycle, raw: np.ndarray) -> np.ndarray:
         """Map the emptiest domain to 100 and the fullest to 0."""
@@ -30,5 +31,6 @@ class FailureDomainSpread(ScorePlugin):
 
     def describe(self, cycle: Cycle, pool: int, value: float) -> str:
         """Return how many of the tenant's members share the pool's failure domain."""
-        n = int(cycle.tenant_counts("failureDomain")[pool])
+        dom, per_domain = cycle.tenant_domain_counts("failureDomain")
+        n = int(per_domain[dom[pool]])
         return f"{n} of the tenant's members in this failure domain"

@@ -20,15 +20,51 @@ NAME = names.LEAST_LOADED
 _SCALE = 100.0 / 1.001
 
 
+def _clip100(x: np.ndarray) -> np.ndarray:
+    return np.minimum(np.maximum(x, 0.0, out=x), 100.0, out=x)
+
+
 def projected_utilization(cycle: Cycle, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Return (dominant, mean) projected utilization in 0..1 for the pools at ``idx``."""
     cap = cycle.snapshot.cap[idx]
     used = cycle.used(idx) + cycle.req
     offered = cap > 0
     util = np.divide(used, cap, out=np.zeros(cap.shape, dtype=np.float64), where=offered)
-    np.clip(util, 0.0, 1.0, out=util)
+    np.minimum(np.maximum(util, 0.0, out=util), 1.0, out=util)
     dims = np.maximum(offered.sum(axis=1), 1)
     return util.max(axis=1), util.sum(axis=1) / dims
+
+
+def _scored(cycle: Cycle, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return :func:`projected_utilization` and note it for ``describe``."""
+    dominant, mean = projected_utilization(cycle, idx)
+    cycle.notes[NAME] = (idx, dominant, mean)
+    return dominant, mean
+
+
+def projected_utilization_at(cycle: Cycle, pool: int) -> tuple[float, float]:
+    """Return (dominant, mean) projected utilization of the pool at snapshot index ``pool``.
+
+    Read back from this cycle's scoring when it covered the pool; else the same arithmetic as
+    :func:`projected_utilization` on plain floats (one pool: numpy's overhead would dominate).
+    """
+    note = cycle.notes.get(NAME)
+    if note is not None:
+        idx, dominant, mean = note
+        pos = int(np.searchsorted(idx, pool))
+        if pos < len(idx) and idx[pos] == pool:
+            return float(dominant[pos]), float(mean[pos])
+    snap = cycle.snapshot
+    cap = snap.cap[pool].tolist()
+    used = (snap.reserved if cycle.assumed is None else cycle.assumed.used)[pool].tolist()
+    util = [
+        min(max((u + r) / c, 0.0), 1.0)
+        for u, r, c in zip(used, cycle.spec.requests, cap, strict=True)
+        if c > 0
+    ]
+    if not util:
+        return 0.0, 0.0
+    return max(util), sum(util) / len(util)
 
 
 class LeastLoaded(ScorePlugin):
@@ -38,13 +74,13 @@ class LeastLoaded(ScorePlugin):
 
     def score_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray:
         """Return ``100 * (1 - u)`` scaled so that the result stays within 0..100."""
-        dominant, mean = projected_utilization(cycle, idx)
-        return np.clip((1.001 - dominant - mean / 1000.0) * _SCALE, 0.0, 100.0)
+        dominant, mean = _scored(cycle, idx)
+        return _clip100((1.001 - dominant - mean / 1000.0) * _SCALE)
 
     def describe(self, cycle: Cycle, pool: int, value: float) -> str:
         """Return the projected utilization that produced ``value``."""
-        d, m = projected_utilization(cycle, np.array([pool], dtype=np.intp))
-        return f"projected utilization {d[0]:.0%} dominant, {m[0]:.0%} mean; lower is better"
+        d, m = projected_utilization_at(cycle, pool)
+        return f"projected utilization {d:.0%} dominant, {m:.0%} mean; lower is better"
 
 
 class MostLoaded(ScorePlugin):
@@ -54,10 +90,10 @@ class MostLoaded(ScorePlugin):
 
     def score_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray:
         """Return ``100 * u`` scaled so that the result stays within 0..100."""
-        dominant, mean = projected_utilization(cycle, idx)
-        return np.clip((dominant + mean / 1000.0) * _SCALE, 0.0, 100.0)
+        dominant, mean = _scored(cycle, idx)
+        return _clip100((dominant + mean / 1000.0) * _SCALE)
 
     def describe(self, cycle: Cycle, pool: int, value: float) -> str:
         """Return the projected utilization that produced ``value``."""
-        d, m = projected_utilization(cycle, np.array([pool], dtype=np.intp))
-        return f"projected utilization {d[0]:.0%} dominant, {m[0]:.0%} mean; higher packs"
+        d, m = projected_utilization_at(cycle, pool)
+        return f"projected utilization {d:.0%} dominant, {m:.0%} mean; higher packs"

@@ -1,0 +1,224 @@
+"""``snapshot_read`` with its cache: the static part is reused only while no pool row changed,
+and every pass sees current ledgers, health and placements either way."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.config import SHARD_SLOTS
+from app.ledger.pools import pool_capacity_put, pool_create, pool_delete, pool_status_set
+from app.ledger.reservations import ledger_reserve_many
+from app.ledger.snapshot import (
+    SnapshotCache,
+    placements_grouped_read,
+    placements_read,
+    pools_read,
+    snapshot_read,
+)
+from app.reconciler import Reconciler, ReconcilerConfig
+from app.scheduling.framework import select
+from app.scheduling.model import PlacedTask, Snapshot
+from tests.factories import NOW, heartbeat_add, pool_add, spec_make, tasks_add
+from tests.scheduling.factories import spec
+
+FRESH = 60.0
+
+
+async def _read(db: AsyncEngine, cache: SnapshotCache, *, now=NOW, placed=()) -> Snapshot:
+    async def placements() -> list[PlacedTask]:
+        return list(placed)
+
+    async with db.connect() as conn:
+        snap = await snapshot_read(
+            conn, now=now, freshness_seconds=FRESH, strategy="spread", placed=placements,
+            cache=cache,
+        )
+        await conn.rollback()
+    return snap
+
+
+async def _fresh(db: AsyncEngine, *, now=NOW, placed=()) -> Snapshot:
+    async with db.connect() as conn:
+        pools = await pools_read(conn, now=now, freshness_seconds=FRESH)
+        await conn.rollback()
+    return Snapshot.build(pools, placed)
+
+
+def _same(a: Snapshot, b: Snapshot) -> None:
+    assert a.pools == b.pools
+    assert (a.cap.tolist(), a.reserved.tolist(), a.fresh.tolist()) == (
+        b.cap.tolist(), b.reserved.tolist(), b.fresh.tolist()
+    )
+    for tenant in ("acme", "other"):
+        probe = spec(tenant=tenant, runtimeClass="standard")
+        assert select(probe, a, explain=True).to_json() == select(
+            probe, b, explain=True
+        ).to_json()
+
+
+async def _pools(db: AsyncEngine, *ids: str) -> None:
+    async with db.begin() as conn:
+        for pid in ids:
+            await pool_add(conn, pid, tenants=["acme"], failure_domain=f"fd-{pid}")
+            await heartbeat_add(conn, f"rt-{pid}", at=NOW)
+
+
+async def test_usage_and_health_changes_reuse_the_static_part(db: AsyncEngine) -> None:
+    await _pools(db, "p1", "p2", "p3")
+    cache = SnapshotCache()
+    first = await _read(db, cache)
+    assert (cache.rebuilds, cache.reuses) == (1, 0)
+    _same(first, await _fresh(db))
+
+    async with db.begin() as conn:
+        assert await ledger_reserve_many(conn, amounts={"p1": (3000, 0, 0)}, now=NOW) == {"p1"}
+        await conn.execute(text("UPDATE ledgers SET cpu_total = 9000 WHERE pool_id = 'p3'"))
+        await conn.execute(text("DELETE FROM ledgers WHERE pool_id = 'p2'"))
+    later = NOW + timedelta(seconds=FRESH / 2)
+    async with db.begin() as conn:
+        await heartbeat_add(conn, "rt-p3", at=later)
+    placed = [PlacedTask("x", "acme", {"app": "a"}, ("p3",))]
+    second = await _read(db, cache, now=later + timedelta(seconds=FRESH / 2 + 1), placed=placed)
+    assert (cache.rebuilds, cache.reuses) == (1, 1)
+    assert second.by_tenant is first.by_tenant
+    _same(second, await _fresh(db, now=later + timedelta(seconds=FRESH / 2 + 1), placed=placed))
+    assert second.reserved[0].tolist() == [3000, 0, 0]
+    assert second.pools[1].capacity is None
+    assert second.pools[2].capacity[0] == 9000
+    assert second.fresh.tolist() == [False, False, True]
+    assert second.placed_counts("acme", None).tolist() == [0, 0, 1]
+    # The earlier snapshot is untouched.
+    assert first.reserved[0].tolist() == [0, 0, 0] and first.fresh.tolist() == [True] * 3
+
+
+async def test_cordon_capacity_add_and_delete_rebuild_the_static_part(db: AsyncEngine) -> None:
+    await _pools(db, "p1", "p2")
+    cache = SnapshotCache()
+    await _read(db, cache)
+    rebuilds = cache.rebuilds
+
+    async def check(change) -> Snapshot:
+        nonlocal rebuilds
+        async with db.begin() as conn:
+            await change(conn)
+        snap = await _read(db, cache)
+        rebuilds += 1
+        assert cache.rebuilds == rebuilds
+        _same(snap, await _fresh(db))
+        return snap
+
+    async def cordon(conn) -> None:
+        await pool_status_set(
+            conn, pool_id="p1", status="CORDONED", reason="maintenance", drain_deadline=None,
+            now=NOW,
+        )
+
+    snap = await check(cordon)
+    assert snap.pools[0].status == "CORDONED"
+    assert select(spec(runtimeClass="standard"), snap).placement.pool_id == "p2"
+
+    async def resize(conn) -> None:
+        await pool_capacity_put(conn, pool_id="p2", totals=(100, 100, 0), now=NOW)
+
+    snap = await check(resize)
+    assert snap.pools[1].capacity == (100, 100, 0)
+    assert select(spec(runtimeClass="standard"), snap).placement is None
+
+    async def add(conn) -> None:
+        await pool_create(
+            conn, pool_id="p0",
+            fields={"tenant_ids": ["acme"], "runtime_class": "standard",
+                    "runtime_instance_id": "rt-p0", "region": "eu-west"},
+            now=NOW,
+        )
+        await pool_capacity_put(conn, pool_id="p0", totals=(4000, 8192, 0), now=NOW)
+        await heartbeat_add(conn, "rt-p0", at=NOW)
+
+    snap = await check(add)
+    assert snap.ids == ("p0", "p1", "p2")
+    assert select(spec(runtimeClass="standard"), snap).placement.pool_id == "p0"
+
+    async def delete(conn) -> None:
+        await pool_delete(conn, pool_id="p0")
+
+    snap = await check(delete)
+    assert snap.ids == ("p1", "p2")
+
+    async def raw_edit(conn) -> None:
+        # A write that bypasses the ledger functions (no version bump) is still noticed.
+        await conn.execute(text("UPDATE pools SET ready = false WHERE id = 'p2'"))
+
+    snap = await check(raw_edit)
+    assert snap.pools[1].ready is False
+
+    async def untouched(conn) -> None:
+        await conn.execute(text("SELECT 1"))
+
+    async with db.begin() as conn:
+        await untouched(conn)
+    await _read(db, cache)
+    assert cache.rebuilds == rebuilds
+
+
+async def test_a_strategy_change_rebuilds(db: AsyncEngine) -> None:
+    await _pools(db, "p1")
+    cache = SnapshotCache()
+    await _read(db, cache)
+
+    async def none() -> list[PlacedTask]:
+        return []
+
+    async with db.connect() as conn:
+        snap = await snapshot_read(
+            conn, now=NOW, freshness_seconds=FRESH, strategy="binpack", placed=none, cache=cache
+        )
+        await conn.rollback()
+    assert snap.strategy == "binpack" and cache.rebuilds == 2
+
+
+async def test_placements_come_from_the_same_read(db: AsyncEngine) -> None:
+    await _pools(db, "p1")
+    cache = SnapshotCache()
+    async with db.connect() as conn:
+        snap = await snapshot_read(
+            conn, now=NOW, freshness_seconds=FRESH, strategy="spread",
+            placed=lambda: placements_read(conn, tenant_ids={"acme"}), cache=cache,
+        )
+        await conn.rollback()
+    assert snap.placed_counts("acme", None).tolist() == [0]
+
+
+async def test_grouped_placements_count_exactly_like_per_task_ones(db: AsyncEngine) -> None:
+    async with db.begin() as conn:
+        for i in range(4):
+            await pool_add(conn, f"p{i}", tenants=["acme", "other"], capacity=(10_000, 0, 0),
+                           failure_domain=f"fd{i % 2}")
+            await heartbeat_add(conn, f"rt-p{i}", at=NOW)
+        for tenant in ("acme", "other"):
+            specs = [spec_make(cpu=100 * (k + 1), labels=lab)
+                     for k, lab in enumerate([{"app": "a"}, {"app": "a", "tier": "x"},
+                                              {"app": "b"}, {}, {"app": "a"}])]
+            specs.append(spec_make(cpu=100, labels={"app": "a"},
+                                   gang={"members": 5, "maxPerPool": 2}))
+            await tasks_add(conn, tenant=tenant, specs=specs)
+        await tasks_add(conn, tenant="third", count=2, spec=spec_make(cpu=100))
+    rec = Reconciler(db, ReconcilerConfig(), owner_id="t", slots=frozenset(range(SHARD_SLOTS)))
+    assert (await rec.run_once(now=NOW)).leased == 12
+
+    async with db.connect() as conn:
+        per_task = await placements_read(conn, tenant_ids={"acme", "other", "nobody"})
+        grouped = await placements_grouped_read(conn, tenant_ids={"acme", "other", "nobody"})
+        await conn.rollback()
+    assert len(per_task) == 12 and len(grouped) == 8  # 4 distinct label sets per tenant
+    pools = (await _fresh(db)).pools
+    a, b = Snapshot.build(pools, per_task), Snapshot.build(pools, grouped)
+    for tenant in ("acme", "other", "third"):
+        for selector in (None, frozenset(), frozenset({("app", "a")}),
+                         frozenset({("app", "a"), ("tier", "x")}), frozenset({("app", "z")})):
+            assert a.placed_counts(tenant, selector).tolist() == b.placed_counts(
+                tenant, selector
+            ).tolist()
+    assert int(a.placed_counts("acme", None).sum()) == 10  # 5 single tasks + 5 gang members
