@@ -28,7 +28,6 @@ from sqlalchemy import (
     PrimaryKeyConstraint,
     Table,
     Text,
-    UniqueConstraint,
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
@@ -148,7 +147,14 @@ tasks = Table(
         "(state = 'CLAIMED') = (claim_owner IS NOT NULL AND claim_expires_at IS NOT NULL)",
         name="claim_iff_claimed",
     ),
-    UniqueConstraint("tenant_id", "idempotency_key", name="uq_tasks_tenant_idempotency_key"),
+)
+# Idempotency keys are unique per tenant; only keyed tasks are indexed (revision 0003).
+Index(
+    "uq_tasks_tenant_idempotency_key",
+    tasks.c.tenant_id,
+    tasks.c.idempotency_key,
+    unique=True,
+    postgresql_where=text("idempotency_key IS NOT NULL"),
 )
 # The claim query: admitted, unparked tasks of a shard in admission order.
 Index(

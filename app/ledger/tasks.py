@@ -119,7 +119,7 @@ _SUBMIT = f"""
                            max_attempts, idempotency_key, request_hash,
                            created_at, admitted_at, updated_at)
         VALUES ($1, $2, $3, 'ADMITTED', $4, $5, $6::jsonb, $7::jsonb, $8, $9, $10, $11, $11, $11)
-        ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+        ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING id, seq
     ), ev AS (
         INSERT INTO task_events (task_id, at, from_state, to_state, reason)
