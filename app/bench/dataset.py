@@ -1,0 +1,352 @@
+"""Benchmark data: a fresh database, P pools with ledgers and T admitted tasks, and checks.
+
+Both the end-to-end benchmark and its naive baseline load the same generated dataset into
+their own fresh database, so they place identical work. The dataset is deterministic for a
+seed. Its shape:
+
+* pools fall into cells of (tenant group, runtime class); every pool lists the tenants of its
+  group, sits in one of six regions (with the region's data residency), has a ``tier`` and
+  ``zone`` label, a cost weight and a small/medium/large ledger;
+* tasks belong to many tenants (about one per hundred tasks); most specs are simple (a
+  runtime class and requests), the rest add regions, data residency, a pool selector,
+  preferred affinity, or a small gang;
+* every constrained task is generated against an *anchor* pool of its cell that satisfies
+  it, and each pool gets at least twice the demand of the tasks anchored on it, so a
+  feasible placement of every task exists and the run ends with every task leased.
+
+Bulk loading uses asyncpg's binary COPY directly (the bench is tooling, not the service, so
+it keeps its SQL here rather than in :mod:`app.ledger`). Tasks are first copied into an
+unlogged staging table and *admitted* later in one ``INSERT … SELECT`` with
+``admitted_at = now()``, once the schedulers are up, so admission→lease latency measures
+scheduling, not process start-up.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import orjson
+from sqlalchemy.engine import make_url
+
+from app.db import make_engine
+from app.ledger.wakeups import CHANNEL, WakeSource
+from app.scheduling.spec import TaskSpec
+from app.schema import schema_upgrade
+from app.shards import shard_of
+
+__all__ = [
+    "Dataset",
+    "database_create",
+    "database_drop",
+    "dataset_admit",
+    "dataset_generate",
+    "dataset_load",
+    "ledger_check",
+    "plain_url",
+    "runtimes_heartbeat",
+]
+
+REGIONS = ("eu-west-1", "eu-central-1", "us-east-1", "us-west-2", "ap-south-1", "ap-northeast-1")
+RESIDENCY = {"eu-west-1": "eu", "eu-central-1": "eu", "us-east-1": "us", "us-west-2": "us",
+             "ap-south-1": "apac", "ap-northeast-1": "apac"}
+#: Runtime classes and the share of tasks that ask for each.
+CLASSES = (("python-3.11", 0.45), ("node-20", 0.25), ("java-21", 0.15), ("gpu-llm", 0.15))
+#: Pool sizes (cpu millicores, memory MiB, llm slots for gpu pools) and how common each is.
+SIZES = (((16_000, 65_536, 8), 0.5), ((32_000, 131_072, 16), 0.35), ((64_000, 262_144, 32), 0.15))
+HEADROOM = 2.0
+STAGING = "bench_admission"
+
+_TASK_COLUMNS = ("ord", "id", "tenant_id", "shard", "priority", "runtime_class", "spec",
+                 "labels", "max_attempts")
+
+
+@dataclass(slots=True)
+class Dataset:
+    """Rows ready to COPY: pools, ledgers, runtime instances and tasks (in admission order)."""
+
+    pools: list[tuple[Any, ...]] = field(default_factory=list)
+    ledgers: list[tuple[int, ...] | tuple[Any, ...]] = field(default_factory=list)
+    runtimes: list[str] = field(default_factory=list)
+    tasks: list[tuple[Any, ...]] = field(default_factory=list)
+    tenants: int = 0
+    kinds: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Pool:
+    id: str
+    group: int
+    rc: str
+    region: str
+    tier: str
+    zone: str
+    size: tuple[int, int, int]
+    demand: list[int] = field(default_factory=lambda: [0, 0, 0])
+
+
+def _weighted(rng: random.Random, table: tuple[tuple[Any, float], ...]) -> Any:
+    return rng.choices([v for v, _ in table], weights=[w for _, w in table])[0]
+
+
+def _requests(rng: random.Random, rc: str) -> dict[str, int]:
+    cpu = rng.choice((100, 250, 250, 500, 500, 1000, 2000))
+    mem = rng.choice((128, 256, 512, 512, 1024, 2048, 4096))
+    req = {"cpuMillis": cpu, "memoryMiB": mem}
+    if rc == "gpu-llm":
+        req["llmSlots"] = rng.choice((1, 1, 1, 2))
+    return req
+
+
+def _spec(rng: random.Random, rc: str, tenant: int, anchor: _Pool) -> tuple[str, dict, int]:
+    """Return (kind, spec JSON, members) for one task anchored on ``anchor``."""
+    spec: dict[str, Any] = {"runtimeClass": rc, "requests": _requests(rng, rc)}
+    app_label = f"app-{tenant}-{rng.randrange(4)}"
+    roll = rng.random()
+    members = 1
+    if roll < 0.70:
+        kind = "simple"
+        if rng.random() < 0.5:
+            spec["labels"] = {"app": app_label}
+    elif roll < 0.80:
+        kind = "regions"
+        other = rng.choice(REGIONS)
+        spec["constraints"] = {"regions": sorted({anchor.region, other})}
+    elif roll < 0.85:
+        kind = "residency"
+        spec["constraints"] = {"dataResidency": RESIDENCY[anchor.region]}
+    elif roll < 0.90:
+        kind = "selector"
+        spec["constraints"] = {"poolSelector": {"tier": anchor.tier}}
+    elif roll < 0.95:
+        kind = "affinity"
+        spec["labels"] = {"app": app_label}
+        spec["affinity"] = {"preferred": [
+            {"selector": {"app": app_label}, "topology": "failureDomain", "weight": 50}]}
+    elif roll < 0.97:
+        kind = "gang"
+        members = rng.choice((2, 3, 4))
+        spec["gang"] = {"members": members}
+    else:
+        kind = "priority"
+        spec["priority"] = rng.choice((-10, 5, 10, 100))
+        spec["constraints"] = {"artifactRegion": anchor.region}
+    return kind, spec, members
+
+
+def _groups(tenants: int, pools: int) -> int:
+    return max(1, min(16, tenants // 25, pools // (2 * len(CLASSES))))
+
+
+def dataset_generate(*, pools: int, tasks: int, seed: int = 1) -> Dataset:
+    """Generate ``pools`` pools sized so that all ``tasks`` (mixed specs) fit; deterministic."""
+    if pools < len(CLASSES):
+        raise ValueError(f"need at least {len(CLASSES)} pools (one per runtime class)")
+    rng = random.Random(seed)
+    n_tenants = max(8, min(500, tasks // 100))
+    n_groups = _groups(n_tenants, pools)
+    cells: dict[tuple[int, str], list[_Pool]] = {}
+    all_pools: list[_Pool] = []
+    for i in range(pools):
+        cell = i % (n_groups * len(CLASSES))
+        group, rc = cell // len(CLASSES), CLASSES[cell % len(CLASSES)][0]
+        p = _Pool(
+            id=f"pool-{i:05d}",
+            group=group,
+            rc=rc,
+            region=REGIONS[(i // (n_groups * len(CLASSES))) % len(REGIONS)],
+            tier="premium" if rng.random() < 0.25 else "standard",
+            zone=f"z{rng.randrange(3)}",
+            size=_weighted(rng, SIZES),
+        )
+        cells.setdefault((group, rc), []).append(p)
+        all_pools.append(p)
+    ds = Dataset(tenants=n_tenants)
+    class_table = tuple(CLASSES)
+    for ord_ in range(tasks):
+        tenant = rng.randrange(n_tenants)
+        tenant_id = f"tenant-{tenant:03d}"
+        rc = _weighted(rng, class_table)
+        anchor = rng.choice(cells[(tenant % n_groups, rc)])
+        kind, raw, members = _spec(rng, rc, tenant, anchor)
+        spec = TaskSpec.model_validate(raw).model_dump(mode="json", by_alias=True)
+        req = spec["requests"]
+        for d, key in enumerate(("cpuMillis", "memoryMiB", "llmSlots")):
+            anchor.demand[d] += members * req[key]
+        ds.kinds[kind] = ds.kinds.get(kind, 0) + 1
+        ds.tasks.append((
+            ord_, uuid.UUID(int=rng.getrandbits(128), version=4), tenant_id, shard_of(tenant_id),
+            spec["priority"], rc, orjson.dumps(spec, option=orjson.OPT_SORT_KEYS).decode(),
+            orjson.dumps(spec["labels"]).decode(), spec["maxAttempts"],
+        ))
+    for p in all_pools:
+        tenants_of_group = [f"tenant-{t:03d}" for t in range(n_tenants) if t % n_groups == p.group]
+        cpu, mem, llm = p.size
+        cap = (
+            max(cpu, math.ceil(HEADROOM * p.demand[0] / 1000) * 1000),
+            max(mem, math.ceil(HEADROOM * p.demand[1] / 1024) * 1024),
+            max(llm, math.ceil(HEADROOM * p.demand[2])) if p.rc == "gpu-llm" else 0,
+        )
+        instance = f"rt-{p.id}"
+        labels = {"tier": p.tier, "zone": p.zone}
+        ds.pools.append((
+            p.id, tenants_of_group, p.rc, instance, p.region, RESIDENCY[p.region],
+            f"{p.region}-{p.zone}", orjson.dumps(labels).decode(), [p.region],
+            round(rng.uniform(0.5, 2.0), 2), ["ops"],
+        ))
+        ds.ledgers.append((p.id, *cap))
+        ds.runtimes.append(instance)
+    return ds
+
+
+def plain_url(url: str) -> str:
+    """Return ``url`` as a plain ``postgresql://`` DSN that asyncpg accepts."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def _maintenance(server_url: str) -> str:
+    return plain_url(make_url(server_url).set(database="postgres").render_as_string(False))
+
+
+async def database_create(
+    server_url: str, *, prefix: str = "berth_bench", settings: dict[str, str] | None = None
+) -> str:
+    """Create a fresh database beside ``server_url``, migrate it to head and return its URL.
+
+    ``settings`` are applied with ``ALTER DATABASE … SET`` (e.g. ``log_min_duration_statement``
+    to profile the server side of a run).
+    """
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    conn = await asyncpg.connect(_maintenance(server_url))
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+        for key, value in (settings or {}).items():
+            if not key.replace("_", "").replace(".", "").isalnum():
+                raise ValueError(f"not a setting name: {key!r}")
+            quoted = value.replace("'", "''")
+            await conn.execute(f"ALTER DATABASE \"{name}\" SET {key} = '{quoted}'")
+    finally:
+        await conn.close()
+    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    engine = make_engine(url, pool_size=1, max_overflow=0)
+    try:
+        await schema_upgrade(engine)
+    finally:
+        await engine.dispose()
+    return plain_url(url)
+
+
+async def database_drop(server_url: str, url: str) -> None:
+    """Drop the benchmark database ``url`` (closing its connections)."""
+    name = make_url(url).database
+    conn = await asyncpg.connect(_maintenance(server_url))
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+async def dataset_load(url: str, ds: Dataset, *, now: datetime) -> None:
+    """COPY pools, ledgers and fresh runtime heartbeats; stage the tasks for admission."""
+    conn = await asyncpg.connect(url)
+    try:
+        async with conn.transaction():
+            await conn.copy_records_to_table(
+                "pools",
+                records=ds.pools,
+                columns=("id", "tenant_ids", "runtime_class", "runtime_instance_id", "region",
+                         "data_residency", "failure_domain", "labels", "artifact_regions",
+                         "cost_weight", "operators"),
+            )
+            await conn.copy_records_to_table(
+                "ledgers",
+                records=ds.ledgers,
+                columns=("pool_id", "cpu_total", "memory_total", "llm_total"),
+            )
+            await conn.copy_records_to_table(
+                "runtime_instances",
+                records=[(r, now) for r in ds.runtimes],
+                columns=("id", "last_heartbeat_at"),
+            )
+            await conn.execute(
+                f"""CREATE UNLOGGED TABLE {STAGING} (
+                        ord int PRIMARY KEY, id uuid, tenant_id text, shard int, priority int,
+                        runtime_class text, spec jsonb, labels jsonb, max_attempts int)"""
+            )
+            await conn.copy_records_to_table(STAGING, records=ds.tasks, columns=_TASK_COLUMNS)
+        await conn.execute("ANALYZE")
+    finally:
+        await conn.close()
+
+
+async def dataset_admit(url: str) -> float:
+    """Admit every staged task in one transaction (admitted_at = now()), notify, and return
+    the admission's duration in seconds."""
+    conn = await asyncpg.connect(url)
+    try:
+        started = await conn.fetchval("SELECT extract(epoch FROM clock_timestamp())")
+        async with conn.transaction():
+            await conn.execute(
+                f"""INSERT INTO tasks (id, tenant_id, shard, state, priority, runtime_class,
+                                       spec, labels, max_attempts, created_at, admitted_at,
+                                       updated_at)
+                    SELECT id, tenant_id, shard, 'ADMITTED', priority, runtime_class, spec,
+                           labels, max_attempts, now(), now(), now()
+                    FROM {STAGING} ORDER BY ord"""
+            )
+            await conn.execute(
+                f"""INSERT INTO task_events (task_id, at, from_state, to_state, reason)
+                    SELECT id, now(), NULL, 'ADMITTED', 'submitted' FROM {STAGING}"""
+            )
+            await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, WakeSource.SUBMITTED.value)
+        ended = await conn.fetchval("SELECT extract(epoch FROM clock_timestamp())")
+        await conn.execute(f"DROP TABLE {STAGING}")
+        await conn.execute("ANALYZE tasks")
+        return float(ended - started)
+    finally:
+        await conn.close()
+
+
+async def runtimes_heartbeat(conn: asyncpg.Connection) -> None:
+    """Mark every runtime instance as heard from now, as live runtimes would."""
+    await conn.execute("UPDATE runtime_instances SET last_heartbeat_at = now()")
+
+
+_CHECKS = {
+    "ledger_over_total": """
+        SELECT count(*) FROM ledgers WHERE cpu_reserved > cpu_total
+            OR memory_reserved > memory_total OR llm_reserved > llm_total""",
+    "reserved_not_sum_of_reservations": """
+        SELECT count(*) FROM ledgers l LEFT JOIN (
+            SELECT pool_id, sum(cpu) cpu, sum(memory) memory, sum(llm) llm
+            FROM reservations GROUP BY pool_id) r ON r.pool_id = l.pool_id
+        WHERE l.cpu_reserved <> coalesce(r.cpu, 0) OR l.memory_reserved <> coalesce(r.memory, 0)
+            OR l.llm_reserved <> coalesce(r.llm, 0)""",
+    "leased_without_reservation_or_lease": """
+        SELECT count(*) FROM tasks t WHERE t.state = 'LEASED' AND (
+            NOT EXISTS (SELECT 1 FROM reservations r WHERE r.task_id = t.id)
+            OR NOT EXISTS (
+                SELECT 1 FROM leases l WHERE l.task_id = t.id AND l.state = 'ACTIVE'))""",
+    "reservation_of_unleased_task": """
+        SELECT count(*) FROM reservations r JOIN tasks t ON t.id = r.task_id
+        WHERE t.state <> 'LEASED'""",
+    "members_mismatch": """
+        SELECT count(*) FROM (
+            SELECT r.task_id, sum(r.members) AS placed,
+                   coalesce((t.spec -> 'gang' ->> 'members')::int, 1) AS wanted
+            FROM reservations r JOIN tasks t ON t.id = r.task_id
+            GROUP BY r.task_id, t.spec) x WHERE placed <> wanted""",
+    "lease_pool_without_reservation": """
+        SELECT count(*) FROM leases l WHERE l.state = 'ACTIVE' AND NOT EXISTS (
+            SELECT 1 FROM reservations r WHERE r.task_id = l.task_id AND r.pool_id = l.pool_id)""",
+}
+
+
+async def ledger_check(conn: asyncpg.Connection) -> dict[str, int]:
+    """Return the count of violations of each ledger invariant (all zero when sound)."""
+    return {name: int(await conn.fetchval(sql)) for name, sql in _CHECKS.items()}

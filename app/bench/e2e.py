@@ -1,0 +1,595 @@
+"""``berth bench e2e``: reconcilers against a fresh database until every task is leased.
+
+One run:
+
+1. generate P pools and T tasks (:mod:`app.bench.dataset`), create a fresh database
+   ``berth_bench_<rand>``, migrate it, COPY the pools, ledgers and runtime heartbeats, and
+   stage the tasks;
+2. start R reconciler processes (``python -m app.cli reconcile --shard i/R``, durable commits)
+   and wait until each listens for wakeups;
+3. admit every task in one transaction (``admitted_at = now()``, one ``submitted`` wakeup),
+   keep the runtimes heartbeating, sample each reconciler's RSS, and poll until every task
+   is ``LEASED``; then SIGTERM the reconcilers and check the ledger invariants;
+4. unless ``--skip-naive``, load the identical dataset into a second fresh database and time
+   the naive baseline (:mod:`app.bench.naive`) with R workers on ``min(T, --naive-tasks)``
+   tasks;
+5. print ONE JSON line. ``placementsPerSec`` = T / (wall time from the start of the
+   admission transaction to the poll that saw the last task leased); lease latencies come
+   from ``leased_at - admitted_at`` in the database.
+
+``--sweep pools=1000,5000 reconcilers=1,2,4 --chart docs/img/bench-e2e.png`` runs every
+combination (naive skipped), prints one JSON line each, and draws the chart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import orjson
+import psutil
+from sqlalchemy.engine import make_url
+
+from app.bench.dataset import (
+    Dataset,
+    database_create,
+    database_drop,
+    dataset_admit,
+    dataset_generate,
+    dataset_load,
+    ledger_check,
+    runtimes_heartbeat,
+)
+from app.bench.naive import naive_run, postgres_cpu_seconds
+from app.config import Settings
+
+__all__ = ["E2EConfig", "e2e_run", "main"]
+
+DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+#: Leases outlive the run: nothing heartbeats leases here, and an expiry mid-run would
+#: requeue tasks and measure recovery instead of placement.
+LEASE_TTL_SECONDS = 3600.0
+HEARTBEAT_EVERY_SECONDS = 5.0
+POLL_SECONDS = 0.05
+COUNT_EVERY_SECONDS = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class E2EConfig:
+    """One benchmark run's parameters."""
+
+    pools: int = 1000
+    tasks: int = 20000
+    reconcilers: int = 2
+    batch: int | None = None
+    server_url: str = DEFAULT_SERVER
+    seed: int = 1
+    skip_naive: bool = False
+    naive_tasks: int = 5000
+    stall_seconds: float = 60.0
+    ready_timeout_seconds: float = 60.0
+    py_spy: str | None = None
+    keep_logs: str | None = None
+    pg_settings: tuple[tuple[str, str], ...] = ()
+
+
+class BenchFailed(RuntimeError):
+    """The benchmark could not finish (a reconciler died, or placement stalled)."""
+
+
+def _env(url: str, cfg: E2EConfig) -> dict[str, str]:
+    env = dict(os.environ)
+    env["BERTH_DATABASE_URL"] = url
+    env["BERTH_LEASE_TTL_SECONDS"] = str(LEASE_TTL_SECONDS)
+    # The pass log lines are how the bench follows progress without loading the database.
+    env["BERTH_LOG_LEVEL"] = "info"
+    if cfg.batch is not None:
+        env["BERTH_BATCH_SIZE"] = str(cfg.batch)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _start_reconcilers(url: str, cfg: E2EConfig, logdir: Path) -> list[subprocess.Popen]:
+    procs = []
+    for i in range(cfg.reconcilers):
+        log = open(logdir / f"reconciler-{i}.log", "wb")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "reconcile", "--shard", f"{i}/{cfg.reconcilers}"],
+            env=_env(url, cfg), stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+        ))
+        log.close()
+    return procs
+
+
+def _stop(procs: list[subprocess.Popen], timeout: float = 15.0) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _died(procs: list[subprocess.Popen], logdir: Path) -> None:
+    for i, p in enumerate(procs):
+        if p.poll() is not None:
+            tail = (logdir / f"reconciler-{i}.log").read_text(errors="replace")[-2000:]
+            raise BenchFailed(f"reconciler {i} exited with status {p.returncode}:\n{tail}")
+
+
+async def _wait_ready(conn: asyncpg.Connection, procs: list[subprocess.Popen],
+                      logdir: Path, limit_seconds: float) -> None:
+    """Wait until every reconciler has a connection LISTENing for wakeups."""
+    deadline = time.monotonic() + limit_seconds
+    while True:
+        _died(procs, logdir)
+        listening = await conn.fetchval(
+            """SELECT count(*) FROM pg_stat_activity
+               WHERE datname = current_database() AND pid <> pg_backend_pid()
+                 AND query ILIKE 'LISTEN%'"""
+        )
+        if listening >= len(procs):
+            return
+        if time.monotonic() > deadline:
+            raise BenchFailed(f"only {listening} of {len(procs)} reconcilers listen after "
+                              f"{limit_seconds:.0f} s; see their logs in {logdir}")
+        await asyncio.sleep(0.1)
+
+
+def _spy_start(pid: int, path: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        ["py-spy", "record", "--pid", str(pid), "--rate", "200", "--format", "raw",
+         "--output", path, "--nonblocking"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+
+def _cpu_sample(procs: list[subprocess.Popen], database: str) -> dict[str, Any]:
+    """Return CPU seconds used so far: per reconciler, per PostgreSQL process serving
+    ``database``, the bench's own, and the whole machine's busy time."""
+    def used(proc: psutil.Process) -> float:
+        t = proc.cpu_times()
+        return t.user + t.system
+
+    sample: dict[str, Any] = {"reconcilers": {}, "postgres": {}}
+    for p in procs:
+        try:
+            sample["reconcilers"][p.pid] = used(psutil.Process(p.pid))
+        except psutil.Error:
+            pass
+    sample["postgres"] = postgres_cpu_seconds(database)
+    sample["bench"] = used(psutil.Process())
+    t = psutil.cpu_times()
+    sample["machine"] = t.user + t.nice + t.system + t.irq + t.softirq
+    return sample
+
+
+def _cpu_used(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """Return the CPU seconds each group used between two samples."""
+    def delta(group: str) -> float:
+        return sum(v - before[group].get(pid, 0.0) for pid, v in after[group].items())
+
+    out = {
+        "reconcilers": round(delta("reconcilers"), 2),
+        "postgres": round(delta("postgres"), 2),
+        "bench": round(after["bench"] - before["bench"], 2),
+        "machine": round(after["machine"] - before["machine"], 2),
+    }
+    # Anything else the machine did meanwhile (other processes, other databases' backends):
+    # noise in the figures.
+    out["other"] = round(out["machine"] - out["reconcilers"] - out["postgres"] - out["bench"], 2)
+    return out
+
+
+class _LogTail:
+    """Follow the reconcilers' JSON logs and sum the tasks their passes leased."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self._files = [open(p, "rb") for p in paths]
+        self._rest = [b""] * len(paths)
+        self.leased = 0
+
+    def poll(self) -> int:
+        """Read what was appended since the last call; return the leased total so far."""
+        for i, f in enumerate(self._files):
+            chunk = self._rest[i] + f.read()
+            *lines, self._rest[i] = chunk.split(b"\n")
+            for line in lines:
+                if b'"msg":"pass"' not in line:
+                    continue
+                try:
+                    self.leased += int(orjson.loads(line).get("leased", 0))
+                except (orjson.JSONDecodeError, TypeError, ValueError):
+                    continue
+        return self.leased
+
+    def close(self) -> None:
+        """Close the files."""
+        for f in self._files:
+            f.close()
+
+
+def _rss(procs: list[subprocess.Popen]) -> int:
+    peak = 0
+    for p in procs:
+        try:
+            peak = max(peak, psutil.Process(p.pid).memory_info().rss)
+        except psutil.Error:
+            pass
+    return peak
+
+
+def _log_totals(logdir: Path, count: int) -> dict[str, Any]:
+    """Sum the PassResult log lines of the reconcilers: passes, conflicts, claimed, leased,
+    errors, and the time spent in each phase of a pass (all reconcilers together)."""
+    totals = {"passes": 0, "conflicts": 0, "claimed": 0, "leased": 0, "errors": 0}
+    phases = {"claim_ms": 0.0, "snapshot_ms": 0.0, "select_ms": 0.0, "commit_ms": 0.0,
+              "duration_ms": 0.0}
+    for i in range(count):
+        path = logdir / f"reconciler-{i}.log"
+        for line in path.read_bytes().splitlines():
+            try:
+                entry = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if not isinstance(entry, dict):
+                continue
+            if entry.get("level") in ("error", "critical"):
+                totals["errors"] += 1
+            if "conflicts" not in entry:
+                continue
+            totals["passes"] += 1
+            for key in ("conflicts", "claimed", "leased"):
+                value = entry.get(key)
+                if isinstance(value, int):
+                    totals[key] += value
+            for key in phases:
+                value = entry.get(key)
+                if isinstance(value, int | float):
+                    phases[key] += value
+    return {**totals, "phases": {k.removesuffix("_ms"): round(v, 1) for k, v in phases.items()}}
+
+
+async def _latency(conn: asyncpg.Connection) -> dict[str, Any]:
+    row = await conn.fetchrow(
+        """SELECT count(*) FILTER (WHERE state = 'LEASED') AS leased,
+                  percentile_cont(0.5) WITHIN GROUP (ORDER BY ms) AS p50,
+                  percentile_cont(0.99) WITHIN GROUP (ORDER BY ms) AS p99,
+                  max(ms) AS max
+           FROM (SELECT state,
+                        extract(epoch FROM leased_at - admitted_at) * 1000 AS ms
+                 FROM tasks) t"""
+    )
+    return {k: (v if k == "leased" or v is None else float(v)) for k, v in dict(row).items()}
+
+
+async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
+                                  logdir: Path) -> dict[str, Any]:
+    await dataset_load(url, ds, now=datetime.now(UTC))
+    conn = await asyncpg.connect(url)
+    procs = _start_reconcilers(url, cfg, logdir)
+    spy = None
+    tail = None
+    finished = False
+    try:
+        await _wait_ready(conn, procs, logdir, cfg.ready_timeout_seconds)
+        await asyncio.sleep(0.5)  # let the start-up passes over an empty queue finish
+        await runtimes_heartbeat(conn)
+        if cfg.py_spy:
+            spy = _spy_start(procs[0].pid, cfg.py_spy)
+            await asyncio.sleep(1.0)
+        tail = _LogTail([logdir / f"reconciler-{i}.log" for i in range(cfg.reconcilers)])
+        tail.poll()
+        started = time.monotonic()
+        database = make_url(url).database or ""
+        cpu_before = _cpu_sample(procs, database)
+        wal_before = await conn.fetchval("SELECT pg_current_wal_lsn()")
+        admit_seconds = await dataset_admit(url)
+        peak_rss = _rss(procs)
+        last_beat = last_count = time.monotonic()
+        leased, progress_at, progressed = 0, started, 0
+        total = len(ds.tasks)
+        while True:
+            peak_rss = max(peak_rss, _rss(procs))
+            now = time.monotonic()
+            # The pass log lines say when the work should be done; the database confirms
+            # (and is asked once a second anyway, in case a log line was missed).
+            if tail.poll() >= total or now - last_count >= COUNT_EVERY_SECONDS:
+                leased = await conn.fetchval("SELECT count(*) FROM tasks WHERE state = 'LEASED'")
+                last_count = now
+                if leased >= total:
+                    break
+            if leased > progressed:
+                progressed, progress_at = leased, now
+            elif now - progress_at > cfg.stall_seconds:
+                stuck = await conn.fetch(
+                    """SELECT state, pending_reason ->> 'code' AS code, count(*) AS n FROM tasks
+                       WHERE state <> 'LEASED' GROUP BY 1, 2 ORDER BY n DESC LIMIT 5"""
+                )
+                raise BenchFailed(
+                    f"no progress for {cfg.stall_seconds:.0f} s at {leased}/{total} leased; "
+                    f"remaining: {[dict(r) for r in stuck]}; logs in {logdir}"
+                )
+            _died(procs, logdir)
+            if now - last_beat >= HEARTBEAT_EVERY_SECONDS:
+                await runtimes_heartbeat(conn)
+                last_beat = now
+            await asyncio.sleep(POLL_SECONDS)
+        wall = time.monotonic() - started
+        peak_rss = max(peak_rss, _rss(procs))
+        cpu = _cpu_used(cpu_before, _cpu_sample(procs, database))
+        wal = await conn.fetchval(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)", wal_before
+        )
+        finished = True
+    finally:
+        if not finished:
+            conn.terminate()
+        if tail is not None:
+            tail.close()
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            try:
+                spy.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                spy.kill()
+        _stop(procs)
+    try:
+        latency = await _latency(conn)
+        invariants = await ledger_check(conn)
+    finally:
+        await conn.close()
+    return {
+        "wall": wall,
+        "admit": admit_seconds,
+        "rss": peak_rss,
+        "cpu": cpu,
+        "wal": float(wal),
+        "latency": latency,
+        "invariants": invariants,
+        "logs": _log_totals(logdir, cfg.reconcilers),
+    }
+
+
+async def _place_naive(url: str, ds: Dataset, cfg: E2EConfig) -> dict[str, Any]:
+    await dataset_load(url, ds, now=datetime.now(UTC))
+    await dataset_admit(url)
+    limit = None if len(ds.tasks) <= cfg.naive_tasks else cfg.naive_tasks
+    conn = await asyncpg.connect(url)
+    try:
+        work = asyncio.ensure_future(
+            asyncio.to_thread(naive_run, url, workers=cfg.reconcilers, limit=limit)
+        )
+        # Runtimes keep heartbeating, as during the reconcilers' run.
+        while not work.done():
+            await runtimes_heartbeat(conn)
+            await asyncio.wait({work}, timeout=HEARTBEAT_EVERY_SECONDS)
+        result = work.result()
+        invariants = await ledger_check(conn)
+        leased = await conn.fetchval("SELECT count(*) FROM tasks WHERE state = 'LEASED'")
+    finally:
+        await conn.close()
+    return {"result": result, "invariants": invariants, "leased": leased, "limited": limit}
+
+
+async def _server_facts(server_url: str) -> dict[str, Any]:
+    from app.bench.dataset import plain_url
+
+    conn = await asyncpg.connect(plain_url(server_url))
+    try:
+        return {
+            "synchronousCommit": await conn.fetchval("SHOW synchronous_commit"),
+            "postgres": (await conn.fetchval("SHOW server_version")).split()[0],
+        }
+    finally:
+        await conn.close()
+
+
+def _logdir(path: str) -> Path:
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+async def e2e_run(cfg: E2EConfig) -> dict[str, Any]:
+    """Run the benchmark described by ``cfg`` and return its one-line JSON result."""
+    ds = dataset_generate(pools=cfg.pools, tasks=cfg.tasks, seed=cfg.seed)
+    facts = await _server_facts(cfg.server_url)
+    with tempfile.TemporaryDirectory(prefix="berth-bench-") as tmp:
+        logdir = _logdir(cfg.keep_logs or tmp)
+        url = await database_create(cfg.server_url, settings=dict(cfg.pg_settings))
+        try:
+            run = await _place_with_reconcilers(url, ds, cfg, logdir)
+        finally:
+            await database_drop(cfg.server_url, url)
+    naive: dict[str, Any] | None = None
+    if not cfg.skip_naive:
+        url = await database_create(cfg.server_url)
+        try:
+            naive = await _place_naive(url, ds, cfg)
+        finally:
+            await database_drop(cfg.server_url, url)
+    rate = cfg.tasks / run["wall"] if run["wall"] > 0 else 0.0
+    lat = run["latency"]
+    cpu_work = run["cpu"]["reconcilers"] + run["cpu"]["postgres"]
+    out: dict[str, Any] = {
+        "pools": cfg.pools,
+        "tasks": cfg.tasks,
+        "reconcilers": cfg.reconcilers,
+        # What the reconcilers used: --batch, else their own BERTH_BATCH_SIZE/default.
+        "batch": cfg.batch or Settings().batch_size,
+        "tenants": ds.tenants,
+        "leased": lat["leased"],
+        "placementsPerSec": round(rate, 1),
+        "wallSeconds": round(run["wall"], 3),
+        "admitSeconds": round(run["admit"], 3),
+        "p50LeaseMs": round(lat["p50"] or 0.0, 1),
+        "p99LeaseMs": round(lat["p99"] or 0.0, 1),
+        "maxLeaseMs": round(lat["max"] or 0.0, 1),
+        "passes": run["logs"]["passes"],
+        "conflicts": run["logs"]["conflicts"],
+        "reconcilerErrors": run["logs"]["errors"],
+        "passPhasesMs": run["logs"]["phases"],
+        "peakRssMiB": round(run["rss"] / 2**20, 1),
+        "cpuSeconds": run["cpu"],
+        # CPU that placing cost (reconcilers + PostgreSQL) per placement, and the rate this
+        # machine's cores would sustain if that were the only limit: robust to other load.
+        # WAL is server-wide: other databases' writes during the run count too.
+        "walMiB": round(run["wal"] / 2**20, 1),
+        "walKiBPerPlacement": round(run["wal"] / 1024 / cfg.tasks, 2),
+        "cpuMsPerPlacement": round(1000 * cpu_work / cfg.tasks, 3),
+        "cpuBoundPlacementsPerSec": round((os.cpu_count() or 1) * cfg.tasks / cpu_work, 1)
+        if cpu_work > 0 else None,
+        "invariantsOk": not any(run["invariants"].values()),
+        "invariants": run["invariants"],
+        "naivePlacementsPerSec": None,
+        "naiveTasks": None,
+        "naiveParked": None,
+        "naiveLeased": None,
+        "naiveInvariantsOk": None,
+        "ratioVsNaive": None,
+        "naiveCpuMsPerPlacement": None,
+        "naiveCpuBoundPlacementsPerSec": None,
+        "ratioVsNaiveCpuBound": None,
+        "specMix": ds.kinds,
+        "seed": cfg.seed,
+        "cpus": os.cpu_count(),
+        **facts,
+    }
+    if naive is not None:
+        n = naive["result"]
+        out["naivePlacementsPerSec"] = round(n.rate, 1)
+        out["naiveTasks"] = n.placed
+        out["naiveParked"] = n.parked
+        out["naiveLeased"] = naive["leased"]
+        out["naiveInvariantsOk"] = not any(naive["invariants"].values())
+        out["ratioVsNaive"] = round(rate / n.rate, 2) if n.rate > 0 else None
+        if n.cpu_seconds > 0 and n.placed and out["cpuBoundPlacementsPerSec"]:
+            naive_bound = (os.cpu_count() or 1) * n.placed / n.cpu_seconds
+            out["naiveCpuMsPerPlacement"] = round(1000 * n.cpu_seconds / n.placed, 3)
+            out["naiveCpuBoundPlacementsPerSec"] = round(naive_bound, 1)
+            out["ratioVsNaiveCpuBound"] = round(out["cpuBoundPlacementsPerSec"] / naive_bound, 2)
+    return out
+
+
+def _sweep_axes(items: list[str]) -> dict[str, list[int]]:
+    axes: dict[str, list[int]] = {}
+    for item in items:
+        key, _, values = item.partition("=")
+        if key not in ("pools", "reconcilers", "tasks") or not values:
+            raise SystemExit(f"berth bench e2e: --sweep takes KEY=V1,V2,... with KEY one of "
+                             f"pools, reconcilers, tasks; not {item!r}")
+        try:
+            axes[key] = [int(v) for v in values.split(",")]
+        except ValueError:
+            raise SystemExit(f"berth bench e2e: --sweep {item!r}: values must be integers"
+                             ) from None
+    return axes
+
+
+def _pg_settings(items: list[str]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"berth bench e2e: --pg-setting takes NAME=VALUE, not {item!r}")
+        out.append((name, value))
+    return tuple(out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the argument parser of ``berth bench e2e``."""
+    p = argparse.ArgumentParser(prog="berth bench e2e", description=__doc__.splitlines()[0])
+    p.add_argument("--pools", type=int, default=1000, help="pools (default 1000)")
+    p.add_argument("--tasks", type=int, default=20000, help="admitted tasks (default 20000)")
+    p.add_argument("--reconcilers", type=int, default=2, help="reconciler processes (default 2)")
+    p.add_argument("--batch", type=int, help="BERTH_BATCH_SIZE of the reconcilers")
+    p.add_argument("--server-url", default=os.environ.get("BERTH_DATABASE_URL") or DEFAULT_SERVER,
+                   help="PostgreSQL server to create the benchmark databases on")
+    p.add_argument("--seed", type=int, default=1, help="dataset seed (default 1)")
+    p.add_argument("--skip-naive", action="store_true", help="do not run the naive baseline")
+    p.add_argument("--naive-tasks", type=int, default=5000,
+                   help="tasks the naive baseline places (default min(T, 5000))")
+    p.add_argument("--stall-seconds", type=float, default=60.0,
+                   help="give up after this long without a new lease (default 60)")
+    p.add_argument("--py-spy", metavar="PATH",
+                   help="record reconciler 0 with py-spy (raw format) into PATH")
+    p.add_argument("--logs", metavar="DIR", help="keep the reconcilers' logs in DIR")
+    p.add_argument("--pg-setting", action="append", default=[], metavar="NAME=VALUE",
+                   help="ALTER DATABASE SET for the reconcilers' database (repeatable), "
+                        "e.g. log_min_duration_statement=0 to profile the server side")
+    p.add_argument("--sweep", nargs="+", metavar="KEY=V1,V2",
+                   help="run every combination, e.g. pools=1000,5000 reconcilers=1,2,4")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="with --sweep: runs per point; the chart shows the best (default 1)")
+    p.add_argument("--chart", metavar="PATH", help="with --sweep: write a PNG chart to PATH")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    """Run ``berth bench e2e`` with ``argv`` and print one JSON line per run."""
+    args = build_parser().parse_args(argv)
+    for name in ("pools", "tasks", "reconcilers"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"berth bench e2e: --{name} must be at least 1")
+    base = E2EConfig(
+        pools=args.pools, tasks=args.tasks, reconcilers=args.reconcilers, batch=args.batch,
+        server_url=args.server_url, seed=args.seed, skip_naive=args.skip_naive,
+        naive_tasks=args.naive_tasks, stall_seconds=args.stall_seconds, py_spy=args.py_spy,
+        keep_logs=args.logs, pg_settings=_pg_settings(args.pg_setting),
+    )
+    if not args.sweep:
+        if args.chart:
+            raise SystemExit("berth bench e2e: --chart needs --sweep")
+        try:
+            result = asyncio.run(e2e_run(base))
+        except BenchFailed as exc:
+            print(f"berth bench e2e: {exc}", file=sys.stderr)
+            return 1
+        print(orjson.dumps(result).decode(), flush=True)
+        return 0 if result["invariantsOk"] and result["leased"] == base.tasks else 1
+    axes = _sweep_axes(args.sweep)
+    keys = list(axes)
+    results = []
+    every: list[dict[str, Any]] = []
+    for combo in itertools.product(*(axes[k] for k in keys)):
+        cfg_kwargs = {f.name: getattr(base, f.name) for f in base.__dataclass_fields__.values()}
+        cfg_kwargs.update(dict(zip(keys, combo, strict=True)))
+        cfg_kwargs["skip_naive"] = True
+        cfg_kwargs["py_spy"] = None
+        runs = []
+        for _ in range(max(1, args.repeat)):
+            try:
+                result = asyncio.run(e2e_run(E2EConfig(**cfg_kwargs)))
+            except BenchFailed as exc:
+                print(f"berth bench e2e: {dict(zip(keys, combo, strict=True))}: {exc}",
+                      file=sys.stderr)
+                return 1
+            print(orjson.dumps(result).decode(), flush=True)
+            runs.append(result)
+            every.append(result)
+        # The machine may be shared: the best run is the one least disturbed by other work.
+        results.append(max(runs, key=lambda r: r["placementsPerSec"]))
+    if args.chart:
+        from app.bench.chart import chart_write
+
+        chart_write(results, Path(args.chart))
+    sound = all(r["invariantsOk"] and r["leased"] == r["tasks"] for r in every)
+    return 0 if sound else 1
