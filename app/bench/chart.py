@@ -8,7 +8,7 @@ from typing import Any
 
 __all__ = ["chart_write"]
 
-#: Published floors drawn as reference lines (see docs/benchmarks-e2e.md for the caveats).
+#: Published floors drawn as reference lines (caveats: docs/benchmarks.md).
 REFERENCES = (
     (810.0, "Kubernetes scheduler_perf, 5,000 nodes: 810 pods/s"),
     (1500.0, "Nomad (low end): 1,500 containers/s; Berth target at 5,000 pools"),
