@@ -88,6 +88,12 @@ class Settings(BaseSettings):
     tick_seconds: float = Field(
         default=5.0, gt=0, description="Safety-net period between passes without any wakeup."
     )
+    reconciler_metrics_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="Port on which `berth reconcile` serves /metrics; unset: none.",
+    )
     shard: str | None = Field(
         default=None,
         description="Static shard ownership INDEX/COUNT; unset = dynamic via advisory locks.",

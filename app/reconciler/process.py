@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -47,19 +46,18 @@ def _database(settings: Settings) -> tuple[str, object | None]:
     return database_resolve(settings, migrate=False)
 
 
-def _metrics_serve() -> None:
-    port = os.environ.get("BERTH_RECONCILER_METRICS_PORT")
-    if not port:
+def _metrics_serve(port: int | None) -> None:
+    if port is None:
         return
-    try:
-        number = int(port)
-    except ValueError:
-        raise ConfigurationError(
-            f"BERTH_RECONCILER_METRICS_PORT must be a port number, not {port!r}"
-        ) from None
     from prometheus_client import start_http_server
 
-    start_http_server(number)
+    try:
+        start_http_server(port)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"cannot serve reconciler metrics on port {port} ({exc.strerror}); "
+            "choose another BERTH_RECONCILER_METRICS_PORT"
+        ) from None
 
 
 async def _run(settings: Settings, url: str, slots: frozenset[int] | None) -> None:
@@ -109,7 +107,7 @@ def run_reconciler(shard: str | None = None) -> int:
     slots = slots_from_shard(shard if shard is not None else settings.shard)
     url, server = _database(settings)
     try:
-        _metrics_serve()
+        _metrics_serve(settings.reconciler_metrics_port)
         asyncio.run(_run(settings, url, slots))
     finally:
         if server is not None:
