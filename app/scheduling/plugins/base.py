@@ -3,6 +3,7 @@ the single-pool forms derived from it."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import ClassVar
 
 import numpy as np
@@ -20,7 +21,7 @@ def codes_where(fail: np.ndarray, code: int) -> np.ndarray | None:
     return np.where(fail, np.int16(code), np.int16(PASS))
 
 
-class FilterPlugin:
+class FilterPlugin(ABC):
     """A filter: per pool, feasible or one reason code; it never raises."""
 
     NAME: ClassVar[str]
@@ -28,9 +29,9 @@ class FilterPlugin:
     #: framework may memoize it per snapshot.
     STATIC: ClassVar[bool] = False
 
+    @abstractmethod
     def filter_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray | None:
         """Return int16 codes (PASS or a reason index) for the pools at ``idx``; None: all pass."""
-        raise NotImplementedError
 
     def filter(self, cycle: Cycle, pool: int) -> Status:
         """Return the status of the pool at snapshot index ``pool``."""
@@ -38,7 +39,7 @@ class FilterPlugin:
         return Status.success() if codes is None else Status.from_code(int(codes[0]))
 
 
-class ScorePlugin:
+class ScorePlugin(ABC):
     """A scorer: per feasible pool a raw score, normalized to 0..100 (higher is better)."""
 
     NAME: ClassVar[str]
@@ -47,9 +48,9 @@ class ScorePlugin:
         """Return whether this plugin has anything to say about the spec."""
         return True
 
+    @abstractmethod
     def score_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray:
         """Return raw float scores for the feasible pools at ``idx``."""
-        raise NotImplementedError
 
     def normalize(self, cycle: Cycle, raw: np.ndarray) -> np.ndarray:
         """Return the raw scores mapped to 0..100 across the feasible set (default: as is)."""
