@@ -12,19 +12,21 @@ from app.bench import api
 @pytest.mark.slow
 def test_tiny_run_prints_one_json_line(server_url, monkeypatch, capsys) -> None:
     monkeypatch.setenv("BERTH_DATABASE_URL", server_url)
-    status = api.main(["--clients", "4", "--count", "60", "--reads", "40", "--warmup", "10",
+    # Enough requests that the server's CPU time spans several clock ticks (10 ms each): a
+    # read costs ~0.25 ms of CPU, so 40 reads could round down to zero.
+    status = api.main(["--clients", "4", "--count", "300", "--reads", "300", "--warmup", "10",
                        "--seconds", "30", "--pool-size", "2"])
     assert status == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1
     result = json.loads(lines[0])
     assert result["clients"] == 4 and result["reconciler"].startswith("disabled")
-    for phase, count in (("submissions", 60), ("reads", 40)):
+    for phase, count in (("submissions", 300), ("reads", 300)):
         summary = result[phase]
         assert summary["count"] == count and summary["errors"] == 0
         assert summary["rps"] > 0 and 0 < summary["p50Ms"] <= summary["p99Ms"]
         assert summary["serverCpuMsPerRequest"] > 0
-    assert result["submissions"]["statuses"] == {"201": 60}
+    assert result["submissions"]["statuses"] == {"201": 300}
 
 
 def test_bad_arguments_exit_2(capsys) -> None:
