@@ -16,7 +16,6 @@ import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -26,11 +25,16 @@ from starlette._utils import get_route_path
 from starlette.routing import BaseRoute, Match, NoMatchFound
 from starlette.types import Message, Receive, Scope, Send
 
-from app.api.task_schemas import FastJSONResponse, task_json
-from app.api.tasks import TENANT_HEADER, TaskNotFound
+from app.api.tasks import (
+    TENANT_HEADER,
+    task_get_answer,
+    task_submit_answer,
+    tenant_acting,
+    tenants_reading,
+)
 from app.auth import TENANT, KeyCache, Principal
+from app.errors import BerthError
 from app.ledger.keys import key_hash
-from app.ledger.tasks import task_get, task_submit
 from app.scheduling.spec import TaskSpec
 
 __all__ = ["FastRoute", "fast_routes_install"]
@@ -132,15 +136,6 @@ def _tenant_header(headers: dict[bytes, bytes]) -> tuple[bool, str | None]:
     return len(value) <= 128, value
 
 
-def _acting(principal: Principal, header: str | None) -> str | None:
-    """Return the tenant a submission acts for, or None when the regular route must say why."""
-    if header is not None:
-        return header if header in principal.tenant_ids else None
-    if len(principal.tenant_ids) == 1:
-        return next(iter(principal.tenant_ids))
-    return None
-
-
 def _is_json(content_type: bytes | None) -> bool:
     if content_type is None:
         return False
@@ -170,9 +165,10 @@ async def submit_fast(scope: Scope, receive: Receive, send: Send) -> bool:
     plain, tenant = _tenant_header(headers)
     if not plain:
         return False
-    tenant_id = _acting(principal, tenant)
-    if tenant_id is None:
-        return False
+    try:
+        tenant_id = tenant_acting(principal, tenant)
+    except BerthError:
+        return False  # the regular route says why
     idempotency_key: str | None = None
     raw_key = headers.get(_IDEMPOTENCY_KEY)
     if raw_key is not None:
@@ -187,18 +183,9 @@ async def submit_fast(scope: Scope, receive: Receive, send: Send) -> bool:
     except (orjson.JSONDecodeError, ValidationError):
         return False
     async with app.state.statements.connection() as conn:
-        row = await task_submit(
-            conn,
-            tenant_id=tenant_id,
-            spec=spec.model_dump(mode="json", by_alias=True),
-            idempotency_key=idempotency_key,
-            now=datetime.now(UTC),
+        response = await task_submit_answer(
+            conn, tenant_id=tenant_id, spec=spec, idempotency_key=idempotency_key
         )
-    response = FastJSONResponse(
-        task_json(row),
-        status_code=201 if row.created else 200,
-        headers={"Location": f"/v1/tasks/{row.id}"},
-    )
     await response(scope, receive, send)
     return True
 
@@ -213,11 +200,9 @@ async def get_fast(scope: Scope, receive: Receive, send: Send) -> bool:
     plain, tenant = _tenant_header(headers)
     if not plain:
         return False
-    if tenant is None:
-        tenants = principal.tenant_ids
-    elif tenant in principal.tenant_ids:
-        tenants = frozenset((tenant,))
-    else:
+    try:
+        tenants = tenants_reading(principal, tenant)
+    except BerthError:
         return False
     raw_id = scope["path_params"]["taskId"]
     if len(raw_id) > 64:
@@ -227,10 +212,8 @@ async def get_fast(scope: Scope, receive: Receive, send: Send) -> bool:
     except ValueError:
         return False
     async with app.state.statements.connection() as conn:
-        row = await task_get(conn, task_id=task_id, tenant_ids=tenants)
-    if row is None:
-        raise TaskNotFound()
-    await FastJSONResponse(task_json(row))(scope, receive, send)
+        response = await task_get_answer(conn, task_id=task_id, tenant_ids=tenants)
+    await response(scope, receive, send)
     return True
 
 

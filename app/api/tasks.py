@@ -8,9 +8,10 @@ all of its tenants unless that header narrows them.
 The submit path is the API's hot path: the body is validated once by the core's
 :class:`TaskSpec`, stored by one SQL statement, and the answer is serialized by orjson
 without building response objects. Plain submissions and reads are answered ahead of these
-routes by :mod:`app.api.fast`, which hands everything else to them: a change to what
-``create_task`` or ``get_task`` answer must be made there too (tests/api/test_fast.py
-checks that both agree).
+routes by :mod:`app.api.fast`, which hands everything else to them. Both answer through
+:func:`task_submit_answer` and :func:`task_get_answer` and choose tenants with
+:func:`tenant_acting` / :func:`tenants_reading`, so an answer changes in one place
+(tests/api/test_fast.py checks that both agree).
 """
 
 from __future__ import annotations
@@ -127,6 +128,38 @@ def task_id_parse(value: str) -> uuid.UUID:
         raise TaskNotFound() from None
 
 
+async def task_submit_answer(
+    conn: Statements, *, tenant_id: str, spec: TaskSpec, idempotency_key: str | None
+) -> FastJSONResponse:
+    """Store a submission and return its answer: 201 with Location, or 200 for a repeat.
+
+    One statement stores the task, its event and the wakeup, so autocommit is atomic enough.
+    Both the regular createTask route and its fast path (app/api/fast.py) answer through this.
+    """
+    row = await task_submit(
+        conn,
+        tenant_id=tenant_id,
+        spec=spec.model_dump(mode="json", by_alias=True),
+        idempotency_key=idempotency_key,
+        now=datetime.now(UTC),
+    )
+    return FastJSONResponse(
+        task_json(row),
+        status_code=201 if row.created else 200,
+        headers={"Location": f"/v1/tasks/{row.id}"},
+    )
+
+
+async def task_get_answer(
+    conn: Statements, *, task_id: uuid.UUID, tenant_ids: frozenset[str]
+) -> FastJSONResponse:
+    """Return the answer to reading a task of ``tenant_ids``, or raise 404."""
+    row = await task_get(conn, task_id=task_id, tenant_ids=tenant_ids)
+    if row is None:
+        raise TaskNotFound()
+    return FastJSONResponse(task_json(row))
+
+
 @router.post(
     "/tasks",
     operation_id="createTask",
@@ -157,20 +190,10 @@ async def create_task(
     original task with 200 instead of creating another.
     """
     tenant_id = tenant_acting(principal, tenant)
-    # One statement stores the task, its event and the wakeup: autocommit is atomic enough.
     async with statement_connection(request) as conn:
-        row = await task_submit(
-            conn,
-            tenant_id=tenant_id,
-            spec=spec.model_dump(mode="json", by_alias=True),
-            idempotency_key=idempotency_key,
-            now=datetime.now(UTC),
+        return await task_submit_answer(
+            conn, tenant_id=tenant_id, spec=spec, idempotency_key=idempotency_key
         )
-    return FastJSONResponse(
-        task_json(row),
-        status_code=201 if row.created else 200,
-        headers={"Location": f"/v1/tasks/{row.id}"},
-    )
 
 
 @router.get(
@@ -232,10 +255,7 @@ async def get_task(
     tid = task_id_parse(task_id)
     tenants = tenants_reading(principal, tenant)
     async with statement_connection(request) as conn:
-        row = await task_get(conn, task_id=tid, tenant_ids=tenants)
-    if row is None:
-        raise TaskNotFound()
-    return FastJSONResponse(task_json(row))
+        return await task_get_answer(conn, task_id=tid, tenant_ids=tenants)
 
 
 @router.get(
