@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import ExitStack, contextmanager
@@ -192,50 +191,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-async def _admin_sql(url: str, sql: str) -> None:
-    from app.db import make_engine
-
-    engine = make_engine(url, pool_size=1, max_overflow=0, isolation_level="AUTOCOMMIT")
-    try:
-        async with engine.connect() as conn:
-            await conn.exec_driver_sql(sql)
-    finally:
-        await engine.dispose()
-
-
 @contextmanager
 def _fresh_database(server_url: str | None):  # type: ignore[no-untyped-def]
     """Yield (url, description) of a fresh migrated database; drop or stop it afterwards."""
-    from sqlalchemy.engine import make_url
-
-    from app.db import describe_url, make_engine
-    from app.schema import schema_upgrade
-
-    async def migrate(url: str) -> None:
-        engine = make_engine(url, pool_size=1, max_overflow=0)
-        try:
-            await schema_upgrade(engine)
-        finally:
-            await engine.dispose()
+    from app.bench.dataset import database_create, database_drop
+    from app.db import describe_url
+    from app.serve import database_migrate
 
     if server_url:
-        name = f"berth_bench_{uuid.uuid4().hex[:10]}"
-        maintenance = make_url(server_url).set(database="postgres").render_as_string(False)
-        url = make_url(server_url).set(database=name).render_as_string(False)
-        asyncio.run(_admin_sql(maintenance, f'CREATE DATABASE "{name}"'))
+        url = asyncio.run(database_create(server_url))
         try:
-            asyncio.run(migrate(url))
             yield url, f"fresh database on {describe_url(server_url)}"
         finally:
-            asyncio.run(_admin_sql(maintenance, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            asyncio.run(database_drop(server_url, url))
         return
+
     from app.embedded import EmbeddedPostgres
 
     with tempfile.TemporaryDirectory(prefix="berth-bench-") as tmp:
         server = EmbeddedPostgres(Path(tmp))
         url = server.start()
         try:
-            asyncio.run(migrate(url))
+            asyncio.run(database_migrate(url))
             yield url, "embedded PostgreSQL (fresh, temporary)"
         finally:
             server.stop()

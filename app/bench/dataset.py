@@ -34,10 +34,9 @@ import asyncpg
 import orjson
 from sqlalchemy.engine import make_url
 
-from app.db import make_engine
 from app.ledger.wakeups import CHANNEL, WakeSource
 from app.scheduling.spec import TaskSpec
-from app.schema import schema_upgrade
+from app.serve import database_migrate
 from app.shards import shard_of
 
 __all__ = [
@@ -233,11 +232,7 @@ async def database_create(
     finally:
         await conn.close()
     url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    engine = make_engine(url, pool_size=1, max_overflow=0)
-    try:
-        await schema_upgrade(engine)
-    finally:
-        await engine.dispose()
+    await database_migrate(url)
     return plain_url(url)
 
 
