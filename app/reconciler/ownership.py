@@ -143,16 +143,21 @@ class DynamicOwnership:
                 return
         raise RuntimeError(f"more than {MEMBERS_MAX} reconciler replicas on one database")
 
-    async def _lost(self, exc: BaseException) -> None:
-        log.warning(
-            "ownership connection lost; giving up every slot",
-            extra={"owner": self.owner_id, "error": type(exc).__name__},
-        )
+    def _forget(self):  # type: ignore[no-untyped-def]
+        """Drop every slot, leadership and membership; return the session to close, if any."""
         conn, self._conn = self._conn, None
         self.slots = frozenset()
         self._is_leader = False
         self.member = None
         SHARDS_OWNED.set(0)
+        return conn
+
+    async def _lost(self, exc: BaseException) -> None:
+        log.warning(
+            "ownership connection lost; giving up every slot",
+            extra={"owner": self.owner_id, "error": type(exc).__name__},
+        )
+        conn = self._forget()
         if conn is not None:
             try:
                 await conn.invalidate()
@@ -239,11 +244,7 @@ class DynamicOwnership:
     async def stop(self) -> None:
         """Release every lock by closing the session."""
         async with self._mutex:
-            conn, self._conn = self._conn, None
-            self.slots = frozenset()
-            self._is_leader = False
-            self.member = None
-            SHARDS_OWNED.set(0)
+            conn = self._forget()
             if conn is not None:
                 try:
                     await conn.execute(text("SELECT pg_advisory_unlock_all()"))
