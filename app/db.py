@@ -58,14 +58,6 @@ def make_engine(
     )
 
 
-async def connection_dependency(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
-    """Yield a connection in a transaction that commits on success and rolls back on error."""
-    async with engine.begin() as conn:
-        yield conn
-
-
-__all__ = ["ConnDep", "async_url", "connection_dependency", "describe_url", "make_engine"]
-
 
 async def _request_connection(request: Request) -> AsyncIterator[AsyncConnection]:
     async with request.app.state.engine.begin() as conn:

@@ -95,10 +95,3 @@ class Unprocessable(BerthError):
     title = "Unprocessable Content"
     type_slug = "validation"
 
-
-class ServiceUnavailable(BerthError):
-    """The service cannot answer now; try again later."""
-
-    status = 503
-    title = "Service Unavailable"
-    type_slug = "unavailable"

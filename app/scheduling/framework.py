@@ -9,7 +9,6 @@ counted per code by a bincount; per-pool explanations are built only with ``expl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -246,15 +245,3 @@ def _score(
         total += v * weight
     return applied, values, total
 
-
-def select_many(
-    specs: Sequence[CompiledSpec], snapshot: Snapshot, *, assumed: Assumed
-) -> list[Result]:
-    """Select each spec in order, assuming every placement for the ones that follow."""
-    out = []
-    for spec in specs:
-        result = select(spec, snapshot, assumed=assumed)
-        if result.placement is not None:
-            assumed.add(spec, result.placement.members)
-        out.append(result)
-    return out
