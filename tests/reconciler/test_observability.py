@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, generate_latest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import SHARD_SLOTS, Settings
@@ -33,10 +33,12 @@ async def test_a_pass_counts_outcomes_rejections_and_queue_wait(db: AsyncEngine)
         "leased": _value("berth_placements_total", outcome="leased"),
         "pending": _value("berth_placements_total", outcome="pending"),
         "claimed": _value("berth_tasks_claimed_total"),
-        "class": _value("berth_filter_rejections_total", plugin="runtime_class",
-                        reason="runtime_class_mismatch"),
-        "cpu": _value("berth_filter_rejections_total", plugin="capacity",
-                      reason="insufficient_cpu"),
+        "class": _value(
+            "berth_filter_rejections_total", plugin="runtime_class", reason="runtime_class_mismatch"
+        ),
+        "cpu": _value(
+            "berth_filter_rejections_total", plugin="capacity", reason="insufficient_cpu"
+        ),
         "waits": _value("berth_queue_wait_seconds_count"),
         "passes": _value("berth_pass_duration_seconds_count"),
     }
@@ -45,12 +47,38 @@ async def test_a_pass_counts_outcomes_rejections_and_queue_wait(db: AsyncEngine)
     assert _value("berth_placements_total", outcome="pending") - before["pending"] == 1
     assert _value("berth_tasks_claimed_total") - before["claimed"] == 3
     # Every evaluated task saw the gpu pool rejected; the third also saw p1 full.
-    assert _value("berth_filter_rejections_total", plugin="runtime_class",
-                  reason="runtime_class_mismatch") - before["class"] == 3
-    assert _value("berth_filter_rejections_total", plugin="capacity",
-                  reason="insufficient_cpu") - before["cpu"] == 1
+    assert (
+        _value(
+            "berth_filter_rejections_total", plugin="runtime_class", reason="runtime_class_mismatch"
+        )
+        - before["class"]
+        == 3
+    )
+    assert (
+        _value("berth_filter_rejections_total", plugin="capacity", reason="insufficient_cpu")
+        - before["cpu"]
+        == 1
+    )
     assert _value("berth_queue_wait_seconds_count") - before["waits"] == 2
     assert _value("berth_pass_duration_seconds_count") - before["passes"] == 1
+
+
+async def test_scheduler_metrics_never_carry_tenant_pool_task_or_label_values(
+    db: AsyncEngine,
+) -> None:
+    async with db.begin() as conn:
+        await pool_add(conn, "pool-secret-x", tenants=["tenant-secret-y"], capacity=(500, 500, 0))
+        await heartbeat_add(conn, "rt-pool-secret-x", at=NOW)
+        ids = await tasks_add(
+            conn, tenant="tenant-secret-y", count=2, spec=spec_make(cpu=400, labels={"team": "zz9"})
+        )
+    await Reconciler(db, ReconcilerConfig(), owner_id="secret-owner", slots=ALL).run_once(now=NOW)
+
+    exposed = generate_latest(REGISTRY).decode()
+
+    assert "berth_placements_total" in exposed
+    for value in ("pool-secret-x", "tenant-secret-y", "zz9", "secret-owner", *map(str, ids)):
+        assert value not in exposed
 
 
 def test_every_reason_code_maps_to_a_plugin_label() -> None:
@@ -67,8 +95,13 @@ async def test_wakeups_are_counted_by_source(db: AsyncEngine) -> None:
 
 
 def test_config_reads_the_settings() -> None:
-    settings = Settings(batch_size=99, retry_base_delay_ms=50, policy="fair",
-                        reservation_walk_limit=1, tick_seconds=9)
+    settings = Settings(
+        batch_size=99,
+        retry_base_delay_ms=50,
+        policy="fair",
+        reservation_walk_limit=1,
+        tick_seconds=9,
+    )
     config = ReconcilerConfig.from_settings(settings, rebalance_seconds=0.5)
     assert (config.batch_size, config.retry_base_delay_seconds, config.policy) == (99, 0.05, "fair")
     assert (config.reservation_walk_limit, config.tick_seconds) == (1, 9)
@@ -78,7 +111,9 @@ def test_config_reads_the_settings() -> None:
 def test_reconcile_refuses_a_bad_shard_with_one_line() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "app.cli", "reconcile", "--shard", "3/2"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={"PATH": "/usr/bin:/bin", "BERTH_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/x"},
     )
     assert proc.returncode == 2
