@@ -1,4 +1,4 @@
-"""The ``berth`` command line: serve | reconcile | migrate | keys | bench.
+"""The ``berth`` command line: serve | reconcile | migrate | keys | bench | openapi.
 
 Each subcommand imports its implementation lazily so that ``berth --help`` stays fast and a
 missing optional piece never breaks the others. Bad configuration ends with one line on
@@ -48,15 +48,20 @@ def _add_keys(sub: argparse._SubParsersAction) -> None:
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmarks (see docs/benchmarks.md)")
-    p.add_argument("target", choices=["core", "e2e", "api"], help="what to measure")
+    p.add_argument("target", choices=["core", "e2e", "api", "drivers"], help="what to measure")
     p.add_argument("args", nargs=argparse.REMAINDER, help="options of that benchmark")
+
+
+def _add_openapi(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("openapi", help="print the OpenAPI document (no database needed)")
+    p.add_argument("--output", help="write the document to this file instead of stdout")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Build the argument parser of the ``berth`` command."""
     parser = argparse.ArgumentParser(prog="berth", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_serve, _add_reconcile, _add_migrate, _add_keys, _add_bench):
+    for add in (_add_serve, _add_reconcile, _add_migrate, _add_keys, _add_bench, _add_openapi):
         add(sub)
     return parser
 
@@ -83,6 +88,10 @@ def _run(args: argparse.Namespace) -> int:
             tenants=args.tenant,
             runtime_instances=args.runtime_instance,
         )
+    if args.command == "openapi":
+        from app.document import openapi_write
+
+        return openapi_write(args.output)
     if args.command == "bench":
         from importlib import import_module
 

@@ -48,8 +48,9 @@ class Settings(BaseSettings):
         default=Path(".berth"),
         description="Directory of the embedded PostgreSQL (used only without database_url).",
     )
-    db_pool_size: int = Field(default=10, ge=1, description="Connections kept per process.")
-    db_max_overflow: int = Field(default=10, ge=0, description="Extra connections under load.")
+    db_pool_size: int = Field(
+        default=20, ge=1, description="Most database connections one process opens (asyncpg pool)."
+    )
     db_connect_timeout_seconds: float = Field(default=5.0, gt=0)
 
     # --- HTTP -----------------------------------------------------------------------------
@@ -82,6 +83,12 @@ class Settings(BaseSettings):
     )
     reservation_walk_limit: int = Field(
         default=3, ge=0, description="Next-ranked candidates tried after a lost reservation."
+    )
+    commit_rounds_max: int = Field(
+        default=4,
+        ge=1,
+        description="Commit rounds of a reconciler pass that may reserve capacity; when the "
+        "last one still loses a race, the placements left go back to the queue.",
     )
     retry_attempts: int = Field(default=5, ge=1, description="Tries of a transient DB failure.")
     retry_base_delay_ms: float = Field(default=20.0, gt=0, description="First retry backoff.")

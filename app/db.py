@@ -1,20 +1,43 @@
-"""Database URLs, the async engine and the request session dependency."""
+"""The one runtime path to PostgreSQL: an asyncpg pool with explicit transactions.
+
+Every statement Berth runs while serving goes through :class:`Database` (SQLAlchemy remains
+only for Alembic migrations and the table metadata they are checked against; see
+docs/decisions/0002-one-database-path.md for the measurement behind the choice).
+
+Two ways in, and no third:
+
+- ``async with db.transaction() as conn:`` — a connection inside ``BEGIN … COMMIT``. The
+  commit runs when the block exits, so a caller that returns after the block has a durable,
+  visible result; a failure at commit raises out of the block (and the caller answers an
+  error, never a 2xx). Every write uses this.
+- ``async with db.connection() as conn:`` — a connection in autocommit, for reads and for a
+  write that is one statement (one statement is one atomic round trip).
+
+JSON and JSONB columns are encoded and decoded with orjson on every connection: pass Python
+values (or ``bytes`` already holding JSON) and read Python values back.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from contextlib import asynccontextmanager
+from typing import Any
 
-from fastapi import Depends, Request
+import asyncpg
+import orjson
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from app.errors import ConfigurationError
 
+__all__ = ["Connection", "Database", "async_url", "describe_url", "plain_url"]
 
-def async_url(url: str) -> str:
-    """Return ``url`` rewritten for the asyncpg driver, or raise ConfigurationError."""
+#: The connection type ledger functions take.
+Connection = asyncpg.Connection
+
+
+def _url(url: str):  # type: ignore[no-untyped-def]
     try:
         parsed = make_url(url)
     except ArgumentError:
@@ -27,7 +50,17 @@ def async_url(url: str) -> str:
             f"BERTH_DATABASE_URL must point at PostgreSQL, not {parsed.get_backend_name()!r}; "
             "use postgresql://user:password@host:5432/dbname"
         )
-    return parsed.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
+    return parsed
+
+
+def plain_url(url: str) -> str:
+    """Return ``url`` as a libpq/asyncpg DSN (``postgresql://…``), or raise ConfigurationError."""
+    return _url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def async_url(url: str) -> str:
+    """Return ``url`` for SQLAlchemy's asyncpg dialect (Alembic), or raise ConfigurationError."""
+    return _url(url).set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
 
 
 def describe_url(url: str) -> str:
@@ -35,35 +68,108 @@ def describe_url(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-def make_engine(
-    url: str,
-    *,
-    pool_size: int = 10,
-    max_overflow: int = 10,
-    connect_timeout_seconds: float = 5.0,
-    application_name: str = "berth",
-    **kwargs: Any,
-) -> AsyncEngine:
-    """Create the async engine Berth uses for ``url``."""
-    return create_async_engine(
-        async_url(url),
-        pool_size=pool_size,
-        max_overflow=max_overflow,
-        pool_pre_ping=True,
-        connect_args={
-            "timeout": connect_timeout_seconds,
-            "server_settings": {"application_name": application_name},
-        },
-        **kwargs,
-    )
+def _json_encode(value: Any) -> str:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).decode()
+    return orjson.dumps(value).decode()
 
 
+async def _connection_init(conn: asyncpg.Connection) -> None:
+    for name in ("json", "jsonb"):
+        await conn.set_type_codec(
+            name, encoder=_json_encode, decoder=orjson.loads, schema="pg_catalog", format="text"
+        )
 
-async def _request_connection(request: Request) -> AsyncIterator[AsyncConnection]:
-    async with request.app.state.engine.begin() as conn:
-        yield conn
+
+async def _no_reset(conn: asyncpg.Connection) -> None:
+    """Skip asyncpg's reset query on release: Berth leaves no session state on a connection
+    (a transaction block always ends before release; session advisory locks and LISTEN use
+    dedicated connections from :meth:`Database.connect`)."""
 
 
-#: A connection in a transaction for one request: committed when the endpoint returns,
-#: rolled back when it raises.
-ConnDep = Annotated[AsyncConnection, Depends(_request_connection)]
+class Database:
+    """An asyncpg pool on one PostgreSQL database, opened on first use."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_size: int = 10,
+        connect_timeout_seconds: float = 5.0,
+        application_name: str = "berth",
+    ) -> None:
+        self.url = plain_url(url)
+        self.max_size = max_size
+        self.connect_timeout_seconds = connect_timeout_seconds
+        self.application_name = application_name
+        self._pool: asyncpg.Pool | None = None
+        # Two first requests at once must not both create a pool (one would leak).
+        self._opening = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"Database({describe_url(self.url)!r})"
+
+    async def open(self) -> None:
+        """Create the pool (connections are made on first use)."""
+        async with self._opening:
+            if self._pool is not None:
+                return
+            self._pool = await asyncpg.create_pool(
+                self.url,
+                min_size=0,
+                max_size=self.max_size,
+                init=_connection_init,
+                reset=_no_reset,
+                timeout=self.connect_timeout_seconds,
+                server_settings={"application_name": self.application_name},
+            )
+
+    async def close(self) -> None:
+        """Close every connection of the pool."""
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.close()
+
+    async def _acquire(self) -> asyncpg.Connection:
+        if self._pool is None:
+            await self.open()
+        assert self._pool is not None
+        return await self._pool.acquire(timeout=self.connect_timeout_seconds)
+
+    async def _release(self, conn: asyncpg.Connection) -> None:
+        assert self._pool is not None
+        await self._pool.release(conn)
+
+    @asynccontextmanager
+    async def transaction(self, *, isolation: str | None = None) -> AsyncIterator[Connection]:
+        """Yield a connection inside a transaction that commits when the block exits.
+
+        An exception inside the block rolls back; a failure of the COMMIT itself raises out
+        of the block. Either way nothing is half-written.
+        """
+        conn = await self._acquire()
+        try:
+            async with conn.transaction(isolation=isolation):
+                yield conn
+        finally:
+            await self._release(conn)
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[Connection]:
+        """Yield a connection in autocommit: each statement commits on its own."""
+        conn = await self._acquire()
+        try:
+            yield conn
+        finally:
+            await self._release(conn)
+
+    async def connect(self, *, application_name: str | None = None) -> Connection:
+        """Open a dedicated connection outside the pool (LISTEN, session advisory locks);
+        the caller closes it."""
+        conn = await asyncpg.connect(
+            self.url,
+            timeout=self.connect_timeout_seconds,
+            server_settings={"application_name": application_name or self.application_name},
+        )
+        await _connection_init(conn)
+        return conn

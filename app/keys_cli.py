@@ -6,10 +6,10 @@ import asyncio
 from collections.abc import Sequence
 
 from app.config import Settings, get_settings
-from app.db import make_engine
+from app.db import Database
 from app.errors import ConfigurationError
 from app.ledger.keys import api_key_create
-from app.serve import database_describe, database_resolve
+from app.startup import database_describe, database_resolve
 
 ROLES = ("admin", "operator", "tenant", "runtime")
 
@@ -53,12 +53,14 @@ async def _create(
     tenants: tuple[str, ...],
     runtime_instances: tuple[str, ...],
 ) -> str:
-    engine = make_engine(
-        url, pool_size=1, max_overflow=0,
+    db = Database(
+        url,
+        max_size=1,
         connect_timeout_seconds=settings.db_connect_timeout_seconds,
+        application_name="berth-keys",
     )
     try:
-        async with engine.begin() as conn:
+        async with db.transaction() as conn:
             return await api_key_create(
                 conn,
                 role=role,
@@ -67,7 +69,7 @@ async def _create(
                 runtime_instance_ids=runtime_instances,
             )
     finally:
-        await engine.dispose()
+        await db.close()
 
 
 def create_key(

@@ -1,37 +1,44 @@
-"""The FastAPI application factory: lifespan (engine, schema check), routers, error handlers."""
+"""The FastAPI application factory: the database, routers and error handlers — nothing else.
+
+``create_app`` builds the API and starts nothing besides its database pool; the composition
+root that adds an in-process reconciler is ``berth serve`` (:mod:`app.serve`), which passes
+it in as a background service.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_fastapi_instrumentator import Instrumentator
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app import __version__
-from app.api.fast import fast_routes_install
 from app.api.limits import BodySizeLimit
 from app.api.openapi import openapi_install
 from app.api.problems import problem_response, problems_install
 from app.api.router import api_router
 from app.auth import KeyCache
 from app.config import Settings, get_settings
-from app.db import make_engine
+from app.db import Database
 from app.errors import ConfigurationError
-from app.ledger.driver import StatementPool
 from app.schema import schema_current, schema_head
 
 log = logging.getLogger("berth")
 
 
-async def readiness(engine: AsyncEngine) -> str | None:
+#: A background service the app runs while it serves: called with the app's database at
+#: start-up, it returns the coroutine function that stops it.
+Background = Callable[[Database], Callable[[], Awaitable[None]]]
+
+
+async def readiness(db: Database) -> str | None:
     """Return None when the database answers and its schema is at head, else why not."""
     try:
-        async with engine.connect() as conn:
+        async with db.connection() as conn:
             current = await schema_current(conn)
     except Exception as exc:
         return f"database unreachable: {type(exc).__name__}"
@@ -49,42 +56,39 @@ class _DefaultMetrics:
         return REGISTRY.collect()
 
 
-def create_app(settings: Settings | None = None, *, engine: AsyncEngine | None = None) -> FastAPI:
-    """Build the Berth ASGI application; ``engine`` defaults to one for settings.database_url."""
+def create_app(
+    settings: Settings | None = None,
+    *,
+    db: Database | None = None,
+    background: Sequence[Background] = (),
+) -> FastAPI:
+    """Build the Berth ASGI application; ``db`` defaults to one for settings.database_url,
+    and each of ``background`` is started with it when the app starts and stopped after."""
     settings = settings or get_settings()
-    if engine is None and settings.database_url is None:
+    if db is None and settings.database_url is None:
         raise ConfigurationError(
             "no database: set BERTH_DATABASE_URL, or run `berth serve` for the embedded one"
         )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        own_engine = engine is None
-        app.state.engine = engine or make_engine(
+        own_db = db is None
+        app.state.db = db or Database(
             settings.database_url or "",
-            pool_size=settings.db_pool_size,
-            max_overflow=settings.db_max_overflow,
+            max_size=settings.db_pool_size,
             connect_timeout_seconds=settings.db_connect_timeout_seconds,
+            application_name="berth-api",
         )
         app.state.settings = settings
         app.state.key_cache = KeyCache()
-        # Raw autocommit connections for the single-statement hot paths (task submit/read).
-        app.state.statements = StatementPool.for_engine(
-            app.state.engine, max_size=settings.db_pool_size
-        )
-        reconciler = None
-        if settings.reconciler_enabled:
-            from app.reconciler.process import reconciler_start
-
-            reconciler = reconciler_start(app.state.engine, settings)
+        stops = [start(app.state.db) for start in background]
         try:
             yield
         finally:
-            if reconciler is not None:
-                await reconciler.stop()
-            await app.state.statements.close()
-            if own_engine:
-                await app.state.engine.dispose()
+            for stop in reversed(stops):
+                await stop()
+            if own_db:
+                await app.state.db.close()
 
     app = FastAPI(
         title="Berth",
@@ -98,7 +102,6 @@ def create_app(settings: Settings | None = None, *, engine: AsyncEngine | None =
     problems_install(app)
     app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_body_bytes)
     app.include_router(api_router())
-    fast_routes_install(app)
     openapi_install(app)
 
     @app.get("/healthz", tags=["health"], operation_id="getHealth", summary="Liveness")
@@ -115,7 +118,7 @@ def create_app(settings: Settings | None = None, *, engine: AsyncEngine | None =
     )
     async def readyz() -> JSONResponse:
         """Answer 200 when the database is reachable and its schema at head, else 503."""
-        why = await readiness(app.state.engine)
+        why = await readiness(app.state.db)
         if why is not None:
             return problem_response(503, detail=why, type_uri="https://berth.dev/problems/unavailable")
         return JSONResponse({"status": "ready"})

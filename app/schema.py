@@ -1,13 +1,20 @@
-"""Schema management: Alembic upgrade to head, and whether a database is at head."""
+"""Schema management: Alembic upgrade to head, and whether a database is at head.
+
+Alembic runs on SQLAlchemy (its only use at run time besides the table metadata); everything
+else reaches the database through :class:`app.db.Database`.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.pool import NullPool
+
+from app.db import Connection, async_url
+from app.ledger.meta import MIGRATION_LOCK, schema_revision_read
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -26,27 +33,24 @@ def schema_head() -> str:
     return head
 
 
-async def schema_current(conn: AsyncConnection) -> str | None:
+async def schema_current(conn: Connection) -> str | None:
     """Return the database's current Alembic revision, or None on an empty database."""
-
-    def _current(sync_conn) -> str | None:  # type: ignore[no-untyped-def]
-        return MigrationContext.configure(sync_conn).get_current_revision()
-
-    return await conn.run_sync(_current)
+    return await schema_revision_read(conn)
 
 
-async def schema_upgrade(engine: AsyncEngine, revision: str = "head") -> None:
-    """Upgrade the database behind ``engine`` to ``revision`` (default: head)."""
-    await _run(engine, "upgrade", revision)
+async def schema_upgrade(url: str, revision: str = "head") -> None:
+    """Upgrade the database at ``url`` to ``revision`` (default: head)."""
+    await _run(url, "upgrade", revision)
 
 
-async def schema_downgrade(engine: AsyncEngine, revision: str = "base") -> None:
-    """Downgrade the database behind ``engine`` to ``revision`` (default: base)."""
-    await _run(engine, "downgrade", revision)
+async def schema_downgrade(url: str, revision: str = "base") -> None:
+    """Downgrade the database at ``url`` to ``revision`` (default: base)."""
+    await _run(url, "downgrade", revision)
 
 
-async def _run(engine: AsyncEngine, direction: str, revision: str) -> None:
+async def _run(url: str, direction: str, revision: str) -> None:
     from alembic import command
+    from sqlalchemy import text
 
     config = alembic_config()
 
@@ -54,7 +58,11 @@ async def _run(engine: AsyncEngine, direction: str, revision: str) -> None:
         config.attributes["connection"] = sync_conn
         getattr(command, direction)(config, revision)
 
-    async with engine.begin() as conn:
-        # One migrator at a time, even when several replicas start together.
-        await conn.exec_driver_sql("SELECT pg_advisory_xact_lock(726341001)")
-        await conn.run_sync(_apply)
+    engine = create_async_engine(async_url(url), poolclass=NullPool)
+    try:
+        async with engine.begin() as conn:
+            # One migrator at a time, even when several replicas start together.
+            await conn.execute(text(MIGRATION_LOCK))
+            await conn.run_sync(_apply)
+    finally:
+        await engine.dispose()

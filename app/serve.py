@@ -1,9 +1,9 @@
-"""``berth serve`` and ``berth migrate``, and the database resolution every command shares.
+"""``berth serve`` and ``berth migrate``: the composition root of a Berth process.
 
-Without ``BERTH_DATABASE_URL`` the database is the embedded PostgreSQL in ``BERTH_DATA_DIR``
-(default ``./.berth``): started (or reused) here, migrated to head, and stopped explicitly
-when the command ends. With a URL Berth starts nothing: it checks that the database answers
-and that its schema is at head, and otherwise stops with one line saying what to fix.
+``berth serve`` resolves the database (:mod:`app.startup`), creates the bootstrap key on a new
+database, builds the API (:func:`app.main.create_app`, which starts nothing of its own) and,
+unless ``BERTH_RECONCILER_ENABLED=false``, hands it an in-process reconciler as a background
+service. ``berth reconcile`` composes a reconciler alone (:mod:`app.reconciler.process`).
 """
 
 from __future__ import annotations
@@ -15,151 +15,14 @@ import threading
 from pathlib import Path
 
 from app.config import Settings, get_settings
-from app.db import describe_url, make_engine
+from app.db import Database
 from app.embedded import EmbeddedPostgres
 from app.errors import ConfigurationError
-from app.schema import alembic_config, schema_current, schema_head, schema_upgrade
+from app.startup import database_describe, database_resolve, schema_revision
 
 
 def _say(line: str) -> None:
     print(f"berth: {line}", flush=True)
-
-
-# --- database resolution ------------------------------------------------------------------
-
-
-def _unreachable_why(exc: BaseException) -> str:
-    """Return a few words on why a connection failed, from the innermost useful error."""
-    seen: list[BaseException] = []
-    cur: BaseException | None = exc
-    while cur is not None and cur not in seen:
-        seen.append(cur)
-        cur = getattr(cur, "orig", None) or cur.__cause__ or cur.__context__
-    for err in seen:
-        name = type(err).__name__
-        if isinstance(err, ConnectionRefusedError):
-            return "connection refused"
-        if isinstance(err, socket.gaierror):
-            return "host name not found"
-        if isinstance(err, TimeoutError | asyncio.TimeoutError):
-            return "connection timed out"
-        if name in {
-            "InvalidPasswordError",
-            "InvalidAuthorizationSpecificationError",
-            "InvalidCatalogNameError",
-            "TooManyConnectionsError",
-            "CannotConnectNowError",
-        }:
-            return str(err).strip().splitlines()[0]
-        if isinstance(err, FileNotFoundError):
-            return "no server socket at that path"
-        if isinstance(err, OSError) and err.strerror:
-            return err.strerror.lower()
-    last = seen[-1]
-    text = str(last).strip().splitlines()[0] if str(last).strip() else type(last).__name__
-    return text[:160]
-
-
-async def database_check(url: str, *, connect_timeout_seconds: float = 5.0) -> None:
-    """Check that ``url`` answers and its schema is at head, else raise ConfigurationError."""
-    engine = make_engine(
-        url, pool_size=1, max_overflow=0, connect_timeout_seconds=connect_timeout_seconds
-    )
-    try:
-        async with engine.connect() as conn:
-            current = await schema_current(conn)
-    except ConfigurationError:
-        raise
-    except Exception as exc:
-        raise ConfigurationError(
-            f"database at {describe_url(url)} is unreachable ({_unreachable_why(exc)}); "
-            "check BERTH_DATABASE_URL"
-        ) from None
-    finally:
-        await engine.dispose()
-    schema_ensure_head(current, url=url)
-
-
-def schema_ensure_head(current: str | None, *, url: str) -> None:
-    """Raise ConfigurationError unless ``current`` is the head revision."""
-    from alembic.script import ScriptDirectory
-    from alembic.util import CommandError
-
-    head = schema_head()
-    if current == head:
-        return
-    where = describe_url(url)
-    if current is None:
-        raise ConfigurationError(
-            f"database at {where} has no Berth schema (head is {head}): run `berth migrate`"
-        )
-    try:
-        known = ScriptDirectory.from_config(alembic_config()).get_revision(current) is not None
-    except CommandError:
-        known = False
-    if not known:
-        raise ConfigurationError(
-            f"database at {where} is at schema {current}, which this Berth does not know "
-            f"(its head is {head}): upgrade Berth, or point BERTH_DATABASE_URL elsewhere"
-        )
-    raise ConfigurationError(
-        f"database schema at {where} is at {current}, head is {head}: run `berth migrate`"
-    )
-
-
-async def database_migrate(url: str, *, connect_timeout_seconds: float = 5.0) -> str:
-    """Upgrade the database at ``url`` to head and return the revision it is at."""
-    engine = make_engine(
-        url, pool_size=1, max_overflow=0, connect_timeout_seconds=connect_timeout_seconds
-    )
-    try:
-        try:
-            async with engine.connect() as conn:
-                await conn.exec_driver_sql("SELECT 1")
-        except Exception as exc:
-            raise ConfigurationError(
-                f"database at {describe_url(url)} is unreachable ({_unreachable_why(exc)}); "
-                "check BERTH_DATABASE_URL"
-            ) from None
-        await schema_upgrade(engine)
-        async with engine.connect() as conn:
-            current = await schema_current(conn)
-    finally:
-        await engine.dispose()
-    assert current is not None
-    return current
-
-
-def database_resolve(settings: Settings, *, migrate: bool) -> tuple[str, EmbeddedPostgres | None]:
-    """Return the database URL to use and the embedded server behind it (None for a URL).
-
-    The embedded server is started (or reused) and always migrated to head: it is Berth's
-    own. A ``BERTH_DATABASE_URL`` database is upgraded when ``migrate`` is true, else only
-    checked: unreachable or not at head raises ConfigurationError with one line. The caller
-    owns the returned server and must ``stop()`` it. Call this outside any running event loop.
-    """
-    timeout = settings.db_connect_timeout_seconds
-    if settings.database_url:
-        if migrate:
-            asyncio.run(database_migrate(settings.database_url, connect_timeout_seconds=timeout))
-        else:
-            asyncio.run(database_check(settings.database_url, connect_timeout_seconds=timeout))
-        return settings.database_url, None
-    server = EmbeddedPostgres(settings.data_dir)
-    try:
-        url = server.start()
-        asyncio.run(database_migrate(url, connect_timeout_seconds=timeout))
-    except BaseException:
-        server.stop()
-        raise
-    return url, server
-
-
-def database_describe(url: str, server: EmbeddedPostgres | None) -> str:
-    """Return how the database is named in start-up lines (password hidden)."""
-    if server is None:
-        return describe_url(url)
-    return f"embedded PostgreSQL in {server.data_dir} (Unix socket only, no TCP)"
 
 
 # --- berth migrate ------------------------------------------------------------------------
@@ -170,24 +33,14 @@ def migrate() -> int:
     settings = get_settings()
     url, server = database_resolve(settings, migrate=True)
     try:
-        current = asyncio.run(_revision(url, settings))
+        current = asyncio.run(
+            schema_revision(url, connect_timeout_seconds=settings.db_connect_timeout_seconds)
+        )
     finally:
         if server is not None:
             server.stop()
     _say(f"database {database_describe(url, server)} is at schema revision {current} (head)")
     return 0
-
-
-async def _revision(url: str, settings: Settings) -> str | None:
-    engine = make_engine(
-        url, pool_size=1, max_overflow=0,
-        connect_timeout_seconds=settings.db_connect_timeout_seconds,
-    )
-    try:
-        async with engine.connect() as conn:
-            return await schema_current(conn)
-    finally:
-        await engine.dispose()
 
 
 # --- berth serve --------------------------------------------------------------------------
@@ -221,15 +74,12 @@ async def _bootstrap_key_create(url: str, settings: Settings) -> str | None:
     """Create the bootstrap admin key on a database without one and return it; else None."""
     from app.ledger.keys import api_key_bootstrap
 
-    engine = make_engine(
-        url, pool_size=1, max_overflow=0,
-        connect_timeout_seconds=settings.db_connect_timeout_seconds,
-    )
+    db = Database(url, max_size=1, connect_timeout_seconds=settings.db_connect_timeout_seconds)
     try:
-        async with engine.begin() as conn:
+        async with db.transaction() as conn:
             return await api_key_bootstrap(conn)
     finally:
-        await engine.dispose()
+        await db.close()
 
 
 class _Interrupts:
@@ -264,7 +114,7 @@ class _Interrupts:
 def serve(
     host: str | None = None, port: int | None = None, data_dir: str | Path | None = None
 ) -> int:
-    """Run the API (and its lifespan's reconciler) until SIGINT or SIGTERM; return 0."""
+    """Run the API (and an in-process reconciler) until SIGINT or SIGTERM; return 0."""
     overrides: dict[str, object] = {}
     if host is not None:
         overrides["host"] = host
@@ -308,10 +158,12 @@ async def _serve(settings: Settings, sock: socket.socket, interrupts: _Interrupt
 
     from app.logs import logging_configure, uvicorn_log_config
     from app.main import create_app
+    from app.reconciler.process import reconciler_background
 
     logging_configure(settings.log_level)
+    background = [reconciler_background(settings)] if settings.reconciler_enabled else []
     config = uvicorn.Config(
-        create_app(settings),
+        create_app(settings, background=background),
         log_config=uvicorn_log_config(),
         log_level=settings.log_level,
         access_log=settings.log_level == "debug",

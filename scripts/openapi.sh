@@ -7,7 +7,7 @@
 # No database is needed: the app is built, never started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python -m app.api.openapi > docs/openapi.json.tmp
+python -m app.cli openapi --output docs/openapi.json.tmp
 mv docs/openapi.json.tmp docs/openapi.json
 echo "wrote docs/openapi.json"
 if [[ "${1:-}" == "--client" ]]; then

@@ -17,12 +17,12 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
+import asyncpg
 import pytest
 import pytest_asyncio
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db import make_engine
+from app.db import Database
 from app.ledger.tables import metadata
 from app.schema import schema_upgrade
 
@@ -52,12 +52,11 @@ def _server_url() -> Iterator[str]:
 
 
 async def _admin(url: str, sql: str) -> None:
-    engine = make_engine(url, pool_size=1, max_overflow=0, isolation_level="AUTOCOMMIT")
+    conn = await asyncpg.connect(make_url(url).set(drivername="postgresql").render_as_string(False))
     try:
-        async with engine.connect() as conn:
-            await conn.exec_driver_sql(sql)
+        await conn.execute(sql)
     finally:
-        await engine.dispose()
+        await conn.close()
 
 
 @pytest.fixture(scope="session")
@@ -74,14 +73,7 @@ def database_url(server_url: str) -> Iterator[str]:
     url = make_url(server_url).set(database=name).render_as_string(False)
     asyncio.run(_admin(maintenance, f'CREATE DATABASE "{name}"'))
 
-    async def _migrate() -> None:
-        engine = make_engine(url, pool_size=1, max_overflow=0)
-        try:
-            await schema_upgrade(engine)
-        finally:
-            await engine.dispose()
-
-    asyncio.run(_migrate())
+    asyncio.run(schema_upgrade(url))
     try:
         yield url
     finally:
@@ -89,13 +81,13 @@ def database_url(server_url: str) -> Iterator[str]:
 
 
 @pytest_asyncio.fixture(scope="session")
-async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
-    """Yield an engine on the session's test database."""
-    eng = make_engine(database_url, pool_size=20, max_overflow=20)
+async def database(database_url: str) -> AsyncIterator[Database]:
+    """Yield the :class:`Database` (asyncpg pool) of the session's test database."""
+    database = Database(database_url, max_size=40)
     try:
-        yield eng
+        yield database
     finally:
-        await eng.dispose()
+        await database.close()
 
 
 TRUNCATE = "TRUNCATE {} RESTART IDENTITY CASCADE".format(
@@ -103,14 +95,14 @@ TRUNCATE = "TRUNCATE {} RESTART IDENTITY CASCADE".format(
 )
 
 
-async def database_clean(engine: AsyncEngine) -> None:
+async def database_clean(database: Database) -> None:
     """Empty every table of the test database."""
-    async with engine.begin() as conn:
-        await conn.exec_driver_sql(TRUNCATE)
+    async with database.connection() as conn:
+        await conn.execute(TRUNCATE)
 
 
 @pytest_asyncio.fixture
-async def db(engine: AsyncEngine) -> AsyncIterator[AsyncEngine]:
-    """Yield the engine on a clean database (every table truncated before the test)."""
-    await database_clean(engine)
-    yield engine
+async def db(database: Database) -> AsyncIterator[Database]:
+    """Yield the database on a clean state (every table truncated before the test)."""
+    await database_clean(database)
+    yield database

@@ -3,7 +3,7 @@
 Everything is inserted straight into the schema (no HTTP), in bulk where it matters, so a
 test can set up 10,000 tasks in a fraction of a second. Use from any test package::
 
-    async with engine.begin() as conn:
+    async with db.transaction() as conn:
         await pool_add(conn, "p1", tenants=["t1"], capacity=(4000, 8192, 0), now=NOW)
         await heartbeat_add(conn, "rt-p1", at=NOW)
         ids = await tasks_add(conn, tenant="t1", count=100, spec=spec_make(cpu=100))
@@ -16,10 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-import orjson
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-
+from app.db import Connection, Database
 from app.shards import shard_of
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -49,7 +46,7 @@ def spec_make(
 
 
 async def pool_add(
-    conn: AsyncConnection,
+    conn: Connection,
     pool_id: str,
     *,
     tenants: Iterable[str],
@@ -68,34 +65,24 @@ async def pool_add(
     """Insert a pool (and its ledger unless ``capacity`` is None); return its runtime id."""
     instance = runtime_instance_id or f"rt-{pool_id}"
     await conn.execute(
-        text(
-            "INSERT INTO pools (id, tenant_ids, runtime_class, runtime_instance_id, region, "
-            "failure_domain, labels, status, ready, drain_deadline, cost_weight) VALUES "
-            "(:id, :tenants, :rc, :instance, :region, :fd, CAST(:labels AS jsonb), :status, "
-            ":ready, :deadline, :cost)"
-        ),
-        {
-            "id": pool_id, "tenants": list(tenants), "rc": runtime_class, "instance": instance,
-            "region": region, "fd": failure_domain,
-            "labels": orjson.dumps(dict(labels or {})).decode(), "status": status,
-            "ready": ready, "deadline": drain_deadline, "cost": cost_weight,
-        },
+        "INSERT INTO pools (id, tenant_ids, runtime_class, runtime_instance_id, region, "
+        "failure_domain, labels, status, ready, drain_deadline, cost_weight) VALUES "
+        "($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9, $10, $11)",
+        pool_id, list(tenants), runtime_class, instance, region, failure_domain,
+        dict(labels or {}), status, ready, drain_deadline, cost_weight,
     )
     if capacity is not None:
         await conn.execute(
-            text(
-                "INSERT INTO ledgers (pool_id, cpu_total, memory_total, llm_total, "
-                "cpu_reserved, memory_reserved, llm_reserved) "
-                "VALUES (:id, :c, :m, :l, :rc, :rm, :rl)"
-            ),
-            {"id": pool_id, "c": capacity[0], "m": capacity[1], "l": capacity[2],
-             "rc": reserved[0], "rm": reserved[1], "rl": reserved[2]},
+            "INSERT INTO ledgers (pool_id, cpu_total, memory_total, llm_total, "
+            "cpu_reserved, memory_reserved, llm_reserved) "
+            "VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            pool_id, capacity[0], capacity[1], capacity[2], reserved[0], reserved[1], reserved[2],
         )
     return instance
 
 
 async def pools_add(
-    conn: AsyncConnection,
+    conn: Connection,
     count: int,
     *,
     tenants: Iterable[str],
@@ -108,46 +95,37 @@ async def pools_add(
     ids = [f"{prefix}-{i:05d}" for i in range(count)]
     tenant_list = list(tenants)
     await conn.execute(
-        text(
-            "INSERT INTO pools (id, tenant_ids, runtime_class, runtime_instance_id, region) "
-            "SELECT i, CAST(:tenants AS text[]), :rc, 'rt-' || i, 'eu-west' "
-            "FROM unnest(CAST(:ids AS text[])) AS i"
-        ),
-        {"ids": ids, "tenants": tenant_list, "rc": runtime_class},
+        "INSERT INTO pools (id, tenant_ids, runtime_class, runtime_instance_id, region) "
+        "SELECT i, $2::text[], $3, 'rt-' || i, 'eu-west' FROM unnest($1::text[]) AS i",
+        ids, tenant_list, runtime_class,
     )
     await conn.execute(
-        text(
-            "INSERT INTO ledgers (pool_id, cpu_total, memory_total, llm_total) "
-            "SELECT i, :c, :m, :l FROM unnest(CAST(:ids AS text[])) AS i"
-        ),
-        {"ids": ids, "c": capacity[0], "m": capacity[1], "l": capacity[2]},
+        "INSERT INTO ledgers (pool_id, cpu_total, memory_total, llm_total) "
+        "SELECT i, $2, $3, $4 FROM unnest($1::text[]) AS i",
+        ids, capacity[0], capacity[1], capacity[2],
     )
     if heartbeat_at is not None:
         await conn.execute(
-            text(
-                "INSERT INTO runtime_instances (id, last_heartbeat_at, first_seen_at) "
-                "SELECT 'rt-' || i, :at, :at FROM unnest(CAST(:ids AS text[])) AS i "
-                "ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = EXCLUDED.last_heartbeat_at"
-            ),
-            {"ids": ids, "at": heartbeat_at},
+            "INSERT INTO runtime_instances (id, last_heartbeat_at, first_seen_at) "
+            "SELECT 'rt-' || i, $2, $2 FROM unnest($1::text[]) AS i "
+            "ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = EXCLUDED.last_heartbeat_at",
+            ids, heartbeat_at,
         )
     return ids
 
 
-async def heartbeat_add(conn: AsyncConnection, instance_id: str, *, at: datetime = NOW) -> None:
+async def heartbeat_add(conn: Connection, instance_id: str, *, at: datetime = NOW) -> None:
     """Record that runtime ``instance_id`` heartbeated at ``at``."""
     await conn.execute(
-        text(
-            "INSERT INTO runtime_instances (id, last_heartbeat_at, first_seen_at) "
-            "VALUES (:id, :at, :at) "
-            "ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = EXCLUDED.last_heartbeat_at"
-        ),
-        {"id": instance_id, "at": at},
+        "INSERT INTO runtime_instances (id, last_heartbeat_at, first_seen_at) "
+        "VALUES ($1, $2, $2) "
+        "ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = EXCLUDED.last_heartbeat_at",
+        instance_id, at,
     )
 
 
 async def tasks_add(
-    conn: AsyncConnection,
+    conn: Connection,
     *,
     tenant: str,
     count: int = 1,
@@ -160,45 +138,39 @@ async def tasks_add(
         specs = [spec or spec_make()] * count
     ids = [uuid.uuid4() for _ in specs]
     await conn.execute(
-        text(
-            "INSERT INTO tasks (id, tenant_id, shard, priority, runtime_class, spec, labels, "
-            "max_attempts, admitted_at, created_at, updated_at) "
-            "SELECT x.id, :tenant, :shard, x.priority, x.rc, CAST(x.spec AS jsonb), "
-            "CAST(x.labels AS jsonb), x.max_attempts, :at, :at, :at "
-            "FROM unnest(CAST(:ids AS uuid[]), CAST(:priorities AS int[]), "
-            "CAST(:rcs AS text[]), CAST(:specs AS text[]), CAST(:labels AS text[]), "
-            "CAST(:max_attempts AS int[])) WITH ORDINALITY "
-            "AS x(id, priority, rc, spec, labels, max_attempts, n) ORDER BY x.n"
-        ),
-        {
-            "tenant": tenant,
-            "shard": shard_of(tenant),
-            "at": admitted_at,
-            "ids": ids,
-            "priorities": [int(s.get("priority", 0)) for s in specs],
-            "rcs": [s["runtimeClass"] for s in specs],
-            "specs": [orjson.dumps(dict(s)).decode() for s in specs],
-            "labels": [orjson.dumps(dict(s.get("labels", {}))).decode() for s in specs],
-            "max_attempts": [int(s.get("maxAttempts", 3)) for s in specs],
-        },
+        "INSERT INTO tasks (id, tenant_id, shard, priority, runtime_class, spec, labels, "
+        "max_attempts, admitted_at, created_at, updated_at) "
+        "SELECT x.id, $1, $2, x.priority, x.rc, x.spec, x.labels, x.max_attempts, $3, $3, $3 "
+        "FROM unnest($4::uuid[], $5::int[], $6::text[], $7::jsonb[], $8::jsonb[], $9::int[]) "
+        "WITH ORDINALITY AS x(id, priority, rc, spec, labels, max_attempts, n) ORDER BY x.n",
+        tenant,
+        shard_of(tenant),
+        admitted_at,
+        ids,
+        [int(s.get("priority", 0)) for s in specs],
+        [s["runtimeClass"] for s in specs],
+        [dict(s) for s in specs],
+        [dict(s.get("labels", {})) for s in specs],
+        [int(s.get("maxAttempts", 3)) for s in specs],
     )
     return ids
 
 
-async def task_get(conn: AsyncConnection, task_id: uuid.UUID) -> dict[str, Any]:
+async def task_get(conn: Connection, task_id: uuid.UUID) -> dict[str, Any]:
     """Return a task row as a dict."""
-    row = (await conn.execute(text("SELECT * FROM tasks WHERE id = :id"), {"id": task_id})).one()
-    return dict(row._mapping)
+    row = await conn.fetchrow("SELECT * FROM tasks WHERE id = $1", task_id)
+    assert row is not None, f"no task {task_id}"
+    return dict(row)
 
 
-async def task_states(engine: AsyncEngine) -> dict[str, int]:
+async def task_states(db: Database) -> dict[str, int]:
     """Return how many tasks are in each state."""
-    async with engine.connect() as conn:
-        rows = await conn.execute(text("SELECT state, count(*) FROM tasks GROUP BY state"))
+    async with db.connection() as conn:
+        rows = await conn.fetch("SELECT state, count(*) FROM tasks GROUP BY state")
         return {r[0]: int(r[1]) for r in rows}
 
 
-async def ledger_violations(engine: AsyncEngine) -> list[str]:
+async def ledger_violations(db: Database) -> list[str]:
     """Return every broken ledger invariant (empty when the ledger is consistent).
 
     No pool over its totals; every pool's reserved equals the sum of its live reservations;
@@ -240,9 +212,9 @@ async def ledger_violations(engine: AsyncEngine) -> list[str]:
         ),
     }
     out = []
-    async with engine.connect() as conn:
+    async with db.connection() as conn:
         for name, sql in checks.items():
-            rows = (await conn.execute(text(sql + " LIMIT 5"))).all()
+            rows = await conn.fetch(sql + " LIMIT 5")
             if rows:
                 out.append(f"{name}: {[r[0] for r in rows]}")
     return out

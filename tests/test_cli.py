@@ -7,10 +7,9 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.cli import main
-from app.db import make_engine
+from app.db import Database
 from app.embedded import EmbeddedPostgres, postgres_processes
 from app.ledger.keys import api_key_get
 from app.schema import schema_current, schema_head
@@ -32,7 +31,7 @@ def empty_database_url(server_url: str):  # type: ignore[no-untyped-def]
 
 @pytest.mark.slow
 async def test_keys_create_prints_a_key_that_authenticates(
-    db: AsyncEngine, database_url: str, tmp_path: Path
+    db: Database, database_url: str, tmp_path: Path
 ) -> None:
     result = await asyncio.to_thread(
         berth_run,
@@ -44,7 +43,7 @@ async def test_keys_create_prints_a_key_that_authenticates(
     assert result.returncode == 0, result.stderr
     key = result.stdout.rstrip("\n").splitlines()[-1]
     assert key.startswith("berth_") and " " not in key
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         record = await api_key_get(conn, key=key)
     assert record is not None
     assert (record.role, record.subject) == ("tenant", "acme-ci")
@@ -102,12 +101,12 @@ def test_migrate_upgrades_an_empty_database_to_head(
     assert f"revision {schema_head()}" in result.stdout.splitlines()[-1]
 
     async def _current() -> str | None:
-        engine = make_engine(empty_database_url, pool_size=1, max_overflow=0)
+        db = Database(empty_database_url, max_size=1)
         try:
-            async with engine.connect() as conn:
+            async with db.connection() as conn:
                 return await schema_current(conn)
         finally:
-            await engine.dispose()
+            await db.close()
 
     assert asyncio.run(_current()) == schema_head()
     again = berth_run("migrate", cwd=tmp_path, BERTH_DATABASE_URL=empty_database_url)

@@ -11,19 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from app.db import make_engine
+from app.db import Database
 from app.embedded import EmbeddedPostgres, postgres_processes
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 async def _server_user(url: str) -> str:
-    engine = make_engine(url, pool_size=1, max_overflow=0)
+    db = Database(url, max_size=1)
     try:
-        async with engine.connect() as conn:
-            return (await conn.exec_driver_sql("SELECT current_user")).scalar_one()
+        async with db.connection() as conn:
+            return await conn.fetchval("SELECT current_user")
     finally:
-        await engine.dispose()
+        await db.close()
 
 
 def _user(url: str) -> str:

@@ -4,62 +4,75 @@ from __future__ import annotations
 
 import uuid
 
+import asyncpg
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.pool import NullPool
 
-from app.db import make_engine
+from app.db import Database, async_url
 from app.ledger.tables import metadata
 from app.schema import schema_current, schema_downgrade, schema_head, schema_upgrade
 from tests.conftest import _admin
 
 
 @pytest.fixture
-async def scratch_engine(server_url: str):
-    """Yield an engine on a new, empty database dropped afterwards."""
+async def scratch_url(server_url: str):
+    """Yield the URL of a new, empty database dropped afterwards."""
     name = f"berth_mig_{uuid.uuid4().hex[:10]}"
     maintenance = make_url(server_url).set(database="postgres").render_as_string(False)
     await _admin(maintenance, f'CREATE DATABASE "{name}"')
-    eng = make_engine(make_url(server_url).set(database=name).render_as_string(False))
     try:
-        yield eng
+        yield make_url(server_url).set(database=name).render_as_string(False)
     finally:
-        await eng.dispose()
         await _admin(maintenance, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-async def _tables(eng: AsyncEngine) -> set[str]:
-    async with eng.connect() as conn:
-        rows = await conn.exec_driver_sql(
-            "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
-        )
-        return {r[0] for r in rows}
+async def _tables(url: str) -> set[str]:
+    db = Database(url, max_size=1)
+    try:
+        async with db.connection() as conn:
+            rows = await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+            return {r[0] for r in rows}
+    finally:
+        await db.close()
 
 
-async def test_upgrade_downgrade_upgrade(scratch_engine: AsyncEngine) -> None:
-    await schema_upgrade(scratch_engine)
-    assert {t.name for t in metadata.sorted_tables} <= await _tables(scratch_engine)
-    async with scratch_engine.connect() as conn:
-        assert await schema_current(conn) == schema_head()
-
-    await schema_downgrade(scratch_engine)
-    assert await _tables(scratch_engine) <= {"alembic_version"}
-
-    await schema_upgrade(scratch_engine)
-    async with scratch_engine.connect() as conn:
-        assert await schema_current(conn) == schema_head()
+async def _current(url: str) -> str | None:
+    db = Database(url, max_size=1)
+    try:
+        async with db.connection() as conn:
+            return await schema_current(conn)
+    finally:
+        await db.close()
 
 
-async def test_migrations_match_table_models(engine: AsyncEngine) -> None:
+async def test_upgrade_downgrade_upgrade(scratch_url: str) -> None:
+    assert await _current(scratch_url) is None
+    await schema_upgrade(scratch_url)
+    assert {t.name for t in metadata.sorted_tables} <= await _tables(scratch_url)
+    assert await _current(scratch_url) == schema_head()
+
+    await schema_downgrade(scratch_url)
+    assert await _tables(scratch_url) <= {"alembic_version"}
+
+    await schema_upgrade(scratch_url)
+    assert await _current(scratch_url) == schema_head()
+
+
+async def test_migrations_match_table_models(database_url: str) -> None:
     def _diff(sync_conn):  # type: ignore[no-untyped-def]
         ctx = MigrationContext.configure(sync_conn, opts={"compare_type": True})
         return compare_metadata(ctx, metadata)
 
-    async with engine.connect() as conn:
-        diff = await conn.run_sync(_diff)
+    engine = create_async_engine(async_url(database_url), poolclass=NullPool)
+    try:
+        async with engine.connect() as conn:
+            diff = await conn.run_sync(_diff)
+    finally:
+        await engine.dispose()
     assert diff == []
 
 
@@ -81,16 +94,14 @@ LEDGER_ROW = (
         pytest.param("cpu_total = 10, cpu_reserved = 500", id="total-lowered-below-reserved"),
     ],
 )
-async def test_ledger_check_rejects_over_reserve(db: AsyncEngine, update: str) -> None:
-    async with db.begin() as conn:
-        for stmt in LEDGER_ROW.split(";"):
-            await conn.exec_driver_sql(stmt)
-    with pytest.raises(IntegrityError, match="check constraint"):
-        async with db.begin() as conn:
-            await conn.exec_driver_sql(f"UPDATE ledgers SET {update} WHERE pool_id = 'p1'")
-    async with db.connect() as conn:
-        row = (await conn.exec_driver_sql("SELECT cpu_reserved FROM ledgers")).one()
-    assert row[0] == 0
+async def test_ledger_check_rejects_over_reserve(db: Database, update: str) -> None:
+    async with db.transaction() as conn:
+        await conn.execute(LEDGER_ROW)
+    with pytest.raises(asyncpg.CheckViolationError, match="check constraint"):
+        async with db.transaction() as conn:
+            await conn.execute(f"UPDATE ledgers SET {update} WHERE pool_id = 'p1'")
+    async with db.connection() as conn:
+        assert await conn.fetchval("SELECT cpu_reserved FROM ledgers") == 0
 
 
 @pytest.mark.parametrize(
@@ -102,13 +113,13 @@ async def test_ledger_check_rejects_over_reserve(db: AsyncEngine, update: str) -
         pytest.param("UPDATE pools SET cost_weight = -1", id="negative-cost"),
     ],
 )
-async def test_state_machine_values_enforced(db: AsyncEngine, stmt: str) -> None:
-    async with db.begin() as conn:
-        await conn.exec_driver_sql(LEDGER_ROW.split(";")[0])
-        await conn.exec_driver_sql(
+async def test_state_machine_values_enforced(db: Database, stmt: str) -> None:
+    async with db.transaction() as conn:
+        await conn.execute(LEDGER_ROW.split(";")[0])
+        await conn.execute(
             "INSERT INTO tasks (id, tenant_id, shard, runtime_class, spec) "
             "VALUES (gen_random_uuid(), 't1', 0, 'gpu', '{}')"
         )
-    with pytest.raises(IntegrityError, match="check constraint"):
-        async with db.begin() as conn:
-            await conn.exec_driver_sql(stmt)
+    with pytest.raises(asyncpg.CheckViolationError, match="check constraint"):
+        async with db.transaction() as conn:
+            await conn.execute(stmt)

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
-from app.db import make_engine
+from app.db import Database
 from app.embedded import EmbeddedPostgres, postgres_processes
 from app.ledger.keys import api_key_get
 from tests.conftest import _admin
@@ -100,12 +100,12 @@ def keys_printed(stdout: str) -> list[str]:
 
 async def key_role(url: str, key: str) -> str | None:
     """Return the role of ``key`` on the database at ``url``, or None if it is unknown."""
-    engine = make_engine(url, pool_size=1, max_overflow=0)
+    db = Database(url, max_size=1)
     try:
-        async with engine.connect() as conn:
+        async with db.connection() as conn:
             record = await api_key_get(conn, key=key)
     finally:
-        await engine.dispose()
+        await db.close()
     return None if record is None else record.role
 
 

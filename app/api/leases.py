@@ -10,18 +10,16 @@ again and gets the first answer instead of a 409.
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Header, Path, Response
+from fastapi import APIRouter, Header, Path, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import ConfigDict, Field
 
 from app.api.common import CamelModel, problems
 from app.auth import RuntimeDep
-from app.db import ConnDep
-from app.ledger.idempotency import idempotency_claim, idempotency_store, request_hash
-from app.ledger.leases import lease_complete
+from app.services import leases as service
 
 router = APIRouter(tags=["leases"])
 
@@ -91,46 +89,24 @@ async def complete_lease(
     lease_id: LeaseIdPath,
     body: LeaseCompletion,
     principal: RuntimeDep,
-    conn: ConnDep,
+    request: Request,
     idempotency_key: IdempotencyKeyHeader = None,
 ) -> Response:
     """Finish the lease's task as SUCCEEDED or FAILED and release its capacity (every pool of
     a gang). 404 for an unknown lease or one of another instance; 409 when the epoch is stale
     or the lease already ended. For runtime keys."""
-    operation = "completeLease"
-    if idempotency_key is not None:
-        stored = await idempotency_claim(
-            conn,
-            subject=principal.subject,
-            operation=operation,
-            key=idempotency_key,
-            request_hash=request_hash(
-                {"leaseId": str(lease_id), "body": body.model_dump(mode="json", by_alias=True)}
-            ),
-        )
-        if stored is not None:
-            return JSONResponse(
-                stored.body,
-                status_code=stored.status_code,
-                headers={"Idempotent-Replayed": "true"},
-            )
-    result = await lease_complete(
-        conn,
+    answer = await service.lease_complete(
+        request.app.state.db,
+        principal=principal,
         lease_id=lease_id,
-        epoch=body.epoch,
         outcome=body.outcome,
+        epoch=body.epoch,
         message=body.message,
-        now=datetime.now(UTC),
-        instance_ids=principal.runtime_instance_ids,
+        idempotency_key=idempotency_key,
     )
-    answer = LeaseCompleted.model_validate(result).model_dump(mode="json", by_alias=True)
-    if idempotency_key is not None:
-        await idempotency_store(
-            conn,
-            subject=principal.subject,
-            operation=operation,
-            key=idempotency_key,
-            status_code=200,
-            body=answer,
+    if answer.replayed:
+        return JSONResponse(
+            answer.body, status_code=answer.status, headers={"Idempotent-Replayed": "true"}
         )
-    return JSONResponse(answer)
+    completed = LeaseCompleted.model_validate(answer.body)
+    return JSONResponse(completed.model_dump(mode="json", by_alias=True))

@@ -6,14 +6,12 @@ replaced, since Berth never answers with it), the bearer security scheme, tag de
 and servers; every secured operation declares 401 and 403, every operation with a body 400
 (not JSON), 413 and 422. Regenerate the committed copy with::
 
-    python -m app.api.openapi > docs/openapi.json
+    berth openapi --output docs/openapi.json
 """
 
 from __future__ import annotations
 
 import json
-import sys
-from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI
@@ -188,23 +186,3 @@ def openapi_install(app: FastAPI) -> None:
 def openapi_render(doc: dict[str, Any]) -> str:
     """Return ``doc`` as the committed text: indented JSON with a final newline."""
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
-
-
-def document() -> dict[str, Any]:
-    """Return the OpenAPI document of the Berth app (no database needed)."""
-    from app.config import Settings
-    from app.main import create_app
-
-    # The app is built but never started: no connection is made.
-    settings = Settings(database_url="postgresql://berth@localhost/berth")
-    return openapi_build(create_app(settings))
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Print the OpenAPI document (for `python -m app.api.openapi > docs/openapi.json`)."""
-    sys.stdout.write(openapi_render(document()))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

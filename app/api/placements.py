@@ -1,26 +1,19 @@
 """HTTP API: placement preview — a dry run of the core on the live snapshot.
 
-The preview makes the same snapshot read as a reconciler pass (:mod:`app.ledger.snapshot`:
-pools, ledgers, heartbeat freshness, and the tenant's placed tasks for affinity), runs
-``select(..., explain=True)`` and returns the full explanation. It reserves nothing and
-writes nothing; a task submitted right after may still land elsewhere if the ledger moves.
+Reserves nothing and writes nothing (:mod:`app.services.placements`).
 """
 
 from __future__ import annotations
-
-from datetime import UTC, datetime
 
 from fastapi import APIRouter, Request, Response
 
 from app.api.common import problems
 from app.api.task_schemas import FastJSONResponse, PlacementPreview
-from app.api.tasks import TenantHeader, tenant_acting
+from app.api.tasks import TenantHeader
 from app.auth import TenantDep
-from app.db import ConnDep
-from app.ledger.snapshot import placements_read, pools_read
-from app.scheduling.framework import select
-from app.scheduling.model import Snapshot
-from app.scheduling.spec import TaskSpec, compile_spec
+from app.scheduling.explain import preview_document
+from app.scheduling.spec import TaskSpec
+from app.services.placements import placement_preview
 
 router = APIRouter(tags=["placements"])
 
@@ -35,7 +28,6 @@ router = APIRouter(tags=["placements"])
 async def preview_placement(
     spec: TaskSpec,
     principal: TenantDep,
-    conn: ConnDep,
     request: Request,
     tenant: TenantHeader = None,
 ) -> Response:
@@ -45,13 +37,13 @@ async def preview_placement(
     pool the tenant can see appears in `rejected` with its reason codes. Pools that do not
     list the tenant appear nowhere.
     """
-    tenant_id = tenant_acting(principal, tenant)
     settings = request.app.state.settings
-    # Every pool is read, as in a pass; the core shows the tenant only the pools listing it.
-    pools = await pools_read(
-        conn, now=datetime.now(UTC), freshness_seconds=settings.heartbeat_freshness_seconds
+    result = await placement_preview(
+        request.app.state.db,
+        principal=principal,
+        tenant=tenant,
+        spec=spec,
+        freshness_seconds=settings.heartbeat_freshness_seconds,
+        strategy=str(settings.strategy),
     )
-    placed = await placements_read(conn, tenant_ids=[tenant_id])
-    snapshot = Snapshot.build(pools, placed, strategy=str(settings.strategy))
-    result = select(compile_spec(spec, tenant_id=tenant_id), snapshot, explain=True)
-    return FastJSONResponse(result.to_json())
+    return FastJSONResponse(preview_document(result))

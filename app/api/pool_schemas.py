@@ -19,9 +19,9 @@ from pydantic import (
 from app.api.common import CamelModel, Page
 from app.ledger.pools import PoolRecord, PoolViewer
 from app.scheduling.spec import LabelKey, LabelValue, RuntimeClass
+from app.services.pools import MAX_LABELS
 
 POOL_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
-MAX_LABELS = 32
 MAX_LIST = 256
 MAX_TOTAL = 10**12
 

@@ -6,10 +6,10 @@ import logging
 import uuid
 from typing import Any
 
+import asyncpg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.errors import BerthError, Unprocessable
@@ -110,8 +110,6 @@ _UNAVAILABLE_SQLSTATES = frozenset({"53300", "57P01", "57P02", "57P03", "40001",
 
 def database_unavailable(exc: BaseException) -> bool:
     """Return whether ``exc`` means the database is unreachable or asks for a retry."""
-    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
-        return True
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
@@ -130,7 +128,7 @@ def database_unavailable(exc: BaseException) -> bool:
             "TooManyConnectionsError",
         }:
             return True
-        current = getattr(current, "orig", None) or current.__cause__ or current.__context__
+        current = current.__cause__ or current.__context__
     return False
 
 
@@ -150,12 +148,26 @@ def _unavailable(request: Request, exc: Exception) -> JSONResponse:
 async def _database_error(request: Request, exc: Exception) -> JSONResponse:
     if database_unavailable(exc):
         return _unavailable(request, exc)
-    if getattr(getattr(exc, "orig", None), "sqlstate", None) in _BAD_TEXT_SQLSTATES:
+    sqlstate = getattr(exc, "sqlstate", None)
+    if sqlstate in _BAD_TEXT_SQLSTATES:
         return problem_response(
             422,
             detail="a string in the request contains a NUL character (\\u0000), "
             "which cannot be stored",
             type_uri="https://berth.dev/problems/validation",
+        )
+    if isinstance(sqlstate, str) and sqlstate.startswith("23"):
+        # An integrity constraint refused the change (at a statement or at COMMIT, for a
+        # deferred one): the transaction rolled back as a whole, so nothing was stored.
+        log.warning(
+            "constraint refused a write",
+            extra={"path": request.url.path, "method": request.method, "sqlstate": sqlstate},
+        )
+        return problem_response(
+            409,
+            detail="the change conflicts with the current state of the ledger and was not "
+            "stored; read the resource again and retry",
+            type_uri="https://berth.dev/problems/conflict",
         )
     return await _unexpected(request, exc)
 
@@ -182,5 +194,6 @@ def problems_install(app: FastAPI) -> None:
     app.add_exception_handler(BerthError, _berth_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(DBAPIError, _database_error)
+    app.add_exception_handler(asyncpg.PostgresError, _database_error)
+    app.add_exception_handler(asyncpg.InterfaceError, _database_error)
     app.add_exception_handler(Exception, _unexpected)

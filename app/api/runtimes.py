@@ -15,10 +15,9 @@ from pydantic import Field
 
 from app.api.common import CamelModel, CursorQuery, LimitQuery, cursor_decode, cursor_encode
 from app.api.common import problems as problem_responses
-from app.auth import Principal, RuntimeDep
-from app.db import ConnDep
-from app.errors import BadRequest, Forbidden
-from app.ledger.leases import runtime_heartbeat, runtime_leases_list
+from app.auth import RuntimeDep
+from app.errors import BadRequest
+from app.services import runtimes as service
 
 router = APIRouter(tags=["runtimes"])
 
@@ -32,10 +31,6 @@ InstanceIdPath = Annotated[
         examples=["rt-eu-1"],
     ),
 ]
-
-
-class RuntimeInstanceForbidden(Forbidden):
-    """This runtime key does not act for that runtime instance."""
 
 
 class Heartbeat(CamelModel):
@@ -95,14 +90,6 @@ class RuntimeLeasePage(CamelModel):
     next_cursor: str | None = None
 
 
-def instance_check(principal: Principal, instance_id: str) -> None:
-    """Raise 403 unless ``principal`` acts for runtime instance ``instance_id``."""
-    if instance_id not in principal.runtime_instance_ids:
-        raise RuntimeInstanceForbidden(
-            f"this key does not act for runtime instance {instance_id!r}"
-        )
-
-
 @router.post(
     "/runtimes/{instanceId}/heartbeat",
     operation_id="heartbeatRuntime",
@@ -111,16 +98,16 @@ def instance_check(principal: Principal, instance_id: str) -> None:
     responses=problem_responses(401, 403, 422),
 )
 async def heartbeat_runtime(
-    instance_id: InstanceIdPath, principal: RuntimeDep, conn: ConnDep, request: Request
+    instance_id: InstanceIdPath, principal: RuntimeDep, request: Request
 ) -> Heartbeat:
     """Record that the instance is alive (its pools count as healthy while heartbeats are
     fresher than the freshness window) and push the expiry of its live leases forward. No
     body. For runtime keys acting for the instance."""
-    instance_check(principal, instance_id)
     settings = request.app.state.settings
     now = datetime.now(UTC)
-    result = await runtime_heartbeat(
-        conn,
+    result = await service.runtime_heartbeat(
+        request.app.state.db,
+        principal=principal,
         instance_id=instance_id,
         now=now,
         lease_ttl_seconds=settings.lease_ttl_seconds,
@@ -145,14 +132,15 @@ async def heartbeat_runtime(
 async def list_runtime_leases(
     instance_id: InstanceIdPath,
     principal: RuntimeDep,
-    conn: ConnDep,
+    request: Request,
     limit: LimitQuery = 100,
     cursor: CursorQuery = None,
 ) -> RuntimeLeasePage:
     """List the instance's live leases, oldest grant first: what the runtime should be
     running now. For runtime keys acting for the instance."""
-    instance_check(principal, instance_id)
-    leases = await runtime_leases_list(conn, instance_id=instance_id)
+    leases = await service.runtime_leases(
+        request.app.state.db, principal=principal, instance_id=instance_id
+    )
     start = 0
     if cursor is not None:
         position = _position_decode(cursor)

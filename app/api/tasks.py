@@ -3,27 +3,30 @@
 Only tenant keys reach these routes, and each sees only the tasks of the tenants it acts
 for: a task of another tenant answers 404, exactly like one that does not exist. A key that
 acts for several tenants names the one it submits for in ``X-Berth-Tenant``; reads cover
-all of its tenants unless that header narrows them.
+all of its tenants unless that header narrows them (:mod:`app.services.tenancy`).
 
-The submit path is the API's hot path: the body is validated once by the core's
-:class:`TaskSpec`, stored by one SQL statement, and the answer is serialized by orjson
-without building response objects. Plain submissions and reads are answered ahead of these
-routes by :mod:`app.api.fast`, which hands everything else to them. Both answer through
-:func:`task_submit_answer` and :func:`task_get_answer` and choose tenants with
-:func:`tenant_acting` / :func:`tenants_reading`, so an answer changes in one place
-(tests/api/test_fast.py checks that both agree).
+createTask and getTask are the API's hot paths: they are lean routes (:mod:`app.api.lean`)
+that read their request themselves and declare their contract with ``openapi_extra``; the
+answers are those of a regular route. Task JSON is built by :func:`task_json` and
+serialized by orjson without response models.
 """
 
 from __future__ import annotations
 
 import uuid
-from contextlib import AbstractAsyncContextManager
-from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 
 from app.api.common import CursorQuery, LimitQuery, cursor_decode, cursor_encode, problems
+from app.api.lean import (
+    body_read,
+    body_validate,
+    header_parameter,
+    path_parameter,
+    string_read,
+    validation_raise,
+)
 from app.api.task_schemas import (
     FastJSONResponse,
     Task,
@@ -33,81 +36,39 @@ from app.api.task_schemas import (
     task_event_json,
     task_json,
 )
-from app.auth import Principal, TenantDep
-from app.db import ConnDep
-from app.errors import BadRequest, NotFound
-from app.ledger.driver import Statements
-from app.ledger.leases import task_cancel
-from app.ledger.tasks import task_events_list, task_get, task_list, task_submit
+from app.auth import TENANT, TenantDep, principal_from_request, role_check
+from app.errors import BadRequest
+from app.ledger.tasks import TaskNotFound
 from app.scheduling.spec import TaskSpec
+from app.services import tasks as service
 
 router = APIRouter(tags=["tasks"])
 
 TENANT_HEADER = "X-Berth-Tenant"
-
-
-class TaskNotFound(NotFound):
-    """The task does not exist (or belongs to another tenant)."""
-
-    type_slug = "task-not-found"
-
-
-class TenantAmbiguous(BadRequest):
-    """This key acts for several tenants: name one in the X-Berth-Tenant header."""
-
-
-class TenantUnknown(BadRequest):
-    """The X-Berth-Tenant header names a tenant this key does not act for."""
-
+TENANT_HEADER_MAX = 128
+TENANT_HEADER_DESCRIPTION = "The tenant to act for; required only when the key acts for several."
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+IDEMPOTENCY_HEADER_MAX = 255
+IDEMPOTENCY_DESCRIPTION = (
+    "Repeat a submission safely: the same key and body return the original "
+    "task (200); the same key with another body is 409."
+)
+TASK_ID_MAX = 64
+TASK_ID_DESCRIPTION = "The task id (a UUID)."
 
 TenantHeader = Annotated[
     str | None,
-    Header(
-        alias=TENANT_HEADER,
-        max_length=128,
-        description="The tenant to act for; required only when the key acts for several.",
-    ),
-]
-IdempotencyKeyHeader = Annotated[
-    str | None,
-    Header(
-        alias="Idempotency-Key",
-        min_length=1,
-        max_length=255,
-        description="Repeat a submission safely: the same key and body return the original "
-        "task (200); the same key with another body is 409.",
-    ),
+    Header(alias=TENANT_HEADER, max_length=TENANT_HEADER_MAX,
+           description=TENANT_HEADER_DESCRIPTION),
 ]
 TaskIdPath = Annotated[
-    str, Path(alias="taskId", max_length=64, description="The task id (a UUID).")
+    str, Path(alias="taskId", max_length=TASK_ID_MAX, description=TASK_ID_DESCRIPTION)
 ]
 
-
-def tenant_acting(principal: Principal, header: str | None) -> str:
-    """Return the one tenant a write acts for, from the key and ``X-Berth-Tenant``."""
-    if header is not None:
-        if header not in principal.tenant_ids:
-            raise TenantUnknown()
-        return header
-    if len(principal.tenant_ids) == 1:
-        return next(iter(principal.tenant_ids))
-    if not principal.tenant_ids:
-        raise TenantUnknown("this key acts for no tenant")
-    raise TenantAmbiguous()
-
-
-def tenants_reading(principal: Principal, header: str | None) -> frozenset[str]:
-    """Return the tenants a read covers: all of the key's, or the one ``X-Berth-Tenant`` names."""
-    if header is None:
-        return principal.tenant_ids
-    if header not in principal.tenant_ids:
-        raise TenantUnknown()
-    return frozenset((header,))
-
-
-def statement_connection(request: Request) -> AbstractAsyncContextManager[Statements]:
-    """Return the app's raw autocommit connection for single-statement endpoints."""
-    return request.app.state.statements.connection()
+_SECURITY = [{"HTTPBearer": []}]
+_TENANT_PARAMETER = header_parameter(
+    TENANT_HEADER, TENANT_HEADER_DESCRIPTION, max_length=TENANT_HEADER_MAX
+)
 
 
 def cursor_position(cursor: str | None) -> int:
@@ -128,36 +89,11 @@ def task_id_parse(value: str) -> uuid.UUID:
         raise TaskNotFound() from None
 
 
-async def task_submit_answer(
-    conn: Statements, *, tenant_id: str, spec: TaskSpec, idempotency_key: str | None
-) -> FastJSONResponse:
-    """Store a submission and return its answer: 201 with Location, or 200 for a repeat.
-
-    One statement stores the task, its event and the wakeup, so autocommit is atomic enough.
-    Both the regular createTask route and its fast path (app/api/fast.py) answer through this.
-    """
-    row = await task_submit(
-        conn,
-        tenant_id=tenant_id,
-        spec=spec.model_dump(mode="json", by_alias=True),
-        idempotency_key=idempotency_key,
-        now=datetime.now(UTC),
+def _tenant_header(request: Request, errors: list[dict[str, Any]]) -> str | None:
+    return string_read(
+        request.headers.get(TENANT_HEADER), ("header", TENANT_HEADER), errors,
+        max_length=TENANT_HEADER_MAX,
     )
-    return FastJSONResponse(
-        task_json(row),
-        status_code=201 if row.created else 200,
-        headers={"Location": f"/v1/tasks/{row.id}"},
-    )
-
-
-async def task_get_answer(
-    conn: Statements, *, task_id: uuid.UUID, tenant_ids: frozenset[str]
-) -> FastJSONResponse:
-    """Return the answer to reading a task of ``tenant_ids``, or raise 404."""
-    row = await task_get(conn, task_id=task_id, tenant_ids=tenant_ids)
-    if row is None:
-        raise TaskNotFound()
-    return FastJSONResponse(task_json(row))
 
 
 @router.post(
@@ -176,24 +112,48 @@ async def task_get_answer(
         },
         **problems(400, 401, 403, 409, 413, 422),
     },
+    openapi_extra={
+        "security": _SECURITY,
+        "parameters": [
+            header_parameter(IDEMPOTENCY_HEADER, IDEMPOTENCY_DESCRIPTION, min_length=1,
+                             max_length=IDEMPOTENCY_HEADER_MAX),
+            _TENANT_PARAMETER,
+        ],
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/TaskSpec"}}},
+        },
+    },
 )
-async def create_task(
-    spec: TaskSpec,
-    principal: TenantDep,
-    request: Request,
-    idempotency_key: IdempotencyKeyHeader = None,
-    tenant: TenantHeader = None,
-) -> Response:
+async def create_task(request: Request) -> Response:
     """Submit a task for placement; it is stored as ADMITTED and reconcilers are woken.
 
     Unknown fields are 422. With `Idempotency-Key`, a repeat of the same body returns the
     original task with 200 instead of creating another.
     """
-    tenant_id = tenant_acting(principal, tenant)
-    async with statement_connection(request) as conn:
-        return await task_submit_answer(
-            conn, tenant_id=tenant_id, spec=spec, idempotency_key=idempotency_key
-        )
+    body = await body_read(request, TaskSpec)
+    principal = role_check(await principal_from_request(request), TENANT)
+    errors: list[dict[str, Any]] = []
+    idempotency_key = string_read(
+        request.headers.get(IDEMPOTENCY_HEADER), ("header", IDEMPOTENCY_HEADER), errors,
+        min_length=1, max_length=IDEMPOTENCY_HEADER_MAX,
+    )
+    tenant = _tenant_header(request, errors)
+    spec = body_validate(body, TaskSpec, errors)
+    validation_raise(errors)
+    assert spec is not None
+    row = await service.task_submit(
+        request.app.state.db,
+        principal=principal,
+        tenant=tenant,
+        spec=spec,
+        idempotency_key=idempotency_key,
+    )
+    return FastJSONResponse(
+        task_json(row),
+        status_code=201 if row.created else 200,
+        headers={"Location": f"/v1/tasks/{row.id}"},
+    )
 
 
 @router.get(
@@ -220,16 +180,15 @@ async def list_tasks(
     tenant: TenantHeader = None,
 ) -> Response:
     """List the caller's tasks in admission order, a page at a time."""
-    tenants = tenants_reading(principal, tenant)
-    async with statement_connection(request) as conn:
-        rows, next_seq = await task_list(
-            conn,
-            tenant_ids=tenants,
-            after_seq=cursor_position(cursor),
-            state=state.value if state is not None else None,
-            runtime_class=runtime_class,
-            limit=limit,
-        )
+    rows, next_seq = await service.tasks_page(
+        request.app.state.db,
+        principal=principal,
+        tenant=tenant,
+        after_seq=cursor_position(cursor),
+        state=state.value if state is not None else None,
+        runtime_class=runtime_class,
+        limit=limit,
+    )
     return FastJSONResponse(
         {
             "items": [task_json(r) for r in rows],
@@ -243,19 +202,29 @@ async def list_tasks(
     operation_id="getTask",
     summary="Get a task with its explanation",
     response_model=Task,
-    responses=problems(400, 401, 403, 404),
+    responses=problems(400, 401, 403, 404, 422),
+    openapi_extra={
+        "security": _SECURITY,
+        "parameters": [
+            path_parameter("taskId", TASK_ID_DESCRIPTION, max_length=TASK_ID_MAX),
+            _TENANT_PARAMETER,
+        ],
+    },
 )
-async def get_task(
-    task_id: TaskIdPath,
-    principal: TenantDep,
-    request: Request,
-    tenant: TenantHeader = None,
-) -> Response:
+async def get_task(request: Request) -> Response:
     """Return a task: state, pending reason or placement with alternatives, lease, attempts."""
-    tid = task_id_parse(task_id)
-    tenants = tenants_reading(principal, tenant)
-    async with statement_connection(request) as conn:
-        return await task_get_answer(conn, task_id=tid, tenant_ids=tenants)
+    principal = role_check(await principal_from_request(request), TENANT)
+    errors: list[dict[str, Any]] = []
+    task_id = string_read(
+        request.path_params["taskId"], ("path", "taskId"), errors, max_length=TASK_ID_MAX
+    )
+    tenant = _tenant_header(request, errors)
+    validation_raise(errors)
+    assert task_id is not None
+    row = await service.task_get(
+        request.app.state.db, principal=principal, tenant=tenant, task_id=task_id_parse(task_id)
+    )
+    return FastJSONResponse(task_json(row))
 
 
 @router.get(
@@ -275,12 +244,11 @@ async def list_task_events(
 ) -> Response:
     """List the task's state transitions, oldest first, each with a reason code."""
     tid = task_id_parse(task_id)
-    tenants = tenants_reading(principal, tenant)
     after = cursor_position(cursor)
-    async with statement_connection(request) as conn:
-        if await task_get(conn, task_id=tid, tenant_ids=tenants) is None:
-            raise TaskNotFound()
-        events, next_id = await task_events_list(conn, task_id=tid, after_id=after, limit=limit)
+    events, next_id = await service.task_events_page(
+        request.app.state.db, principal=principal, tenant=tenant, task_id=tid,
+        after_id=after, limit=limit,
+    )
     return FastJSONResponse(
         {
             "items": [task_event_json(e) for e in events],
@@ -299,19 +267,14 @@ async def list_task_events(
 async def cancel_task(
     task_id: TaskIdPath,
     principal: TenantDep,
-    conn: ConnDep,
+    request: Request,
     tenant: TenantHeader = None,
 ) -> Response:
     """Cancel a task that has not finished; a leased task's capacity is released.
 
     A task that already succeeded, failed or was cancelled answers 409.
     """
-    tid = task_id_parse(task_id)
-    tenants = tenants_reading(principal, tenant)
-    row = await task_get(conn, task_id=tid, tenant_ids=tenants)
-    if row is None:
-        raise TaskNotFound()
-    await task_cancel(conn, task_id=tid, tenant_id=row.tenant_id, now=datetime.now(UTC))
-    row = await task_get(conn, task_id=tid, tenant_ids=tenants)
-    assert row is not None
+    row = await service.task_cancel(
+        request.app.state.db, principal=principal, tenant=tenant, task_id=task_id_parse(task_id)
+    )
     return FastJSONResponse(task_json(row))

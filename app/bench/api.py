@@ -196,7 +196,7 @@ def _fresh_database(server_url: str | None):  # type: ignore[no-untyped-def]
     """Yield (url, description) of a fresh migrated database; drop or stop it afterwards."""
     from app.bench.dataset import database_create, database_drop
     from app.db import describe_url
-    from app.serve import database_migrate
+    from app.schema import schema_upgrade
 
     if server_url:
         url = asyncio.run(database_create(server_url))
@@ -212,24 +212,24 @@ def _fresh_database(server_url: str | None):  # type: ignore[no-untyped-def]
         server = EmbeddedPostgres(Path(tmp))
         url = server.start()
         try:
-            asyncio.run(database_migrate(url))
+            asyncio.run(schema_upgrade(url))
             yield url, "embedded PostgreSQL (fresh, temporary)"
         finally:
             server.stop()
 
 
 async def _tenant_key(url: str, tenant: str) -> str:
-    from app.db import make_engine
+    from app.db import Database
     from app.ledger.keys import api_key_create
 
-    engine = make_engine(url, pool_size=1, max_overflow=0)
+    db = Database(url, max_size=1)
     try:
-        async with engine.begin() as conn:
+        async with db.transaction() as conn:
             return await api_key_create(
                 conn, role="tenant", subject=f"bench-{tenant}", tenant_ids=[tenant]
             )
     finally:
-        await engine.dispose()
+        await db.close()
 
 
 @contextmanager
@@ -240,7 +240,6 @@ def _uvicorn(database_url: str, port: int, pool_size: int):  # type: ignore[no-u
         "BERTH_DATABASE_URL": database_url,
         "BERTH_RECONCILER_ENABLED": "false",
         "BERTH_DB_POOL_SIZE": str(pool_size),
-        "BERTH_DB_MAX_OVERFLOW": "0",
         "BERTH_LOG_LEVEL": "warning",
     }
     cmd = [

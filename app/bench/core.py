@@ -15,8 +15,9 @@ import time
 
 import numpy as np
 
+from app.scheduling.assumed import Assumed
 from app.scheduling.framework import select
-from app.scheduling.model import Assumed, PlacedTask, PoolState, Snapshot
+from app.scheduling.snapshot import PlacedTask, PoolState, Snapshot
 from app.scheduling.spec import TaskSpec, compile_spec
 
 TENANTS = [f"tenant-{i}" for i in range(8)]

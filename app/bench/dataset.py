@@ -29,14 +29,15 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import orjson
-from sqlalchemy.engine import make_url
 
+from app.db import plain_url as _dsn
 from app.ledger.wakeups import CHANNEL, WakeSource
 from app.scheduling.spec import TaskSpec
-from app.serve import database_migrate
+from app.schema import schema_upgrade
 from app.shards import shard_of
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "dataset_admit",
     "dataset_generate",
     "dataset_load",
+    "database_name",
     "ledger_check",
     "plain_url",
     "runtimes_heartbeat",
@@ -205,11 +207,21 @@ def dataset_generate(*, pools: int, tasks: int, seed: int = 1) -> Dataset:
 
 def plain_url(url: str) -> str:
     """Return ``url`` as a plain ``postgresql://`` DSN that asyncpg accepts."""
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    return _dsn(url)
+
+
+def _with_database(url: str, name: str) -> str:
+    """Return the DSN of database ``name`` on the server of ``url``."""
+    return urlunsplit(urlsplit(plain_url(url))._replace(path="/" + name))
+
+
+def database_name(url: str) -> str:
+    """Return the name of the database ``url`` points at."""
+    return urlsplit(plain_url(url)).path.lstrip("/")
 
 
 def _maintenance(server_url: str) -> str:
-    return plain_url(make_url(server_url).set(database="postgres").render_as_string(False))
+    return _with_database(server_url, "postgres")
 
 
 async def database_create(
@@ -231,14 +243,14 @@ async def database_create(
             await conn.execute(f"ALTER DATABASE \"{name}\" SET {key} = '{quoted}'")
     finally:
         await conn.close()
-    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    await database_migrate(url)
-    return plain_url(url)
+    url = _with_database(server_url, name)
+    await schema_upgrade(url)
+    return url
 
 
 async def database_drop(server_url: str, url: str) -> None:
     """Drop the benchmark database ``url`` (closing its connections)."""
-    name = make_url(url).database
+    name = database_name(url)
     conn = await asyncpg.connect(_maintenance(server_url))
     try:
         await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -40,12 +40,12 @@ from typing import Any
 import asyncpg
 import orjson
 import psutil
-from sqlalchemy.engine import make_url
 
 from app.bench.dataset import (
     Dataset,
     database_create,
     database_drop,
+    database_name,
     dataset_admit,
     dataset_generate,
     dataset_load,
@@ -298,7 +298,7 @@ async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
         tail = _LogTail([logdir / f"reconciler-{i}.log" for i in range(cfg.reconcilers)])
         tail.poll()
         started = time.monotonic()
-        database = make_url(url).database or ""
+        database = database_name(url)
         cpu_before = _cpu_sample(procs, database)
         wal_before = await conn.fetchval("SELECT pg_current_wal_lsn()")
         admit_seconds = await dataset_admit(url)

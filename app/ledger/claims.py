@@ -10,9 +10,10 @@ that expired (their reconciler died), then admitted tasks in the policy's claim 
 * ``fair`` — at most ``ceil(batch / tenants present)`` tasks per tenant, so one tenant's deep
   backlog cannot fill the batch; the rest of the batch is then filled in admission order.
 
-``tasks_lease`` and ``tasks_unclaim`` apply a pass's decisions; both touch only tasks still
-``CLAIMED`` by the calling owner, so a task whose claim expired (and was re-taken) or which
-was cancelled meanwhile is silently left out. Every transition appends a task event.
+``tasks_lease`` and ``tasks_unclaim`` apply a pass's decisions (through
+:func:`app.ledger.plans.plan_apply`); both touch only tasks still ``CLAIMED`` by the calling
+owner, so a task whose claim expired (and was re-taken) or which was cancelled meanwhile is
+silently left out. Every transition appends a task event.
 """
 
 from __future__ import annotations
@@ -25,10 +26,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import orjson
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.config import SHARD_SLOTS
+from app.db import Connection
 
 #: Most tenants the fair claim looks at in one pass.
 FAIR_TENANTS_MAX = 512
@@ -53,78 +53,69 @@ class ClaimedTask:
         return orjson.loads(self.spec_json)
 
 
-class _Statement:
-    """A claim statement: named-parameter SQL run inside the caller's transaction."""
-
-    def __init__(self, clause: Any) -> None:
-        self.clause = clause
-
-    async def fetch(self, conn: AsyncConnection, params: dict[str, Any]) -> list[Any]:
-        return list((await conn.execute(self.clause, params)).all())
-
-
-_RETURNING = (
-    "RETURNING t.id, t.tenant_id, t.seq, t.priority, CAST(t.spec AS text), t.admitted_at, "
-    "t.attempts"
-)
-
+# Parameters shared by every claim statement: $1 owner, $2 claim expiry, $3 now,
+# $4 the event's from_state, $5 the event's reason.
 _CLAIM_TAIL = (
-    "u AS (UPDATE tasks t SET state = 'CLAIMED', claim_owner = :owner, "
-    "claim_expires_at = :expires, updated_at = :now FROM c WHERE t.id = c.id "
-    + _RETURNING
-    + "), e AS (INSERT INTO task_events (task_id, at, from_state, to_state, reason) "
-    "SELECT u.id, :now, :from_state, 'CLAIMED', :reason FROM u) "
+    "u AS (UPDATE tasks t SET state = 'CLAIMED', claim_owner = $1, "
+    "claim_expires_at = $2, updated_at = $3 FROM c WHERE t.id = c.id "
+    "RETURNING t.id, t.tenant_id, t.seq, t.priority, t.spec::text, t.admitted_at, t.attempts), "
+    "e AS (INSERT INTO task_events (task_id, at, from_state, to_state, reason) "
+    "SELECT u.id, $3::timestamptz, $4::text, 'CLAIMED', $5::text FROM u) "
     "SELECT * FROM u"
 )
 
-_CLAIM_EXPIRED = _Statement(text(
-    "WITH c AS (SELECT id FROM tasks WHERE state = 'CLAIMED' AND claim_expires_at <= :now "
-    "AND shard = ANY(CAST(:slots AS int[])) ORDER BY claim_expires_at LIMIT :limit "
+# $6 slots, $7 limit.
+_CLAIM_EXPIRED = (
+    "WITH c AS (SELECT id FROM tasks WHERE state = 'CLAIMED' AND claim_expires_at <= $3 "
+    "AND shard = ANY($6::int[]) ORDER BY claim_expires_at LIMIT $7 "
     "FOR UPDATE SKIP LOCKED), "
     + _CLAIM_TAIL
-))
+)
 
-_CLAIMABLE = "state = 'ADMITTED' AND NOT parked AND shard = ANY(CAST(:slots AS int[]))"
+_CLAIMABLE = "state = 'ADMITTED' AND NOT parked AND shard = ANY($6::int[])"
 
-_CLAIM_FIFO = _Statement(text(
-    f"WITH c AS (SELECT id FROM tasks WHERE {_CLAIMABLE} ORDER BY seq LIMIT :limit "
+# $6 slots, $7 limit.
+_CLAIM_FIFO = (
+    f"WITH c AS (SELECT id FROM tasks WHERE {_CLAIMABLE} ORDER BY seq LIMIT $7 "
     "FOR UPDATE SKIP LOCKED), "
     + _CLAIM_TAIL
-))
+)
 
-_CLAIM_PRIORITY = _Statement(text(
+# $6 slots, $7 limit, $8 aging seconds.
+_CLAIM_PRIORITY = (
     f"WITH c AS (SELECT id FROM tasks WHERE {_CLAIMABLE} AND id IN ("
     f"SELECT id FROM (SELECT id FROM tasks WHERE {_CLAIMABLE} "
-    "ORDER BY priority DESC, seq LIMIT :limit) top "
+    "ORDER BY priority DESC, seq LIMIT $7) top "
     f"UNION SELECT id FROM (SELECT id FROM tasks WHERE {_CLAIMABLE} "
-    "ORDER BY seq LIMIT :limit) old) "
-    "ORDER BY priority + EXTRACT(EPOCH FROM (CAST(:now AS timestamptz) - admitted_at)) "
-    "/ :aging DESC, seq LIMIT :limit FOR UPDATE SKIP LOCKED), "
+    "ORDER BY seq LIMIT $7) old) "
+    "ORDER BY priority + EXTRACT(EPOCH FROM ($3::timestamptz - admitted_at)) "
+    "/ $8::float8 DESC, seq LIMIT $7 FOR UPDATE SKIP LOCKED), "
     + _CLAIM_TAIL
-))
+)
 
 # Loose index scan over ix_tasks_claim_tenant: one probe per (slot, tenant) in the queue.
-_FAIR_TENANTS = _Statement(text(
+# $1 lo, $2 hi, $3 slots, $4 tenants.
+_FAIR_TENANTS = (
     "WITH RECURSIVE q AS ("
     "(SELECT shard, tenant_id FROM tasks WHERE state = 'ADMITTED' AND NOT parked "
-    "AND shard >= :lo ORDER BY shard, tenant_id LIMIT 1) "
+    "AND shard >= $1 ORDER BY shard, tenant_id LIMIT 1) "
     "UNION ALL "
     "SELECT n.shard, n.tenant_id FROM q CROSS JOIN LATERAL ("
     "SELECT shard, tenant_id FROM tasks WHERE state = 'ADMITTED' AND NOT parked "
     "AND (shard, tenant_id) > (q.shard, q.tenant_id) ORDER BY shard, tenant_id LIMIT 1) n "
-    "WHERE q.shard < :hi) "
-    "SELECT shard, tenant_id FROM q WHERE shard < :hi AND shard = ANY(CAST(:slots AS int[])) "
-    "LIMIT :tenants"
-))
+    "WHERE q.shard < $2) "
+    "SELECT shard, tenant_id FROM q WHERE shard < $2 AND shard = ANY($3::int[]) "
+    "LIMIT $4"
+)
 
-_CLAIM_FAIR = _Statement(text(
-    "WITH q AS (SELECT * FROM unnest(CAST(:q_shards AS int[]), CAST(:q_tenants AS text[])) "
-    "AS q(shard, tenant_id)), "
+# $6 shards, $7 tenants, $8 per tenant, $9 limit.
+_CLAIM_FAIR = (
+    "WITH q AS (SELECT * FROM unnest($6::int[], $7::text[]) AS q(shard, tenant_id)), "
     "c AS (SELECT x.id FROM q CROSS JOIN LATERAL (SELECT id FROM tasks "
     "WHERE shard = q.shard AND tenant_id = q.tenant_id AND state = 'ADMITTED' AND NOT parked "
-    "ORDER BY seq LIMIT :per_tenant FOR UPDATE SKIP LOCKED) x LIMIT :limit), "
+    "ORDER BY seq LIMIT $8 FOR UPDATE SKIP LOCKED) x LIMIT $9), "
     + _CLAIM_TAIL
-))
+)
 
 
 def _claimed(rows: Sequence[Any]) -> list[ClaimedTask]:
@@ -132,7 +123,7 @@ def _claimed(rows: Sequence[Any]) -> list[ClaimedTask]:
 
 
 async def tasks_claim(
-    conn: AsyncConnection,
+    conn: Connection,
     *,
     owner: str,
     slots: Collection[int],
@@ -150,54 +141,36 @@ async def tasks_claim(
     """
     if not slots or batch <= 0:
         return []
-    base = {
-        "owner": owner,
-        "slots": sorted(slots),
-        "now": now,
-        "expires": now + timedelta(seconds=claim_ttl_seconds),
-    }
-    claimed = _claimed(
-        await _CLAIM_EXPIRED.fetch(
-            conn, {**base, "limit": batch, "from_state": "CLAIMED", "reason": "claim_expired"}
-        )
-    )
-    fresh = {**base, "from_state": "ADMITTED", "reason": "claimed"}
+    owned = sorted(slots)
+    expires = now + timedelta(seconds=claim_ttl_seconds)
+    claimed = _claimed(await conn.fetch(
+        _CLAIM_EXPIRED, owner, expires, now, "CLAIMED", "claim_expired", owned, batch
+    ))
+    fresh = (owner, expires, now, "ADMITTED", "claimed")
     left = batch - len(claimed)
     if left > 0 and policy == "fair":
         # Start at a rotating slot: with more tenants than FAIR_TENANTS_MAX, every tenant
         # still gets its turn at the head of the enumeration.
         start = fair_rotation % SHARD_SLOTS
-        tenants = await _FAIR_TENANTS.fetch(
-            conn, {"slots": base["slots"], "tenants": FAIR_TENANTS_MAX, "lo": start,
-                   "hi": SHARD_SLOTS}
-        )
+        tenants = list(await conn.fetch(_FAIR_TENANTS, start, SHARD_SLOTS, owned,
+                                        FAIR_TENANTS_MAX))
         if start and len(tenants) < FAIR_TENANTS_MAX:
-            tenants += await _FAIR_TENANTS.fetch(
-                conn, {"slots": base["slots"], "tenants": FAIR_TENANTS_MAX - len(tenants),
-                       "lo": 0, "hi": start}
-            )
+            tenants += await conn.fetch(_FAIR_TENANTS, 0, start, owned,
+                                        FAIR_TENANTS_MAX - len(tenants))
         if tenants:
             per_tenant = math.ceil(left / len(tenants))
-            rows = await _CLAIM_FAIR.fetch(
-                conn,
-                {
-                    **fresh,
-                    "q_shards": [int(t[0]) for t in tenants],
-                    "q_tenants": [t[1] for t in tenants],
-                    "per_tenant": per_tenant,
-                    "limit": left,
-                },
+            rows = await conn.fetch(
+                _CLAIM_FAIR, *fresh, [int(t[0]) for t in tenants], [t[1] for t in tenants],
+                per_tenant, left,
             )
             claimed += _claimed(rows)
             left = batch - len(claimed)
     if left > 0 and policy == "priority":
-        rows = await _CLAIM_PRIORITY.fetch(
-            conn, {**fresh, "limit": left, "aging": float(aging_seconds)}
-        )
+        rows = await conn.fetch(_CLAIM_PRIORITY, *fresh, owned, left, float(aging_seconds))
         claimed += _claimed(rows)
         left = batch - len(claimed)
     if left > 0:
-        claimed += _claimed(await _CLAIM_FIFO.fetch(conn, {**fresh, "limit": left}))
+        claimed += _claimed(await conn.fetch(_CLAIM_FIFO, *fresh, owned, left))
     return claimed
 
 
@@ -213,33 +186,35 @@ class Grant:
     requests: tuple[int, int, int]
 
 
-_LEASE = text(
-    "WITH g AS (SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:placements AS text[]), "
-    "CAST(:pools AS text[])) AS g(id, placement, pool_id)), "
-    "u AS (UPDATE tasks t SET state = 'LEASED', placement = CAST(g.placement AS jsonb), "
-    "leased_at = :now, claim_owner = NULL, claim_expires_at = NULL, pending_reason = NULL, "
-    "parked = false, updated_at = :now FROM g "
-    "WHERE t.id = g.id AND t.state = 'CLAIMED' AND t.claim_owner = :owner "
+# $1 owner, $2 now, $3 expires, $4 ids, $5 placements (JSON text), $6 first pools,
+# $7..$13 the member rows.
+_LEASE = (
+    "WITH g AS (SELECT * FROM unnest($4::uuid[], $5::text[], $6::text[]) "
+    "AS g(id, placement, pool_id)), "
+    "u AS (UPDATE tasks t SET state = 'LEASED', placement = g.placement::jsonb, "
+    "leased_at = $2, claim_owner = NULL, claim_expires_at = NULL, pending_reason = NULL, "
+    "parked = false, updated_at = $2 FROM g "
+    "WHERE t.id = g.id AND t.state = 'CLAIMED' AND t.claim_owner = $1 "
     "RETURNING t.id, t.attempts, g.pool_id), "
-    "m AS (SELECT * FROM unnest(CAST(:m_task AS uuid[]), CAST(:m_pool AS text[]), "
-    "CAST(:m_members AS int[]), CAST(:m_cpu AS bigint[]), CAST(:m_memory AS bigint[]), "
-    "CAST(:m_llm AS bigint[]), CAST(:m_instance AS text[])) "
+    "m AS (SELECT * FROM unnest($7::uuid[], $8::text[], $9::int[], $10::bigint[], "
+    "$11::bigint[], $12::bigint[], $13::text[]) "
     "AS m(task_id, pool_id, members, cpu, memory, llm, instance)), "
     "r AS (INSERT INTO reservations (task_id, pool_id, members, cpu, memory, llm, created_at) "
-    "SELECT m.task_id, m.pool_id, m.members, m.cpu, m.memory, m.llm, :now "
+    "SELECT m.task_id, m.pool_id, m.members, m.cpu, m.memory, m.llm, $2::timestamptz "
     "FROM m JOIN u ON u.id = m.task_id), "
     "l AS (INSERT INTO leases (id, task_id, pool_id, runtime_instance_id, epoch, state, "
     "granted_at, expires_at) SELECT gen_random_uuid(), m.task_id, m.pool_id, m.instance, "
-    "u.attempts + 1, 'ACTIVE', :now, :expires FROM m JOIN u ON u.id = m.task_id), "
+    "u.attempts + 1, 'ACTIVE', $2::timestamptz, $3::timestamptz "
+    "FROM m JOIN u ON u.id = m.task_id), "
     "e AS (INSERT INTO task_events (task_id, at, from_state, to_state, reason, detail) "
-    "SELECT u.id, :now, 'CLAIMED', 'LEASED', 'leased', "
+    "SELECT u.id, $2::timestamptz, 'CLAIMED', 'LEASED', 'leased', "
     "jsonb_build_object('poolId', u.pool_id, 'epoch', u.attempts + 1) FROM u) "
     "SELECT id FROM u"
 )
 
 
 async def tasks_lease(
-    conn: AsyncConnection,
+    conn: Connection,
     *,
     owner: str,
     grants: Sequence[Grant],
@@ -248,9 +223,9 @@ async def tasks_lease(
 ) -> set[uuid.UUID]:
     """Mark the granted tasks LEASED with reservations rows and leases; return those applied.
 
-    The ledger is not touched here: the caller adds the returned tasks' amounts with
-    :func:`app.ledger.reservations.ledger_reserve_many` last, before COMMIT. Each lease's
-    fencing epoch is ``attempts + 1``: recovery raises ``attempts``, so a re-grant is newer.
+    The ledger is not touched here: :func:`app.ledger.plans.plan_apply` adds the returned
+    tasks' amounts last, before COMMIT. Each lease's fencing epoch is ``attempts + 1``:
+    recovery raises ``attempts``, so a re-grant is newer.
     """
     if not grants:
         return set()
@@ -265,23 +240,15 @@ async def tasks_lease(
             m_memory.append(count * g.requests[1])
             m_llm.append(count * g.requests[2])
             m_instance.append(instance)
-    rows = await conn.execute(
+    rows = await conn.fetch(
         _LEASE,
-        {
-            "owner": owner,
-            "now": now,
-            "expires": now + timedelta(seconds=lease_ttl_seconds),
-            "ids": [g.task_id for g in ordered],
-            "placements": [orjson.dumps(g.placement).decode() for g in ordered],
-            "pools": [g.members[0][0] for g in ordered],
-            "m_task": m_task,
-            "m_pool": m_pool,
-            "m_members": m_members,
-            "m_cpu": m_cpu,
-            "m_memory": m_memory,
-            "m_llm": m_llm,
-            "m_instance": m_instance,
-        },
+        owner,
+        now,
+        now + timedelta(seconds=lease_ttl_seconds),
+        [g.task_id for g in ordered],
+        [orjson.dumps(g.placement).decode() for g in ordered],
+        [g.members[0][0] for g in ordered],
+        m_task, m_pool, m_members, m_cpu, m_memory, m_llm, m_instance,
     )
     return {r[0] for r in rows}
 
@@ -296,52 +263,51 @@ class Unclaim:
     parked: bool = False
 
 
-_UNCLAIM = text(
-    "WITH x AS (SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:pending AS text[]), "
-    "CAST(:parked AS boolean[]), CAST(:reasons AS text[])) AS x(id, pending, parked, reason)), "
+# $1 owner, $2 now, $3 ids, $4 pending reasons (JSON text or NULL), $5 parked, $6 reasons.
+_UNCLAIM = (
+    "WITH x AS (SELECT * FROM unnest($3::uuid[], $4::text[], $5::boolean[], $6::text[]) "
+    "AS x(id, pending, parked, reason)), "
     "u AS (UPDATE tasks t SET state = 'ADMITTED', claim_owner = NULL, claim_expires_at = NULL, "
-    "parked = x.parked, pending_reason = COALESCE(CAST(x.pending AS jsonb), t.pending_reason), "
-    "updated_at = :now FROM x WHERE t.id = x.id AND t.state = 'CLAIMED' "
-    "AND t.claim_owner = :owner RETURNING t.id, x.reason, x.pending), "
+    "parked = x.parked, pending_reason = COALESCE(x.pending::jsonb, t.pending_reason), "
+    "updated_at = $2 FROM x WHERE t.id = x.id AND t.state = 'CLAIMED' "
+    "AND t.claim_owner = $1 RETURNING t.id, x.reason, x.pending), "
     "e AS (INSERT INTO task_events (task_id, at, from_state, to_state, reason, detail) "
-    "SELECT u.id, :now, 'CLAIMED', 'ADMITTED', u.reason, CAST(u.pending AS jsonb) FROM u) "
+    "SELECT u.id, $2::timestamptz, 'CLAIMED', 'ADMITTED', u.reason, u.pending::jsonb FROM u) "
     "SELECT id FROM u"
 )
 
 
 async def tasks_unclaim(
-    conn: AsyncConnection, *, owner: str, items: Sequence[Unclaim], now: datetime
+    conn: Connection, *, owner: str, items: Sequence[Unclaim], now: datetime
 ) -> set[uuid.UUID]:
     """Return claimed tasks to ADMITTED (parked when they fit nowhere); return those applied."""
     if not items:
         return set()
     ordered = sorted(items, key=lambda i: i.task_id)
-    rows = await conn.execute(
+    rows = await conn.fetch(
         _UNCLAIM,
-        {
-            "owner": owner,
-            "now": now,
-            "ids": [i.task_id for i in ordered],
-            "pending": [
-                orjson.dumps(i.pending_reason).decode() if i.pending_reason is not None else None
-                for i in ordered
-            ],
-            "parked": [i.parked for i in ordered],
-            "reasons": [i.reason for i in ordered],
-        },
+        owner,
+        now,
+        [i.task_id for i in ordered],
+        [
+            orjson.dumps(i.pending_reason).decode() if i.pending_reason is not None else None
+            for i in ordered
+        ],
+        [i.parked for i in ordered],
+        [i.reason for i in ordered],
     )
     return {r[0] for r in rows}
 
 
-_UNPARK = text(
-    "UPDATE tasks SET parked = false, updated_at = :now "
-    "WHERE state = 'ADMITTED' AND parked AND shard = ANY(CAST(:slots AS int[]))"
+_UNPARK = (
+    "UPDATE tasks SET parked = false, updated_at = $2 "
+    "WHERE state = 'ADMITTED' AND parked AND shard = ANY($1::int[])"
 )
 
 
-async def tasks_unpark(conn: AsyncConnection, *, slots: Collection[int], now: datetime) -> int:
+async def tasks_unpark(conn: Connection, *, slots: Collection[int], now: datetime) -> int:
     """Make the parked tasks of ``slots`` claimable again; return how many."""
     if not slots:
         return 0
-    result = await conn.execute(_UNPARK, {"slots": sorted(slots), "now": now})
-    return result.rowcount
+    status = await conn.execute(_UNPARK, sorted(slots), now)
+    return int(status.rsplit(" ", 1)[-1])

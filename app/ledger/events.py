@@ -7,31 +7,34 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import insert
-from sqlalchemy.ext.asyncio import AsyncConnection
+from app.db import Connection
 
-from app.ledger.tables import task_events
+_EVENTS_ADD = """
+    INSERT INTO task_events (task_id, from_state, to_state, reason, detail, at)
+    SELECT t.task_id, t.from_state, t.to_state, t.reason, t.detail, $6
+    FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[])
+        AS t(task_id, from_state, to_state, reason, detail)
+"""
 
 
 async def task_events_add(
-    conn: AsyncConnection,
+    conn: Connection,
     *,
     rows: Iterable[Mapping[str, Any]],
     now: datetime,
 ) -> None:
     """Append transitions; each row has task_id, from_state, to_state, reason, detail?."""
-    values = [
-        {
-            "task_id": r["task_id"]
-            if isinstance(r["task_id"], uuid.UUID)
-            else uuid.UUID(str(r["task_id"])),
-            "from_state": r.get("from_state"),
-            "to_state": r["to_state"],
-            "reason": r["reason"],
-            "detail": r.get("detail"),
-            "at": now,
-        }
-        for r in rows
-    ]
-    if values:
-        await conn.execute(insert(task_events), values)
+    ids: list[uuid.UUID] = []
+    froms: list[str | None] = []
+    tos: list[str] = []
+    reasons: list[str] = []
+    details: list[Any] = []
+    for r in rows:
+        task_id = r["task_id"]
+        ids.append(task_id if isinstance(task_id, uuid.UUID) else uuid.UUID(str(task_id)))
+        froms.append(r.get("from_state"))
+        tos.append(r["to_state"])
+        reasons.append(r["reason"])
+        details.append(r.get("detail"))
+    if ids:
+        await conn.execute(_EVENTS_ADD, ids, froms, tos, reasons, details, now)

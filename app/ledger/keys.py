@@ -9,13 +9,35 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import insert, select
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection
+import asyncpg
 
-from app.ledger.tables import api_keys
+from app.db import Connection
+
+__all__ = [
+    "KEY_PREFIX",
+    "ApiKeyRecord",
+    "api_key_bootstrap",
+    "api_key_create",
+    "api_key_get",
+    "key_generate",
+    "key_hash",
+    "key_prefix",
+]
 
 KEY_PREFIX = "berth_"
+
+_CREATE = """
+    INSERT INTO api_keys (id, key_hash, prefix, subject, role, tenant_ids, runtime_instance_ids,
+                          bootstrap)
+    VALUES ($1, $2, $3, $4, $5, $6::text[], $7::text[], $8)
+"""
+
+_BOOTSTRAP_EXISTS = "SELECT id FROM api_keys WHERE bootstrap LIMIT 1"
+
+_BY_PREFIX = """
+    SELECT id, key_hash, subject, role, tenant_ids, runtime_instance_ids FROM api_keys
+    WHERE prefix = $1 AND revoked_at IS NULL
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +67,7 @@ def key_generate() -> str:
 
 
 async def api_key_create(
-    conn: AsyncConnection,
+    conn: Connection,
     *,
     role: str,
     subject: str,
@@ -56,63 +78,53 @@ async def api_key_create(
     """Store a new key for ``subject`` and return the key itself (shown once, never stored)."""
     key = key_generate()
     await conn.execute(
-        insert(api_keys).values(
-            id=uuid.uuid4(),
-            key_hash=key_hash(key),
-            prefix=key_prefix(key),
-            subject=subject,
-            role=role,
-            tenant_ids=list(tenant_ids),
-            runtime_instance_ids=list(runtime_instance_ids),
-            bootstrap=bootstrap,
-        )
+        _CREATE,
+        uuid.uuid4(),
+        key_hash(key),
+        key_prefix(key),
+        subject,
+        role,
+        list(tenant_ids),
+        list(runtime_instance_ids),
+        bootstrap,
     )
     return key
 
 
-async def api_key_bootstrap(conn: AsyncConnection) -> str | None:
+async def api_key_bootstrap(conn: Connection) -> str | None:
     """Create the bootstrap admin key on a database that has none, and return it; else None.
 
     A unique partial index allows one bootstrap key ever, so two processes starting at once
-    on a new database cannot both print one.
+    on a new database cannot both print one. The insert runs in a block of its own (a
+    savepoint inside the caller's transaction), so losing that race leaves the caller's
+    transaction usable.
     """
-    exists = await conn.scalar(select(api_keys.c.id).where(api_keys.c.bootstrap).limit(1))
-    if exists is not None:
+    if await conn.fetchval(_BOOTSTRAP_EXISTS) is not None:
         return None
     try:
-        async with conn.begin_nested():
-            return await api_key_create(conn, role="admin", subject="bootstrap-admin",
-                                        bootstrap=True)
-    except IntegrityError:
+        async with conn.transaction():
+            return await api_key_create(
+                conn, role="admin", subject="bootstrap-admin", bootstrap=True
+            )
+    except asyncpg.UniqueViolationError:
         return None
 
 
-async def api_key_get(conn: AsyncConnection, *, key: str) -> ApiKeyRecord | None:
+async def api_key_get(conn: Connection, *, key: str) -> ApiKeyRecord | None:
     """Return the live key record matching ``key``, or None.
 
     Rows are found by the key's non-secret prefix; the hashes are then compared in constant
     time, so response timing tells nothing about how much of a guessed key was right.
     """
     digest = key_hash(key)
-    rows = (
-        await conn.execute(
-            select(
-                api_keys.c.id,
-                api_keys.c.key_hash,
-                api_keys.c.subject,
-                api_keys.c.role,
-                api_keys.c.tenant_ids,
-                api_keys.c.runtime_instance_ids,
-            ).where(api_keys.c.prefix == key_prefix(key), api_keys.c.revoked_at.is_(None))
-        )
-    ).all()
-    row = next((r for r in rows if hmac.compare_digest(r.key_hash, digest)), None)
+    rows = await conn.fetch(_BY_PREFIX, key_prefix(key))
+    row = next((r for r in rows if hmac.compare_digest(r["key_hash"], digest)), None)
     if row is None:
         return None
     return ApiKeyRecord(
-        id=row.id,
-        subject=row.subject,
-        role=row.role,
-        tenant_ids=tuple(row.tenant_ids),
-        runtime_instance_ids=tuple(row.runtime_instance_ids),
+        id=row["id"],
+        subject=row["subject"],
+        role=row["role"],
+        tenant_ids=tuple(row["tenant_ids"]),
+        runtime_instance_ids=tuple(row["runtime_instance_ids"]),
     )

@@ -15,13 +15,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection
-
+from app.db import Connection
 from app.errors import Conflict, NotFound, Unprocessable
 from app.ledger.events import task_events_add
 from app.ledger.recovery import RecoveryCause, leases_requeue, pool_leased_tasks
 from app.ledger.reservations import reservations_release
+from app.ledger.tasks import TaskNotFound
 from app.ledger.wakeups import WakeSource, wakeup_notify
 
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
@@ -45,12 +44,6 @@ class LeaseOutcomeInvalid(Unprocessable):
     """The outcome must be `succeeded` or `failed`."""
 
 
-class TaskNotFound(NotFound):
-    """The task does not exist."""
-
-    type_slug = "task-not-found"
-
-
 class TaskNotCancellable(Conflict):
     """The task already finished; only admitted, claimed or leased tasks can be cancelled."""
 
@@ -69,21 +62,26 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-_INSTANCE_LOCK = text("SELECT last_heartbeat_at FROM runtime_instances WHERE id = :id FOR UPDATE")
-_INSTANCE_UPSERT = text(
+_INSTANCE_LOCK = "SELECT last_heartbeat_at FROM runtime_instances WHERE id = $1 FOR UPDATE"
+_INSTANCE_UPSERT = (
     "INSERT INTO runtime_instances (id, last_heartbeat_at, first_seen_at) "
-    "VALUES (:id, :now, :now) ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = "
+    "VALUES ($1, $2, $2) ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = "
     "GREATEST(runtime_instances.last_heartbeat_at, EXCLUDED.last_heartbeat_at)"
 )
-_LEASES_RENEW = text(
-    "UPDATE leases SET expires_at = GREATEST(expires_at, :expires) "
-    "WHERE runtime_instance_id = :id AND state = 'ACTIVE' AND expires_at > :now"
+_LEASES_RENEW = (
+    "UPDATE leases SET expires_at = GREATEST(expires_at, $2) "
+    "WHERE runtime_instance_id = $1 AND state = 'ACTIVE' AND expires_at > $3"
 )
-_POOL_NAMES_INSTANCE = text("SELECT EXISTS (SELECT 1 FROM pools WHERE runtime_instance_id = :id)")
+_POOL_NAMES_INSTANCE = "SELECT EXISTS (SELECT 1 FROM pools WHERE runtime_instance_id = $1)"
+
+
+def _rowcount(status: str) -> int:
+    """Return the row count of a command status such as ``UPDATE 3``."""
+    return int(status.rsplit(" ", 1)[-1])
 
 
 async def runtime_heartbeat(
-    conn: AsyncConnection,
+    conn: Connection,
     *,
     instance_id: str,
     now: datetime,
@@ -94,28 +92,27 @@ async def runtime_heartbeat(
 
     Leases already past their expiry are not revived: recovery owns them. When the instance
     was never seen or had gone stale and some pool names it, reconcilers are woken
-    (``pool_healthy``) so that tasks pending for health are retried.
+    (``pool_healthy``) so that tasks pending for health are retried. Runs in the caller's
+    transaction.
     """
-    previous = (await conn.execute(_INSTANCE_LOCK, {"id": instance_id})).scalar_one_or_none()
-    await conn.execute(_INSTANCE_UPSERT, {"id": instance_id, "now": now})
+    previous = await conn.fetchval(_INSTANCE_LOCK, instance_id)
+    await conn.execute(_INSTANCE_UPSERT, instance_id, now)
     expires = now + timedelta(seconds=lease_ttl_seconds)
-    renewed = await conn.execute(
-        _LEASES_RENEW, {"id": instance_id, "expires": expires, "now": now}
-    )
+    renewed = _rowcount(await conn.execute(_LEASES_RENEW, instance_id, expires, now))
     stale = previous is None or previous <= now - timedelta(seconds=freshness_seconds)
     became_healthy = False
-    if stale and (await conn.execute(_POOL_NAMES_INSTANCE, {"id": instance_id})).scalar():
+    if stale and await conn.fetchval(_POOL_NAMES_INSTANCE, instance_id):
         became_healthy = True
         await wakeup_notify(conn, source=WakeSource.POOL_HEALTHY)
-    return HeartbeatResult(renewed_leases=renewed.rowcount, became_healthy=became_healthy)
+    return HeartbeatResult(renewed_leases=renewed, became_healthy=became_healthy)
 
 
-_LEASES_OF_INSTANCE = text(
+_LEASES_OF_INSTANCE = (
     "SELECT l.id, l.task_id, l.pool_id, l.runtime_instance_id, l.epoch, l.expires_at, "
     "l.granted_at, COALESCE(r.members, 1), t.tenant_id, t.spec -> 'requests', t.labels "
     "FROM leases l JOIN tasks t ON t.id = l.task_id "
     "LEFT JOIN reservations r ON r.task_id = l.task_id AND r.pool_id = l.pool_id "
-    "WHERE l.runtime_instance_id = :id AND l.state = 'ACTIVE' "
+    "WHERE l.runtime_instance_id = $1 AND l.state = 'ACTIVE' "
     "ORDER BY l.granted_at, l.id"
 )
 
@@ -129,13 +126,13 @@ def _requests(raw: Any) -> dict[str, int]:
     }
 
 
-async def runtime_leases_list(conn: AsyncConnection, *, instance_id: str) -> list[dict[str, Any]]:
+async def runtime_leases_list(conn: Connection, *, instance_id: str) -> list[dict[str, Any]]:
     """Return the live leases granted to ``instance_id`` as camelCase dicts, oldest first.
 
     ``members`` is how many members of the task run on this lease's pool and ``requests``
     what each member needs.
     """
-    rows = await conn.execute(_LEASES_OF_INSTANCE, {"id": instance_id})
+    rows = await conn.fetch(_LEASES_OF_INSTANCE, instance_id)
     return [
         {
             "id": str(r[0]),
@@ -154,23 +151,21 @@ async def runtime_leases_list(conn: AsyncConnection, *, instance_id: str) -> lis
     ]
 
 
-_LEASE_GET = text(
-    "SELECT task_id, runtime_instance_id, state, epoch FROM leases WHERE id = :id"
+_LEASE_GET = "SELECT task_id, runtime_instance_id, state, epoch FROM leases WHERE id = $1"
+_TASK_LOCK = "SELECT state FROM tasks WHERE id = $1 FOR UPDATE"
+_TASK_LEASES_END = (
+    "UPDATE leases SET state = $2, ended_at = $4, end_reason = $3 "
+    "WHERE task_id = $1 AND state = 'ACTIVE'"
 )
-_TASK_LOCK = text("SELECT state FROM tasks WHERE id = :id FOR UPDATE")
-_TASK_LEASES_END = text(
-    "UPDATE leases SET state = :state, ended_at = :now, end_reason = :reason "
-    "WHERE task_id = :task_id AND state = 'ACTIVE'"
-)
-_TASK_FINISH = text(
-    "UPDATE tasks SET state = :state, finished_at = :now, updated_at = :now, "
-    "failure_reason = :failure_reason, claim_owner = NULL, claim_expires_at = NULL, "
-    "parked = false WHERE id = :id"
+_TASK_FINISH = (
+    "UPDATE tasks SET state = $2, finished_at = $3, updated_at = $3, "
+    "failure_reason = $4, claim_owner = NULL, claim_expires_at = NULL, "
+    "parked = false WHERE id = $1"
 )
 
 
 async def lease_complete(
-    conn: AsyncConnection,
+    conn: Connection,
     *,
     lease_id: uuid.UUID,
     epoch: int,
@@ -183,18 +178,19 @@ async def lease_complete(
 
     Raises LeaseNotFound when the lease does not exist or belongs to none of
     ``instance_ids`` (when given), LeaseStale when it is no longer live or ``epoch`` is not
-    its epoch. Every live lease of the task (all of a gang's pools) ends with it.
+    its epoch. Every live lease of the task (all of a gang's pools) ends with it. Runs in the
+    caller's transaction.
     """
     state = OUTCOMES.get(outcome)
     if state is None:
         raise LeaseOutcomeInvalid(f"outcome must be 'succeeded' or 'failed', not {outcome!r}")
-    lease = (await conn.execute(_LEASE_GET, {"id": lease_id})).one_or_none()
+    lease = await conn.fetchrow(_LEASE_GET, lease_id)
     if lease is None or (instance_ids is not None and lease[1] not in instance_ids):
         raise LeaseNotFound(f"lease {lease_id} does not exist")
     task_id = lease[0]
-    await conn.execute(_TASK_LOCK, {"id": task_id})
+    await conn.execute(_TASK_LOCK, task_id)
     # Re-read under the task lock: recovery or a cancel may have ended it meanwhile.
-    _, _, lease_state, lease_epoch = (await conn.execute(_LEASE_GET, {"id": lease_id})).one()
+    _, _, lease_state, lease_epoch = await conn.fetchrow(_LEASE_GET, lease_id)
     if lease_state != "ACTIVE":
         raise LeaseStale(f"lease {lease_id} is {lease_state.lower()}, not active")
     if int(epoch) != int(lease_epoch):
@@ -202,14 +198,9 @@ async def lease_complete(
             f"stale epoch {epoch}: lease {lease_id} is at epoch {lease_epoch}",
             extra={"epoch": int(lease_epoch)},
         )
-    await conn.execute(
-        _TASK_LEASES_END,
-        {"task_id": task_id, "state": "COMPLETED", "reason": outcome, "now": now},
-    )
+    await conn.execute(_TASK_LEASES_END, task_id, "COMPLETED", outcome, now)
     failure = None if state == "SUCCEEDED" else "runtime_reported_failure"
-    await conn.execute(
-        _TASK_FINISH, {"id": task_id, "state": state, "now": now, "failure_reason": failure}
-    )
+    await conn.execute(_TASK_FINISH, task_id, state, now, failure)
     detail: dict[str, Any] = {"leaseId": str(lease_id), "epoch": int(lease_epoch)}
     if message:
         detail["message"] = message[:1000]
@@ -232,34 +223,25 @@ async def lease_complete(
     }
 
 
-_TASK_OF_TENANT_LOCK = text(
-    "SELECT state FROM tasks WHERE id = :id AND tenant_id = :tenant_id FOR UPDATE"
-)
+_TASK_OF_TENANT_LOCK = "SELECT state FROM tasks WHERE id = $1 AND tenant_id = $2 FOR UPDATE"
 
 
 async def task_cancel(
-    conn: AsyncConnection, *, task_id: uuid.UUID, tenant_id: str, now: datetime
+    conn: Connection, *, task_id: uuid.UUID, tenant_id: str, now: datetime
 ) -> str:
     """Cancel the tenant's task, ending its leases and releasing its capacity; return its state.
 
     A claimed task is cancelled at once: the reconciler holding the claim only leases tasks
-    still claimed by itself, so it drops this one at commit.
+    still claimed by itself, so it drops this one at commit. Runs in the caller's transaction.
     """
-    state = (
-        await conn.execute(_TASK_OF_TENANT_LOCK, {"id": task_id, "tenant_id": tenant_id})
-    ).scalar_one_or_none()
+    state = await conn.fetchval(_TASK_OF_TENANT_LOCK, task_id, tenant_id)
     if state is None:
         raise TaskNotFound(f"task {task_id} does not exist")
     if state in TERMINAL_STATES:
         raise TaskNotCancellable(f"task {task_id} is {state}; it can no longer be cancelled")
     if state == "LEASED":
-        await conn.execute(
-            _TASK_LEASES_END,
-            {"task_id": task_id, "state": "CANCELLED", "reason": "task_cancelled", "now": now},
-        )
-    await conn.execute(
-        _TASK_FINISH, {"id": task_id, "state": "CANCELLED", "now": now, "failure_reason": None}
-    )
+        await conn.execute(_TASK_LEASES_END, task_id, "CANCELLED", "task_cancelled", now)
+    await conn.execute(_TASK_FINISH, task_id, "CANCELLED", now, None)
     await task_events_add(
         conn,
         rows=[{"task_id": task_id, "from_state": state, "to_state": "CANCELLED",
@@ -272,7 +254,7 @@ async def task_cancel(
     return "CANCELLED"
 
 
-async def pool_leases_revoke(conn: AsyncConnection, *, pool_id: str, now: datetime) -> int:
+async def pool_leases_revoke(conn: Connection, *, pool_id: str, now: datetime) -> int:
     """Revoke every live lease on ``pool_id`` and requeue (or fail) its tasks; return how many."""
     task_ids = await pool_leased_tasks(conn, pool_id=pool_id)
     result = await leases_requeue(

@@ -5,9 +5,10 @@ row holds the capacity totals and what is reserved now; ``runtime_instances`` ho
 heartbeat of the pool's runtime. :func:`pool_get` and :func:`pools_list` join the three into
 one :class:`PoolRecord`.
 
-Visibility (SPEC §2, §6) is one SQL predicate, :func:`pool_visible`: an admin sees every
-pool, a tenant the pools listing one of its tenants, an operator the pools it operates or
-that list one of its tenants, a runtime the pools of its own instances.
+Visibility (SPEC §2, §6) is one SQL predicate, ``_VISIBLE``, filled from a
+:class:`PoolViewer`: an admin sees every pool, a tenant the pools listing one of its tenants,
+an operator the pools it operates or that list one of its tenants, a runtime the pools of
+its own instances.
 
 Concurrency: writes lock the pool (or ledger) row first and read after the lock, so a
 capacity change never races a reservation and a delete never races a new lease; optimistic
@@ -16,32 +17,33 @@ edits compare ``version`` inside the UPDATE itself.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import (
-    ColumnElement,
-    cast,
-    delete,
-    false,
-    func,
-    insert,
-    literal,
-    or_,
-    select,
-    true,
-    update,
-)
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.ext.asyncio import AsyncConnection
-from sqlalchemy.types import Text
-
+from app.db import Connection
 from app.errors import Conflict, NotFound, PreconditionFailed
-from app.ledger.tables import leases, ledgers, pools, reservations, runtime_instances
 from app.ledger.wakeups import WakeSource, wakeup_notify
+
+__all__ = [
+    "DIMENSIONS",
+    "POOL_FIELDS",
+    "CapacityBelowReserved",
+    "PoolExists",
+    "PoolHasLiveLeases",
+    "PoolNotFound",
+    "PoolRecord",
+    "PoolVersionMismatch",
+    "PoolViewer",
+    "pool_capacity_put",
+    "pool_create",
+    "pool_delete",
+    "pool_get",
+    "pool_status_set",
+    "pool_update",
+    "pools_list",
+]
 
 #: Pool columns a caller may set at creation and change with PATCH.
 POOL_FIELDS = (
@@ -60,6 +62,70 @@ POOL_FIELDS = (
 
 #: Ledger dimensions: (column suffix, API name) in the order errors mention them.
 DIMENSIONS = (("cpu", "cpuMillis"), ("memory", "memoryMiB"), ("llm", "llmSlots"))
+
+_SELECT = """
+    SELECT p.id, p.tenant_ids, p.runtime_class, p.runtime_instance_id, p.region,
+           p.data_residency, p.failure_domain, p.labels, p.artifact_regions, p.cost_weight,
+           p.operators, p.status, p.status_reason, p.drain_deadline, p.ready, p.version,
+           p.created_at, p.updated_at,
+           l.cpu_total, l.memory_total, l.llm_total,
+           l.cpu_reserved, l.memory_reserved, l.llm_reserved,
+           r.last_heartbeat_at,
+           (SELECT count(*) FROM leases s
+            WHERE s.pool_id = p.id AND s.state = 'ACTIVE') AS active_leases
+    FROM pools p
+    LEFT JOIN ledgers l ON l.pool_id = p.id
+    LEFT JOIN runtime_instances r ON r.id = p.runtime_instance_id
+"""
+
+#: Who may see pool ``p``: $1 role, $2 subject, $3 tenant ids, $4 runtime instance ids.
+#: An empty array overlaps nothing, so a key acting for no tenant sees no tenant's pools.
+_VISIBLE = """(
+    $1::text = 'admin'
+    OR ($1 = 'tenant' AND p.tenant_ids && $3::text[])
+    OR ($1 = 'operator' AND ($2::text = ANY (p.operators) OR p.tenant_ids && $3::text[]))
+    OR ($1 = 'runtime' AND p.runtime_instance_id = ANY ($4::text[]))
+)"""
+
+_GET = _SELECT + "WHERE p.id = $1"
+_GET_VISIBLE = _SELECT + "WHERE p.id = $5 AND " + _VISIBLE
+_LIST = (
+    _SELECT
+    + "WHERE "
+    + _VISIBLE
+    + """
+      AND ($5::text IS NULL OR p.id > $5)
+      AND ($6::text IS NULL OR p.status = $6)
+      AND ($7::text IS NULL OR p.runtime_class = $7)
+    ORDER BY p.id LIMIT $8
+"""
+)
+
+_LOCK = "SELECT version FROM pools WHERE id = $1 FOR UPDATE"
+_EXISTS = "SELECT id FROM pools WHERE id = $1"
+_LIVE_LEASES = "SELECT count(*) FROM leases WHERE pool_id = $1 AND state = 'ACTIVE'"
+_RESERVATIONS = "SELECT count(*) FROM reservations WHERE pool_id = $1"
+_DELETE_LEASES = "DELETE FROM leases WHERE pool_id = $1"
+_DELETE = "DELETE FROM pools WHERE id = $1"
+
+_LEDGER_LOCK = """
+    SELECT cpu_total, memory_total, llm_total, cpu_reserved, memory_reserved, llm_reserved
+    FROM ledgers WHERE pool_id = $1 FOR UPDATE
+"""
+_LEDGER_ADD = """
+    INSERT INTO ledgers (pool_id, cpu_total, memory_total, llm_total, updated_at)
+    VALUES ($1, $2, $3, $4, $5)
+"""
+_LEDGER_SET = """
+    UPDATE ledgers SET cpu_total = $2, memory_total = $3, llm_total = $4, updated_at = $5
+    WHERE pool_id = $1
+"""
+_VERSION_BUMP = "UPDATE pools SET version = version + 1, updated_at = $2 WHERE id = $1"
+_STATUS_SET = """
+    UPDATE pools SET status = $2, status_reason = $3, drain_deadline = $4,
+                     version = version + 1, updated_at = $5
+    WHERE id = $1
+"""
 
 
 class PoolNotFound(NotFound):
@@ -90,6 +156,15 @@ class PoolViewer:
     subject: str
     tenant_ids: frozenset[str] = frozenset()
     runtime_instance_ids: frozenset[str] = frozenset()
+
+    def args(self) -> tuple[str, str, list[str], list[str]]:
+        """Return the parameters $1..$4 of the visibility predicate."""
+        return (
+            self.role,
+            self.subject,
+            sorted(self.tenant_ids),
+            sorted(self.runtime_instance_ids),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,93 +215,51 @@ class PoolRecord:
         )
 
 
-def _text_array(values: Collection[str]) -> Any:
-    return literal(sorted(values), ARRAY(Text))
-
-
-def pool_visible(viewer: PoolViewer) -> ColumnElement[bool]:
-    """Return the SQL predicate selecting the pools ``viewer`` may see."""
-    if viewer.role == "admin":
-        return true()
-    tenants = pools.c.tenant_ids.overlap(_text_array(viewer.tenant_ids))
-    if viewer.role == "tenant":
-        return tenants if viewer.tenant_ids else false()
-    if viewer.role == "operator":
-        operates = pools.c.operators.contains(_text_array([viewer.subject]))
-        return or_(operates, tenants) if viewer.tenant_ids else operates
-    if viewer.role == "runtime" and viewer.runtime_instance_ids:
-        return pools.c.runtime_instance_id.in_(sorted(viewer.runtime_instance_ids))
-    return false()
-
-
-def _live_leases() -> Any:
-    return (
-        select(func.count())
-        .select_from(leases)
-        .where(leases.c.pool_id == pools.c.id, leases.c.state == "ACTIVE")
-        .scalar_subquery()
-    )
-
-
-def _pool_select() -> Any:
-    return select(
-        pools,
-        ledgers.c.cpu_total,
-        ledgers.c.memory_total,
-        ledgers.c.llm_total,
-        ledgers.c.cpu_reserved,
-        ledgers.c.memory_reserved,
-        ledgers.c.llm_reserved,
-        runtime_instances.c.last_heartbeat_at,
-        _live_leases().label("active_leases"),
-    ).select_from(
-        pools.outerjoin(ledgers, ledgers.c.pool_id == pools.c.id).outerjoin(
-            runtime_instances, runtime_instances.c.id == pools.c.runtime_instance_id
-        )
-    )
-
-
 def _record(row: Any) -> PoolRecord:
-    has_ledger = row.cpu_total is not None
+    has_ledger = row["cpu_total"] is not None
     return PoolRecord(
-        id=row.id,
-        tenant_ids=tuple(row.tenant_ids),
-        runtime_class=row.runtime_class,
-        runtime_instance_id=row.runtime_instance_id,
-        region=row.region,
-        data_residency=row.data_residency,
-        failure_domain=row.failure_domain,
-        labels=dict(row.labels),
-        artifact_regions=tuple(row.artifact_regions),
-        cost_weight=row.cost_weight,
-        operators=tuple(row.operators),
-        status=row.status,
-        status_reason=row.status_reason,
-        drain_deadline=row.drain_deadline,
-        ready=row.ready,
-        version=row.version,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-        capacity=(row.cpu_total, row.memory_total, row.llm_total) if has_ledger else None,
-        reserved=(row.cpu_reserved, row.memory_reserved, row.llm_reserved) if has_ledger else None,
-        last_heartbeat_at=row.last_heartbeat_at,
-        active_leases=row.active_leases,
+        id=row["id"],
+        tenant_ids=tuple(row["tenant_ids"]),
+        runtime_class=row["runtime_class"],
+        runtime_instance_id=row["runtime_instance_id"],
+        region=row["region"],
+        data_residency=row["data_residency"],
+        failure_domain=row["failure_domain"],
+        labels=dict(row["labels"]),
+        artifact_regions=tuple(row["artifact_regions"]),
+        cost_weight=row["cost_weight"],
+        operators=tuple(row["operators"]),
+        status=row["status"],
+        status_reason=row["status_reason"],
+        drain_deadline=row["drain_deadline"],
+        ready=row["ready"],
+        version=row["version"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        capacity=(row["cpu_total"], row["memory_total"], row["llm_total"])
+        if has_ledger
+        else None,
+        reserved=(row["cpu_reserved"], row["memory_reserved"], row["llm_reserved"])
+        if has_ledger
+        else None,
+        last_heartbeat_at=row["last_heartbeat_at"],
+        active_leases=row["active_leases"],
     )
 
 
 async def pool_get(
-    conn: AsyncConnection, *, pool_id: str, viewer: PoolViewer | None = None
+    conn: Connection, *, pool_id: str, viewer: PoolViewer | None = None
 ) -> PoolRecord | None:
     """Return the pool ``pool_id`` if it exists and ``viewer`` (None: anyone) may see it."""
-    query = _pool_select().where(pools.c.id == pool_id)
-    if viewer is not None:
-        query = query.where(pool_visible(viewer))
-    row = (await conn.execute(query)).one_or_none()
+    if viewer is None:
+        row = await conn.fetchrow(_GET, pool_id)
+    else:
+        row = await conn.fetchrow(_GET_VISIBLE, *viewer.args(), pool_id)
     return None if row is None else _record(row)
 
 
 async def pools_list(
-    conn: AsyncConnection,
+    conn: Connection,
     *,
     viewer: PoolViewer,
     limit: int,
@@ -236,30 +269,42 @@ async def pools_list(
 ) -> tuple[list[PoolRecord], str | None]:
     """Return up to ``limit`` visible pools after id ``after`` in id order, and the last id
     when another page follows (else None)."""
-    query = _pool_select().where(pool_visible(viewer))
-    if after is not None:
-        query = query.where(pools.c.id > after)
-    if status is not None:
-        query = query.where(pools.c.status == status)
-    if runtime_class is not None:
-        query = query.where(pools.c.runtime_class == runtime_class)
-    rows = (await conn.execute(query.order_by(pools.c.id).limit(limit + 1))).all()
+    rows = await conn.fetch(_LIST, *viewer.args(), after, status, runtime_class, limit + 1)
     records = [_record(r) for r in rows[:limit]]
     more = len(rows) > limit
     return records, (records[-1].id if more and records else None)
 
 
+async def _pool_require(conn: Connection, *, pool_id: str) -> PoolRecord:
+    record = await pool_get(conn, pool_id=pool_id)
+    if record is None:
+        raise PoolNotFound()
+    return record
+
+
+async def _pool_lock(conn: Connection, *, pool_id: str) -> int:
+    version = await conn.fetchval(_LOCK, pool_id)
+    if version is None:
+        raise PoolNotFound()
+    return version
+
+
 async def pool_create(
-    conn: AsyncConnection, *, pool_id: str, fields: Mapping[str, Any], now: datetime
+    conn: Connection, *, pool_id: str, fields: Mapping[str, Any], now: datetime
 ) -> PoolRecord:
     """Insert a new pool (status ACTIVE, no ledger yet) and wake reconcilers, or raise
     PoolExists."""
-    values = {name: fields[name] for name in POOL_FIELDS if name in fields}
-    inserted = await conn.scalar(
-        pg_insert(pools)
-        .values(id=pool_id, created_at=now, updated_at=now, **values)
-        .on_conflict_do_nothing(index_elements=[pools.c.id])
-        .returning(pools.c.id)
+    # Only the columns given are written, so the others take their schema defaults; the
+    # names come from POOL_FIELDS, never from the caller.
+    columns = [name for name in POOL_FIELDS if name in fields]
+    placeholders = ", ".join(f"${i}" for i in range(3, len(columns) + 3))
+    inserted = await conn.fetchval(
+        f"INSERT INTO pools (id, created_at, updated_at{''.join(', ' + c for c in columns)}) "
+        f"VALUES ($1, $2, $2{', ' + placeholders if columns else ''}) "
+        "ON CONFLICT (id) DO NOTHING RETURNING id",
+        pool_id,
+        now,
+        *(_column_value(c, fields[c]) for c in columns),
     )
     if inserted is None:
         raise PoolExists(f"a pool with id {pool_id!r} already exists")
@@ -267,24 +312,16 @@ async def pool_create(
     return await _pool_require(conn, pool_id=pool_id)
 
 
-async def _pool_require(conn: AsyncConnection, *, pool_id: str) -> PoolRecord:
-    record = await pool_get(conn, pool_id=pool_id)
-    if record is None:
-        raise PoolNotFound()
-    return record
-
-
-async def _pool_lock(conn: AsyncConnection, *, pool_id: str) -> int:
-    version = await conn.scalar(
-        select(pools.c.version).where(pools.c.id == pool_id).with_for_update()
-    )
-    if version is None:
-        raise PoolNotFound()
-    return version
+def _column_value(column: str, value: Any) -> Any:
+    if column in ("tenant_ids", "artifact_regions", "operators"):
+        return list(value)
+    if column == "labels":
+        return dict(value)
+    return value
 
 
 async def pool_update(
-    conn: AsyncConnection,
+    conn: Connection,
     *,
     pool_id: str,
     changes: Mapping[str, Any],
@@ -294,58 +331,51 @@ async def pool_update(
 ) -> PoolRecord:
     """Apply ``changes`` and merge ``label_changes`` (None removes a label) into the pool,
     bump its version; raise PoolVersionMismatch when ``expected_version`` is not current."""
-    values: dict[str, Any] = {name: changes[name] for name in POOL_FIELDS if name in changes}
+    args: list[Any] = [pool_id, expected_version, now]
+    sets = ["version = version + 1", "updated_at = $3"]
+    for name in POOL_FIELDS:
+        if name in changes and not (name == "labels" and label_changes):
+            args.append(_column_value(name, changes[name]))
+            sets.append(f"{name} = ${len(args)}")
     if label_changes:
         # Merged in SQL, not read-modify-write, so a concurrent edit's labels are never lost.
-        label_set = {k: v for k, v in label_changes.items() if v is not None}
-        label_unset = sorted(k for k, v in label_changes.items() if v is None)
-        values["labels"] = pools.c.labels.op("||", return_type=JSONB)(
-            cast(literal(label_set, JSONB), JSONB)
-        ).op("-", return_type=JSONB)(cast(literal(label_unset, ARRAY(Text)), ARRAY(Text)))
-    conditions = [pools.c.id == pool_id]
-    if expected_version is not None:
-        # Checked inside the UPDATE: a concurrent edit holding the row makes this one
-        # re-check the new version after it commits, so exactly one of two wins.
-        conditions.append(pools.c.version == expected_version)
-    updated = await conn.scalar(
-        update(pools)
-        .where(*conditions)
-        .values(version=pools.c.version + 1, updated_at=now, **values)
-        .returning(pools.c.id)
+        args.append({k: v for k, v in label_changes.items() if v is not None})
+        args.append(sorted(k for k, v in label_changes.items() if v is None))
+        sets.append(f"labels = (labels || ${len(args) - 1}::jsonb) - ${len(args)}::text[]")
+    # The version is checked inside the UPDATE: a concurrent edit holding the row makes this
+    # one re-check the new version after it commits, so exactly one of two wins.
+    updated = await conn.fetchval(
+        f"UPDATE pools SET {', '.join(sets)} "
+        "WHERE id = $1 AND ($2::bigint IS NULL OR version = $2) RETURNING id",
+        *args,
     )
     if updated is None:
-        if await conn.scalar(select(pools.c.id).where(pools.c.id == pool_id)) is None:
+        if await conn.fetchval(_EXISTS, pool_id) is None:
             raise PoolNotFound()
         raise PoolVersionMismatch()
     await wakeup_notify(conn, source=WakeSource.POOL_CHANGED)
     return await _pool_require(conn, pool_id=pool_id)
 
 
-async def pool_delete(conn: AsyncConnection, *, pool_id: str) -> None:
+async def pool_delete(conn: Connection, *, pool_id: str) -> None:
     """Delete the pool, its ledger and its ended leases; raise PoolHasLiveLeases while a
     lease or reservation still holds capacity on it."""
     await _pool_lock(conn, pool_id=pool_id)
     # Read after the lock: a reconciler that leased onto this pool has committed by now
     # (its lease insert holds a key-share lock on the pool row), so its lease is counted.
-    live = await conn.scalar(
-        select(func.count())
-        .select_from(leases)
-        .where(leases.c.pool_id == pool_id, leases.c.state == "ACTIVE")
-    )
-    held = await conn.scalar(
-        select(func.count()).select_from(reservations).where(reservations.c.pool_id == pool_id)
-    )
+    live = await conn.fetchval(_LIVE_LEASES, pool_id)
+    held = await conn.fetchval(_RESERVATIONS, pool_id)
     if live or held:
         raise PoolHasLiveLeases(
             f"pool {pool_id!r} still has {live} live lease(s) and {held} reservation(s); "
             "drain it and wait for them to end before deleting it"
         )
-    await conn.execute(delete(leases).where(leases.c.pool_id == pool_id))
-    await conn.execute(delete(pools).where(pools.c.id == pool_id))
+    await conn.execute(_DELETE_LEASES, pool_id)
+    await conn.execute(_DELETE, pool_id)
 
 
 async def pool_capacity_put(
-    conn: AsyncConnection,
+    conn: Connection,
     *,
     pool_id: str,
     totals: tuple[int, int, int],
@@ -354,55 +384,34 @@ async def pool_capacity_put(
     """Register or change the pool's ledger totals; raise CapacityBelowReserved when a total
     would fall below what is reserved now."""
     await _pool_lock(conn, pool_id=pool_id)
-    current = (
-        await conn.execute(
-            select(
-                ledgers.c.cpu_total,
-                ledgers.c.memory_total,
-                ledgers.c.llm_total,
-                ledgers.c.cpu_reserved,
-                ledgers.c.memory_reserved,
-                ledgers.c.llm_reserved,
-            )
-            .where(ledgers.c.pool_id == pool_id)
-            .with_for_update()
-        )
-    ).one_or_none()
+    current = await conn.fetchrow(_LEDGER_LOCK, pool_id)
     cpu, memory, llm = totals
     if current is None:
-        await conn.execute(
-            insert(ledgers).values(
-                pool_id=pool_id, cpu_total=cpu, memory_total=memory, llm_total=llm, updated_at=now
-            )
-        )
+        await conn.execute(_LEDGER_ADD, pool_id, cpu, memory, llm, now)
         raised = True
     else:
-        old_totals = (current.cpu_total, current.memory_total, current.llm_total)
-        reserved = (current.cpu_reserved, current.memory_reserved, current.llm_reserved)
+        old_totals = (current["cpu_total"], current["memory_total"], current["llm_total"])
+        reserved = (
+            current["cpu_reserved"],
+            current["memory_reserved"],
+            current["llm_reserved"],
+        )
         for (_, name), total, held in zip(DIMENSIONS, totals, reserved, strict=True):
             if total < held:
                 raise CapacityBelowReserved(
                     f"{name} total {total} is below the {held} reserved now",
                     extra={"dimension": name, "requested": total, "reserved": held},
                 )
-        await conn.execute(
-            update(ledgers)
-            .where(ledgers.c.pool_id == pool_id)
-            .values(cpu_total=cpu, memory_total=memory, llm_total=llm, updated_at=now)
-        )
+        await conn.execute(_LEDGER_SET, pool_id, cpu, memory, llm, now)
         raised = any(new > old for new, old in zip(totals, old_totals, strict=True))
-    await conn.execute(
-        update(pools)
-        .where(pools.c.id == pool_id)
-        .values(version=pools.c.version + 1, updated_at=now)
-    )
+    await conn.execute(_VERSION_BUMP, pool_id, now)
     if raised:
         await wakeup_notify(conn, source=WakeSource.LEDGER_RAISED)
     return await _pool_require(conn, pool_id=pool_id)
 
 
 async def pool_status_set(
-    conn: AsyncConnection,
+    conn: Connection,
     *,
     pool_id: str,
     status: str,
@@ -413,46 +422,8 @@ async def pool_status_set(
     """Set the pool's operator status (ACTIVE, CORDONED or DRAINING) with its reason and
     drain deadline; activating wakes reconcilers."""
     await _pool_lock(conn, pool_id=pool_id)
-    await conn.execute(
-        update(pools)
-        .where(pools.c.id == pool_id)
-        .values(
-            status=status,
-            status_reason=reason,
-            drain_deadline=drain_deadline if status == "DRAINING" else None,
-            version=pools.c.version + 1,
-            updated_at=now,
-        )
-    )
+    deadline = drain_deadline if status == "DRAINING" else None
+    await conn.execute(_STATUS_SET, pool_id, status, reason, deadline, now)
     if status == "ACTIVE":
         await wakeup_notify(conn, source=WakeSource.POOL_ACTIVATED)
     return await _pool_require(conn, pool_id=pool_id)
-
-
-def pool_operable(record: PoolRecord, viewer: PoolViewer) -> bool:
-    """Return whether ``viewer`` may cordon, drain or activate the pool."""
-    return viewer.role == "admin" or (
-        viewer.role == "operator" and viewer.subject in record.operators
-    )
-
-
-__all__ = [
-    "DIMENSIONS",
-    "POOL_FIELDS",
-    "CapacityBelowReserved",
-    "PoolExists",
-    "PoolHasLiveLeases",
-    "PoolNotFound",
-    "PoolRecord",
-    "PoolVersionMismatch",
-    "PoolViewer",
-    "pool_capacity_put",
-    "pool_create",
-    "pool_delete",
-    "pool_get",
-    "pool_operable",
-    "pool_status_set",
-    "pool_update",
-    "pool_visible",
-    "pools_list",
-]

@@ -18,9 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection
-
+from app.db import Connection
 from app.ledger.events import task_events_add
 from app.ledger.reservations import reservations_release
 from app.ledger.wakeups import WakeSource, wakeup_notify
@@ -54,59 +52,56 @@ class RecoveryResult:
         return self.requeued + self.failed
 
 
-_TASKS_LOCK = text(
-    "SELECT id FROM tasks WHERE id = ANY(CAST(:ids AS uuid[])) AND state = 'LEASED' "
+_TASKS_LOCK = (
+    "SELECT id FROM tasks WHERE id = ANY($1::uuid[]) AND state = 'LEASED' "
     "ORDER BY id FOR UPDATE SKIP LOCKED"
 )
-_LEASES_END = text(
-    "UPDATE leases SET state = :state, ended_at = :now, end_reason = :reason "
-    "WHERE task_id = ANY(CAST(:ids AS uuid[])) AND state = 'ACTIVE'"
+_LEASES_END = (
+    "UPDATE leases SET state = $2, ended_at = $4, end_reason = $3 "
+    "WHERE task_id = ANY($1::uuid[]) AND state = 'ACTIVE'"
 )
-_TASKS_REQUEUE = text(
+_TASKS_REQUEUE = (
     "UPDATE tasks SET attempts = attempts + 1, "
     "state = CASE WHEN attempts + 1 >= max_attempts THEN 'FAILED' ELSE 'ADMITTED' END, "
-    "failure_reason = CASE WHEN attempts + 1 >= max_attempts THEN :reason END, "
-    "finished_at = CASE WHEN attempts + 1 >= max_attempts THEN CAST(:now AS timestamptz) END, "
+    "failure_reason = CASE WHEN attempts + 1 >= max_attempts THEN $2::text END, "
+    "finished_at = CASE WHEN attempts + 1 >= max_attempts THEN $3::timestamptz END, "
     "parked = false, pending_reason = NULL, placement = NULL, leased_at = NULL, "
-    "updated_at = :now "
-    "WHERE id = ANY(CAST(:ids AS uuid[])) RETURNING id, state, attempts"
+    "updated_at = $3 "
+    "WHERE id = ANY($1::uuid[]) RETURNING id, state, attempts"
 )
-_EXPIRED = text(
+_EXPIRED = (
     "SELECT DISTINCT task_id FROM ("
-    "SELECT task_id FROM leases WHERE state = 'ACTIVE' AND expires_at <= :now "
-    "ORDER BY expires_at LIMIT :limit) e"
+    "SELECT task_id FROM leases WHERE state = 'ACTIVE' AND expires_at <= $1 "
+    "ORDER BY expires_at LIMIT $2) e"
 )
-_POOL_LEASED = text(
-    "SELECT DISTINCT task_id FROM leases WHERE state = 'ACTIVE' AND pool_id = :pool_id"
-)
-_DRAIN_OVERDUE = text(
-    "SELECT p.id FROM pools p WHERE p.status = 'DRAINING' AND p.drain_deadline <= :now "
+_POOL_LEASED = "SELECT DISTINCT task_id FROM leases WHERE state = 'ACTIVE' AND pool_id = $1"
+_DRAIN_OVERDUE = (
+    "SELECT p.id FROM pools p WHERE p.status = 'DRAINING' AND p.drain_deadline <= $1 "
     "AND EXISTS (SELECT 1 FROM leases l WHERE l.pool_id = p.id AND l.state = 'ACTIVE') "
     "ORDER BY p.id"
 )
 
 
 async def leases_requeue(
-    conn: AsyncConnection,
+    conn: Connection,
     *,
     task_ids: Iterable[uuid.UUID],
     now: datetime,
     cause: RecoveryCause,
 ) -> RecoveryResult:
-    """End the live leases of the still-leased ``task_ids``, release them, requeue or fail them."""
+    """End the live leases of the still-leased ``task_ids``, release them, requeue or fail them.
+
+    Runs in the caller's transaction.
+    """
     ids = sorted(set(task_ids))
     if not ids:
         return RecoveryResult()
-    locked = [r[0] for r in await conn.execute(_TASKS_LOCK, {"ids": ids})]
+    locked = [r[0] for r in await conn.fetch(_TASKS_LOCK, ids)]
     if not locked:
         return RecoveryResult()
     lease_state, reason = _CAUSES[cause]
-    await conn.execute(
-        _LEASES_END, {"ids": locked, "state": lease_state, "reason": reason, "now": now}
-    )
-    rows = (
-        await conn.execute(_TASKS_REQUEUE, {"ids": locked, "reason": reason, "now": now})
-    ).all()
+    await conn.execute(_LEASES_END, locked, lease_state, reason, now)
+    rows = await conn.fetch(_TASKS_REQUEUE, locked, reason, now)
     await task_events_add(
         conn,
         rows=[
@@ -129,18 +124,18 @@ async def leases_requeue(
 
 
 async def leases_expired_recover(
-    conn: AsyncConnection, *, now: datetime, limit: int = 500
+    conn: Connection, *, now: datetime, limit: int = 500
 ) -> RecoveryResult:
     """Recover up to ``limit`` leases that expired at or before ``now``."""
-    ids = [r[0] for r in await conn.execute(_EXPIRED, {"now": now, "limit": limit})]
+    ids = [r[0] for r in await conn.fetch(_EXPIRED, now, limit)]
     return await leases_requeue(conn, task_ids=ids, now=now, cause=RecoveryCause.EXPIRED)
 
 
-async def pools_drain_overdue(conn: AsyncConnection, *, now: datetime) -> list[str]:
+async def pools_drain_overdue(conn: Connection, *, now: datetime) -> list[str]:
     """Return the draining pools whose deadline passed and that still hold live leases."""
-    return [r[0] for r in await conn.execute(_DRAIN_OVERDUE, {"now": now})]
+    return [r[0] for r in await conn.fetch(_DRAIN_OVERDUE, now)]
 
 
-async def pool_leased_tasks(conn: AsyncConnection, *, pool_id: str) -> list[uuid.UUID]:
+async def pool_leased_tasks(conn: Connection, *, pool_id: str) -> list[uuid.UUID]:
     """Return the tasks holding a live lease on ``pool_id``."""
-    return [r[0] for r in await conn.execute(_POOL_LEASED, {"pool_id": pool_id})]
+    return [r[0] for r in await conn.fetch(_POOL_LEASED, pool_id)]

@@ -15,8 +15,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection
+from app.db import Connection
 
 Vector = tuple[int, int, int]
 
@@ -26,17 +25,17 @@ Vector = tuple[int, int, int]
 # no plan (a cached generic plan guesses 10 array elements) can pair each ledger row with
 # every element of the batch.
 _LOCKED = (
-    "WITH v AS (SELECT * FROM unnest(CAST(:pools AS text[]), CAST(:cpu AS bigint[]), "
-    "CAST(:memory AS bigint[]), CAST(:llm AS bigint[])) AS v(pool_id, cpu, memory, llm)), "
+    "WITH v AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[]) "
+    "AS v(pool_id, cpu, memory, llm)), "
     "locked AS (SELECT l.pool_id FROM ledgers l JOIN v ON v.pool_id = l.pool_id "
     "ORDER BY l.pool_id FOR UPDATE OF l) "
 )
 
-_RESERVE = text(
+_RESERVE = (
     _LOCKED
     + "UPDATE ledgers l SET cpu_reserved = l.cpu_reserved + v.cpu, "
     "memory_reserved = l.memory_reserved + v.memory, llm_reserved = l.llm_reserved + v.llm, "
-    "updated_at = :now "
+    "updated_at = $5 "
     "FROM v WHERE v.pool_id = l.pool_id AND (SELECT count(*) FROM locked) > 0 "
     "AND l.cpu_reserved + v.cpu <= l.cpu_total "
     "AND l.memory_reserved + v.memory <= l.memory_total "
@@ -44,28 +43,28 @@ _RESERVE = text(
     "RETURNING l.pool_id"
 )
 
-_RELEASE = text(
+_RELEASE = (
     _LOCKED
     + "UPDATE ledgers l SET cpu_reserved = l.cpu_reserved - v.cpu, "
     "memory_reserved = l.memory_reserved - v.memory, llm_reserved = l.llm_reserved - v.llm, "
-    "updated_at = :now "
+    "updated_at = $5 "
     "FROM v WHERE v.pool_id = l.pool_id AND (SELECT count(*) FROM locked) > 0"
 )
 
-_RESERVATIONS_DELETE = text(
-    "DELETE FROM reservations WHERE task_id = ANY(CAST(:ids AS uuid[])) "
+_RESERVATIONS_DELETE = (
+    "DELETE FROM reservations WHERE task_id = ANY($1::uuid[]) "
     "RETURNING pool_id, cpu, memory, llm"
 )
 
 
-def _columns(amounts: Mapping[str, Vector]) -> dict[str, list]:
+def _columns(amounts: Mapping[str, Vector]) -> tuple[list, list, list, list]:
     pools = sorted(amounts)
-    return {
-        "pools": pools,
-        "cpu": [int(amounts[p][0]) for p in pools],
-        "memory": [int(amounts[p][1]) for p in pools],
-        "llm": [int(amounts[p][2]) for p in pools],
-    }
+    return (
+        pools,
+        [int(amounts[p][0]) for p in pools],
+        [int(amounts[p][1]) for p in pools],
+        [int(amounts[p][2]) for p in pools],
+    )
 
 
 def amounts_sum(rows: Iterable[tuple[str, int, int, int]]) -> dict[str, Vector]:
@@ -80,29 +79,29 @@ def amounts_sum(rows: Iterable[tuple[str, int, int, int]]) -> dict[str, Vector]:
 
 
 async def ledger_reserve_many(
-    conn: AsyncConnection, *, amounts: Mapping[str, Vector], now: datetime
+    conn: Connection, *, amounts: Mapping[str, Vector], now: datetime
 ) -> set[str]:
     """Add ``amounts`` to the pools whose totals still hold them; return the pools updated.
 
     A pool missing from the result lost a race: adding its amount would exceed a total, so
-    nothing was added there (the caller rolls back and walks the affected tasks).
+    nothing was added there (:func:`app.ledger.plans.plan_apply` then rolls back).
     """
     if not amounts:
         return set()
-    rows = await conn.execute(_RESERVE, {**_columns(amounts), "now": now})
+    rows = await conn.fetch(_RESERVE, *_columns(amounts), now)
     return {r[0] for r in rows}
 
 
 async def ledger_release_many(
-    conn: AsyncConnection, *, amounts: Mapping[str, Vector], now: datetime
+    conn: Connection, *, amounts: Mapping[str, Vector], now: datetime
 ) -> None:
     """Subtract ``amounts`` from the pools' reserved totals."""
     if amounts:
-        await conn.execute(_RELEASE, {**_columns(amounts), "now": now})
+        await conn.execute(_RELEASE, *_columns(amounts), now)
 
 
 async def reservations_release(
-    conn: AsyncConnection, *, task_ids: Iterable[uuid.UUID], now: datetime
+    conn: Connection, *, task_ids: Iterable[uuid.UUID], now: datetime
 ) -> dict[str, Vector]:
     """Delete the tasks' reservations and return them to their pools' ledgers.
 
@@ -113,7 +112,7 @@ async def reservations_release(
     ids = list(task_ids)
     if not ids:
         return {}
-    rows = await conn.execute(_RESERVATIONS_DELETE, {"ids": ids})
+    rows = await conn.fetch(_RESERVATIONS_DELETE, ids)
     released = amounts_sum((r[0], r[1], r[2], r[3]) for r in rows)
     await ledger_release_many(conn, amounts=released, now=now)
     return released

@@ -15,17 +15,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import orjson
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.scheduling.model import PlacedTask, PoolState, Snapshot
+from app.db import Connection
+from app.scheduling.snapshot import PlacedTask, PoolState, Snapshot
 
 Vector = tuple[int, int, int]
 
-# Read through the raw asyncpg connection: this is the widest read of every pass, and
-# SQLAlchemy's row processing (JSON decoding through the json module) would triple its cost.
-# As the first statement on a connection it runs outside a transaction (the reconciler reads
-# on a connection of its own; a single statement sees one consistent snapshot anyway).
+# This is the widest read of every pass: JSON columns come as text (decoded once per distinct
+# value by orjson, not per row), and the reconciler reads in autocommit (a single statement
+# sees one consistent snapshot anyway).
 # The first 19 columns (arrays as text) are the row's identity for PoolCache: a Record slice
 # is a hashable tuple, so an unchanged pool costs one dict lookup.
 _POOLS = (
@@ -72,15 +70,15 @@ _PLACED_GROUPED = (
     "GROUP BY t.tenant_id, t.labels::text ORDER BY 1, 2"
 )
 
-_TENANT_USAGE = text(
+_TENANT_USAGE = (
     "SELECT t.tenant_id, SUM(r.cpu), SUM(r.memory), SUM(r.llm) FROM reservations r "
-    "JOIN tasks t ON t.id = r.task_id WHERE t.tenant_id = ANY(CAST(:tenants AS text[])) "
+    "JOIN tasks t ON t.id = r.task_id WHERE t.tenant_id = ANY($1::text[]) "
     "GROUP BY t.tenant_id"
 )
 
-_LEDGERS = text(
+_LEDGERS = (
     "SELECT pool_id, cpu_total, memory_total, llm_total, cpu_reserved, memory_reserved, "
-    "llm_reserved FROM ledgers WHERE pool_id = ANY(CAST(:pools AS text[]))"
+    "llm_reserved FROM ledgers WHERE pool_id = ANY($1::text[])"
 )
 
 
@@ -132,7 +130,7 @@ class SnapshotCache:
 
 
 async def snapshot_read(
-    conn: AsyncConnection,
+    conn: Connection,
     *,
     now: datetime,
     freshness_seconds: float,
@@ -142,9 +140,8 @@ async def snapshot_read(
 ) -> Snapshot:
     """Return the pass's snapshot at ``now``, reusing the cached static part when no pool row
     changed since it was built; ``placed`` reads the placements affinity needs."""
-    raw = (await conn.get_raw_connection()).driver_connection
     cutoff = now - timedelta(seconds=freshness_seconds)
-    rows = await raw.fetch(_USAGE, cutoff)  # type: ignore[union-attr]
+    rows = await conn.fetch(_USAGE, cutoff)
     key = tuple([(r[0], r[1]) for r in rows])
     previous = cache.snapshot
     if previous is not None and cache.key == key and previous.strategy == strategy:
@@ -161,7 +158,7 @@ async def snapshot_read(
             placed=tasks,
         )
     else:
-        full = await raw.fetch(_POOLS_VERSIONED, cutoff)  # type: ignore[union-attr]
+        full = await conn.fetch(_POOLS_VERSIONED, cutoff)
         states = _pool_states(full, cache.pools)
         tasks = await placed()
         cache.rebuilds += 1
@@ -173,17 +170,14 @@ async def snapshot_read(
 
 
 async def pools_read(
-    conn: AsyncConnection,
+    conn: Connection,
     *,
     now: datetime,
     freshness_seconds: float,
     cache: PoolCache | None = None,
 ) -> list[PoolState]:
     """Return every pool as the core sees it, with health computed at ``now``."""
-    raw = await conn.get_raw_connection()
-    rows = await raw.driver_connection.fetch(  # type: ignore[union-attr]
-        _POOLS, now - timedelta(seconds=freshness_seconds)
-    )
+    rows = await conn.fetch(_POOLS, now - timedelta(seconds=freshness_seconds))
     return _pool_states(rows, cache)
 
 
@@ -225,15 +219,12 @@ def _pool_states(rows: Sequence[Any], cache: PoolCache | None) -> list[PoolState
 
 
 async def placements_read(
-    conn: AsyncConnection, *, tenant_ids: Collection[str]
+    conn: Connection, *, tenant_ids: Collection[str]
 ) -> list[PlacedTask]:
     """Return the leased placements of ``tenant_ids`` (a pool repeated once per member)."""
     if not tenant_ids:
         return []
-    raw = await conn.get_raw_connection()
-    rows = await raw.driver_connection.fetch(  # type: ignore[union-attr]
-        _PLACED, sorted(tenant_ids)
-    )
+    rows = await conn.fetch(_PLACED, sorted(tenant_ids))
     labels_of: dict[str, dict[str, str]] = {}
     by_task: dict[object, tuple[str, dict, list[str]]] = {}
     for task_id, tenant_id, labels_json, pool_id, members in rows:
@@ -251,7 +242,7 @@ async def placements_read(
 
 
 async def placements_grouped_read(
-    conn: AsyncConnection, *, tenant_ids: Collection[str]
+    conn: Connection, *, tenant_ids: Collection[str]
 ) -> list[PlacedTask]:
     """Return the leased placements of ``tenant_ids`` merged per (tenant, task labels): one
     ``PlacedTask`` per group, a pool repeated once per member of any task of the group.
@@ -262,10 +253,7 @@ async def placements_grouped_read(
     """
     if not tenant_ids:
         return []
-    raw = await conn.get_raw_connection()
-    rows = await raw.driver_connection.fetch(  # type: ignore[union-attr]
-        _PLACED_GROUPED, sorted(tenant_ids)
-    )
+    rows = await conn.fetch(_PLACED_GROUPED, sorted(tenant_ids))
     out = []
     for tenant_id, labels_json, pools, members in rows:
         pool_ids: list[str] = []
@@ -279,20 +267,20 @@ async def placements_grouped_read(
 
 
 async def tenant_usage_read(
-    conn: AsyncConnection, *, tenant_ids: Collection[str]
+    conn: Connection, *, tenant_ids: Collection[str]
 ) -> dict[str, Vector]:
     """Return the capacity each tenant holds reserved now."""
     if not tenant_ids:
         return {}
-    rows = await conn.execute(_TENANT_USAGE, {"tenants": sorted(tenant_ids)})
+    rows = await conn.fetch(_TENANT_USAGE, sorted(tenant_ids))
     return {r[0]: (int(r[1]), int(r[2]), int(r[3])) for r in rows}
 
 
-async def ledgers_read(conn: AsyncConnection, *, pool_ids: Collection[str]) -> dict[str, LedgerRow]:
+async def ledgers_read(conn: Connection, *, pool_ids: Collection[str]) -> dict[str, LedgerRow]:
     """Return the current ledger rows of ``pool_ids`` (no locks: a fresh look after a lost race)."""
     if not pool_ids:
         return {}
-    rows = await conn.execute(_LEDGERS, {"pools": sorted(pool_ids)})
+    rows = await conn.fetch(_LEDGERS, sorted(pool_ids))
     return {
         r[0]: LedgerRow((int(r[1]), int(r[2]), int(r[3])), (int(r[4]), int(r[5]), int(r[6])))
         for r in rows

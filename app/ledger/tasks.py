@@ -1,20 +1,18 @@
 """Task SQL for the API: submit (idempotent), get, list and the event history.
 
 Submission is one statement: a CTE inserts the task, appends its ``ADMITTED`` event and
-notifies reconcilers (``pg_notify`` is delivered only when the transaction commits). The
-idempotency race is settled by the unique index on (tenant, idempotency key): the insert
-does nothing on a conflict and the caller re-reads the winner. Every read is tenant-scoped:
-a task of another tenant is indistinguishable from a task that does not exist.
+notifies reconcilers (``pg_notify`` is delivered only when the transaction commits). On an
+autocommit connection that statement is its own transaction. The idempotency race is settled
+by the unique index on (tenant, idempotency key): the insert does nothing on a conflict and
+the caller re-reads the winner. Every read is tenant-scoped: a task of another tenant is
+indistinguishable from a task that does not exist.
 
-Every function takes a SQLAlchemy connection (and then runs in the caller's transaction) or a
-raw asyncpg connection from :class:`app.ledger.driver.StatementPool` (autocommit: the API's
-hot path). Rows come back as :class:`TaskRow` (plain values, JSON columns already parsed);
-the API turns them into the SPEC §6 shape.
+Rows come back as :class:`TaskRow` (plain values, JSON columns already decoded by the
+connection's codecs); the API turns them into the SPEC §6 shape.
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 import uuid
 from collections.abc import Collection
@@ -24,18 +22,18 @@ from typing import Any
 
 import orjson
 
-from app.errors import Conflict, Unprocessable
-from app.ledger.driver import Statements, statement_fetch
+from app.db import Connection
+from app.errors import NotFound, Unprocessable
+from app.ledger.idempotency import IdempotencyKeyReused
 from app.ledger.wakeups import CHANNEL, WakeSource
 from app.shards import shard_of
 
 __all__ = [
-    "IdempotencyKeyReused",
     "LeaseView",
     "SpecHasNul",
     "TaskEventRow",
+    "TaskNotFound",
     "TaskRow",
-    "request_hash",
     "task_events_list",
     "task_get",
     "task_list",
@@ -43,10 +41,10 @@ __all__ = [
 ]
 
 
-class IdempotencyKeyReused(Conflict):
-    """This Idempotency-Key was already used with a different request body."""
+class TaskNotFound(NotFound):
+    """The task does not exist (or belongs to another tenant)."""
 
-    type_slug = "idempotency-key-reused"
+    type_slug = "task-not-found"
 
 
 class SpecHasNul(Unprocessable):
@@ -66,7 +64,7 @@ class LeaseView:
 
 @dataclass(frozen=True, slots=True)
 class TaskRow:
-    """A stored task with its JSON columns parsed and its active leases."""
+    """A stored task with its JSON columns decoded and its active leases."""
 
     id: uuid.UUID
     seq: int
@@ -107,12 +105,6 @@ class TaskEventRow:
 #: An escaped NUL in JSON: ``\u0000`` not itself preceded by an escaping backslash.
 _NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 
-
-def request_hash(spec_json: bytes, tenant_id: str) -> str:
-    """Return the idempotency fingerprint of a normalized spec submitted for ``tenant_id``."""
-    return hashlib.sha256(tenant_id.encode() + b"\0" + spec_json).hexdigest()
-
-
 _SUBMIT = f"""
     WITH ins AS (
         INSERT INTO tasks (id, tenant_id, shard, state, priority, runtime_class, spec, labels,
@@ -128,14 +120,14 @@ _SUBMIT = f"""
     SELECT ins.seq, pg_notify('{CHANNEL}', '{WakeSource.SUBMITTED.value}') FROM ins
 """
 
-# JSON columns are read as text and parsed with orjson: faster than either driver's codec.
+# The id is read as text: asyncpg's own UUID type is not one orjson serializes.
 _COLUMNS = """
-    t.id::text, t.seq, t.tenant_id, t.state, t.priority, t.runtime_class, t.spec::text,
-    t.labels::text, t.pending_reason::text, t.placement::text, t.attempts, t.max_attempts,
+    t.id::text, t.seq, t.tenant_id, t.state, t.priority, t.runtime_class, t.spec,
+    t.labels, t.pending_reason, t.placement, t.attempts, t.max_attempts,
     t.failure_reason, t.created_at, t.updated_at, t.leased_at, t.finished_at,
     (SELECT coalesce(json_agg(json_build_object(
                 'id', l.id, 'poolId', l.pool_id, 'runtimeInstanceId', l.runtime_instance_id,
-                'expiresAt', l.expires_at, 'epoch', l.epoch) ORDER BY l.pool_id), '[]')::text
+                'expiresAt', l.expires_at, 'epoch', l.epoch) ORDER BY l.pool_id), '[]')
        FROM leases l WHERE l.task_id = t.id AND l.state = 'ACTIVE'),
     (SELECT coalesce(array_agg(a->>'poolId'), '{}')
        FROM jsonb_array_elements(coalesce(t.placement->'alternatives', '[]')) a
@@ -151,10 +143,6 @@ _BY_KEY = f"""
 """
 
 
-def _json(value: str | None) -> Any:
-    return None if value is None else orjson.loads(value)
-
-
 def _lease(entry: dict[str, Any]) -> LeaseView:
     return LeaseView(
         id=uuid.UUID(entry["id"]),
@@ -166,7 +154,7 @@ def _lease(entry: dict[str, Any]) -> LeaseView:
 
 
 def _row(r: Any) -> TaskRow:
-    """Return a row of ``_COLUMNS`` (index access works on both drivers' rows) as a TaskRow."""
+    """Return a row of ``_COLUMNS`` as a TaskRow."""
     return TaskRow(
         id=uuid.UUID(r[0]),
         seq=r[1],
@@ -174,10 +162,10 @@ def _row(r: Any) -> TaskRow:
         state=r[3],
         priority=r[4],
         runtime_class=r[5],
-        spec=orjson.loads(r[6]),
-        labels=orjson.loads(r[7]),
-        pending_reason=_json(r[8]),
-        placement=_json(r[9]),
+        spec=r[6],
+        labels=r[7],
+        pending_reason=r[8],
+        placement=r[9],
         attempts=r[10],
         max_attempts=r[11],
         failure_reason=r[12],
@@ -185,57 +173,55 @@ def _row(r: Any) -> TaskRow:
         updated_at=r[14],
         leased_at=r[15],
         finished_at=r[16],
-        leases=tuple(_lease(e) for e in orjson.loads(r[17])),
+        leases=tuple(_lease(e) for e in r[17]),
         hidden_pool_ids=frozenset(r[18]),
     )
 
 
 async def task_submit(
-    conn: Statements,
+    conn: Connection,
     *,
     tenant_id: str,
     spec: dict[str, Any],
     idempotency_key: str | None,
+    request_hash: str | None,
     now: datetime,
 ) -> TaskRow:
     """Store a validated spec (camelCase JSON) as an ADMITTED task and notify reconcilers.
 
     With an ``idempotency_key`` already used by the tenant, return the original task
-    (``created=False``) when the spec is the same, else raise :class:`IdempotencyKeyReused`.
-    One statement does the insert, the event and the notification: on an autocommit
-    connection it is its own transaction.
+    (``created=False``) when ``request_hash`` is the same, else raise
+    :class:`IdempotencyKeyReused`. One statement does the insert, the event and the
+    notification: on an autocommit connection it is its own transaction.
     """
     spec_json = orjson.dumps(spec, option=orjson.OPT_SORT_KEYS)
     if b"\\u0000" in spec_json and _NUL.search(spec_json):
         # PostgreSQL text and jsonb cannot hold NUL; refuse it as invalid content, not a 500.
         raise SpecHasNul()
-    digest = request_hash(spec_json, tenant_id) if idempotency_key is not None else None
+    digest = request_hash if idempotency_key is not None else None
     labels = spec.get("labels") or {}
     task_id = uuid.uuid4()
     priority = int(spec.get("priority", 0))
     max_attempts = int(spec.get("maxAttempts", 3))
     runtime_class = spec["runtimeClass"]
-    inserted = await statement_fetch(
-        conn,
+    seq = await conn.fetchval(
         _SUBMIT,
-        (
-            task_id,
-            tenant_id,
-            shard_of(tenant_id),
-            priority,
-            runtime_class,
-            spec_json.decode(),
-            orjson.dumps(labels).decode(),
-            max_attempts,
-            idempotency_key,
-            digest,
-            now,
-        ),
+        task_id,
+        tenant_id,
+        shard_of(tenant_id),
+        priority,
+        runtime_class,
+        spec_json,
+        labels,
+        max_attempts,
+        idempotency_key,
+        digest,
+        now,
     )
-    if inserted:
+    if seq is not None:
         return TaskRow(
             id=task_id,
-            seq=inserted[0][0],
+            seq=seq,
             tenant_id=tenant_id,
             state="ADMITTED",
             priority=priority,
@@ -254,27 +240,27 @@ async def task_submit(
             created=True,
         )
     # The key is taken: by a committed task, or by one whose transaction we just waited for.
-    existing = await statement_fetch(conn, _BY_KEY, (tenant_id, idempotency_key))
-    if not existing:  # pragma: no cover - the unique index guarantees a winner exists
+    existing = await conn.fetchrow(_BY_KEY, tenant_id, idempotency_key)
+    if existing is None:  # pragma: no cover - the unique index guarantees a winner exists
         raise IdempotencyKeyReused("the Idempotency-Key is in use by a concurrent request")
-    if existing[0][-1] != digest:
+    if existing["request_hash"] != digest:
         raise IdempotencyKeyReused(
             "this Idempotency-Key was already used with a different request body; "
             "use a new key for a new task"
         )
-    return _row(existing[0])
+    return _row(existing)
 
 
 async def task_get(
-    conn: Statements, *, task_id: uuid.UUID, tenant_ids: Collection[str]
+    conn: Connection, *, task_id: uuid.UUID, tenant_ids: Collection[str]
 ) -> TaskRow | None:
     """Return the task ``task_id`` if it belongs to one of ``tenant_ids``, else None."""
-    rows = await statement_fetch(conn, _GET, (task_id, list(tenant_ids)))
-    return _row(rows[0]) if rows else None
+    row = await conn.fetchrow(_GET, task_id, list(tenant_ids))
+    return _row(row) if row is not None else None
 
 
 async def task_list(
-    conn: Statements,
+    conn: Connection,
     *,
     tenant_ids: Collection[str],
     after_seq: int | None = None,
@@ -296,7 +282,7 @@ async def task_list(
         f"SELECT {_COLUMNS} FROM tasks t WHERE {' AND '.join(where)} "
         f"ORDER BY t.seq LIMIT ${len(args)}"
     )
-    rows = [_row(r) for r in await statement_fetch(conn, sql, args)]
+    rows = [_row(r) for r in await conn.fetch(sql, *args)]
     if len(rows) > limit:
         rows = rows[:limit]
         return rows, rows[-1].seq
@@ -304,7 +290,7 @@ async def task_list(
 
 
 _EVENTS = """
-    SELECT e.id, e.at, e.from_state, e.to_state, e.reason, e.detail::text
+    SELECT e.id, e.at, e.from_state, e.to_state, e.reason, e.detail
     FROM task_events e
     WHERE e.task_id = $1 AND e.id > $2
     ORDER BY e.id
@@ -313,9 +299,9 @@ _EVENTS = """
 
 
 async def task_events_list(
-    conn: Statements, *, task_id: uuid.UUID, after_id: int = 0, limit: int = 100
+    conn: Connection, *, task_id: uuid.UUID, after_id: int = 0, limit: int = 100
 ) -> tuple[list[TaskEventRow], int | None]:
     """Return a page of a task's transitions, oldest first, and the cursor id of the next."""
-    rows = await statement_fetch(conn, _EVENTS, (task_id, after_id, limit + 1))
-    events = [TaskEventRow(r[0], r[1], r[2], r[3], r[4], _json(r[5])) for r in rows[:limit]]
+    rows = await conn.fetch(_EVENTS, task_id, after_id, limit + 1)
+    events = [TaskEventRow(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows[:limit]]
     return events, (events[-1].id if len(rows) > limit else None)

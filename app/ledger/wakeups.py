@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection
+from app.db import Connection
 
 CHANNEL = "berth_wakeup"
 
@@ -29,8 +28,6 @@ class WakeSource(StrEnum):
     TICK = "tick"
 
 
-async def wakeup_notify(conn: AsyncConnection, *, source: WakeSource) -> None:
+async def wakeup_notify(conn: Connection, *, source: WakeSource) -> None:
     """Notify reconcilers of ``source`` when the current transaction commits."""
-    await conn.execute(
-        text("SELECT pg_notify(:channel, :source)"), {"channel": CHANNEL, "source": source.value}
-    )
+    await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, source.value)

@@ -22,8 +22,14 @@ class ReconcilerConfig:
     lease_ttl_seconds: float = 60.0
     #: A runtime is healthy while its last heartbeat is newer than this.
     heartbeat_freshness_seconds: float = 15.0
-    #: Next-ranked candidates a task may walk to after its reservation lost a race.
+    #: Next-ranked candidates one task may walk to, over a pass, after its reservation lost
+    #: a race (per task; gangs never walk).
     reservation_walk_limit: int = 3
+    #: Commit rounds of one pass that may reserve capacity. Each lost race costs a round (the
+    #: pass re-reads the refusing pools and walks); when the last round still loses, the
+    #: placements left go back to the queue unparked, in one more round that reserves
+    #: nothing. So a pass runs at most ``commit_rounds_max + 1`` commit transactions.
+    commit_rounds_max: int = 4
     #: Tries of a transaction that failed transiently (serialization, deadlock, connection).
     retry_attempts: int = 5
     #: First retry backoff; doubles each try, with full jitter.
@@ -58,6 +64,7 @@ class ReconcilerConfig:
             "lease_ttl_seconds": settings.lease_ttl_seconds,
             "heartbeat_freshness_seconds": settings.heartbeat_freshness_seconds,
             "reservation_walk_limit": settings.reservation_walk_limit,
+            "commit_rounds_max": settings.commit_rounds_max,
             "retry_attempts": settings.retry_attempts,
             "retry_base_delay_seconds": settings.retry_base_delay_ms / 1000.0,
             "tick_seconds": settings.tick_seconds,

@@ -1,4 +1,4 @@
-"""LISTEN for wakeups on a dedicated asyncpg connection (not one from the engine's pool)."""
+"""LISTEN for wakeups on a dedicated connection (``Database.connect``, not one of the pool)."""
 
 from __future__ import annotations
 
@@ -6,28 +6,23 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import asyncpg
-from sqlalchemy.engine import URL
-
+from app.db import Connection, Database
 from app.ledger.wakeups import CHANNEL, WakeSource
 
 log = logging.getLogger("berth.reconciler")
 
 _SOURCES = {s.value for s in WakeSource}
-
-
-def asyncpg_dsn(url: URL) -> str:
-    """Return a plain ``postgresql://`` DSN for asyncpg from an engine URL."""
-    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+#: ``application_name`` of the LISTEN connection, as ``pg_stat_activity`` shows it.
+APPLICATION_NAME = "berth-listen"
 
 
 class WakeupListener:
     """Deliver each notification's source to ``on_wakeup``; reconnect when the link drops."""
 
-    def __init__(self, dsn: str, on_wakeup: Callable[[WakeSource], None]) -> None:
-        self._dsn = dsn
+    def __init__(self, db: Database, on_wakeup: Callable[[WakeSource], None]) -> None:
+        self._db = db
         self._on_wakeup = on_wakeup
-        self._conn: asyncpg.Connection | None = None
+        self._conn: Connection | None = None
 
     @property
     def connected(self) -> bool:
@@ -44,11 +39,13 @@ class WakeupListener:
         if self.connected:
             return False
         await self.close()
+        conn: Connection | None = None
         try:
-            conn = await asyncpg.connect(self._dsn, timeout=10,
-                                         server_settings={"application_name": "berth-listen"})
+            conn = await self._db.connect(application_name=APPLICATION_NAME)
             await conn.add_listener(CHANNEL, self._notified)
         except Exception as exc:  # the tick covers until the next try
+            if conn is not None:
+                conn.terminate()
             log.warning("wakeup listener cannot connect", extra={"error": type(exc).__name__})
             return False
         self._conn = conn

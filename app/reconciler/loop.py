@@ -30,8 +30,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-
+from app.db import Connection, Database
 from app.ledger.claims import tasks_unpark
 from app.ledger.leases import pool_leases_revoke
 from app.ledger.recovery import leases_expired_recover, pools_drain_overdue
@@ -39,7 +38,7 @@ from app.ledger.snapshot import SnapshotCache
 from app.ledger.wakeups import WakeSource
 from app.metrics import LEASES_EXPIRED, WAKEUPS
 from app.reconciler.config import ReconcilerConfig
-from app.reconciler.listener import WakeupListener, asyncpg_dsn
+from app.reconciler.listener import WakeupListener
 from app.reconciler.ownership import DynamicOwnership, StaticOwnership
 from app.reconciler.passes import PassContext, PassResult, pass_run
 
@@ -65,7 +64,7 @@ class Reconciler:
 
     def __init__(
         self,
-        engine: AsyncEngine,
+        db: Database,
         config: ReconcilerConfig,
         *,
         owner_id: str | None = None,
@@ -73,13 +72,13 @@ class Reconciler:
         rng: Callable[[], float] = random.random,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ) -> None:
-        self.engine = engine
+        self.db = db
         self.config = config
         self.owner_id = owner_id or owner_id_default()
         self.ownership: StaticOwnership | DynamicOwnership = (
-            DynamicOwnership(engine, owner_id=self.owner_id)
+            DynamicOwnership(db, owner_id=self.owner_id)
             if slots is None
-            else StaticOwnership(frozenset(slots), engine=engine, owner_id=self.owner_id)
+            else StaticOwnership(frozenset(slots), db=db, owner_id=self.owner_id)
         )
         self._rng = rng
         self._sleep = sleep
@@ -103,7 +102,7 @@ class Reconciler:
         self._passes += 1
         pass_id = f"{self.owner_id}/{self._passes}"
         ctx = PassContext(
-            engine=self.engine,
+            db=self.db,
             config=self.config,
             claim_owner=pass_id,
             slots=self.ownership.slots,
@@ -133,7 +132,7 @@ class Reconciler:
         slots = self.ownership.slots
         if not slots:
             return 0
-        async with self.engine.begin() as conn:
+        async with self.db.connection() as conn:  # one statement: atomic on its own
             return await tasks_unpark(conn, slots=slots, now=now or datetime.now(UTC))
 
     async def recover_once(self, *, now: datetime | None = None) -> int:
@@ -141,7 +140,7 @@ class Reconciler:
         at = now or datetime.now(UTC)
         limit = self.config.recovery_batch
 
-        async def recover(conn: AsyncConnection) -> int:
+        async def recover(conn: Connection) -> int:
             result = await leases_expired_recover(conn, now=at, limit=limit)
             if result.tasks:
                 LEASES_EXPIRED.labels(cause="expired").inc(result.tasks)
@@ -172,7 +171,7 @@ class Reconciler:
     async def run(self, stop: asyncio.Event) -> None:
         """Run passes until ``stop`` is set; then release every lock and connection."""
         cfg = self.config
-        listener = WakeupListener(asyncpg_dsn(self.engine.url), self.wakeup)
+        listener = WakeupListener(self.db, self.wakeup)
         await listener.ensure()
         await self.ownership.start()
         log.info("reconciler started",

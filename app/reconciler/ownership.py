@@ -1,7 +1,8 @@
 """Shard ownership (static or by advisory locks) and lease-recovery leadership.
 
 Static ownership is fixed by ``--shard INDEX/COUNT``. Dynamic ownership uses PostgreSQL
-session advisory locks on one dedicated connection per replica:
+session advisory locks (their SQL is in :mod:`app.ledger.ownership`) on one dedicated
+connection per replica (``Database.connect``, outside the pool):
 
 * a **member** lock ``(NAMESPACE, MEMBER_BASE + i)`` on the lowest free index ``i`` says the
   replica is alive; ``pg_locks`` lists the live members to every replica, and a replica
@@ -25,33 +26,40 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
-
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from typing import TypeVar
 
 from app.config import SHARD_SLOTS
+from app.db import Connection, Database
+from app.ledger.ownership import (
+    NAMESPACE,
+    ownership_keys_held,
+    ownership_lock_release,
+    ownership_lock_try,
+    ownership_locks_release_all,
+)
 from app.metrics import SHARDS_OWNED
+from app.reconciler.retry import transient_kind
 
 log = logging.getLogger("berth.reconciler")
 
 T = TypeVar("T")
 
-#: First key of every Berth advisory lock (the two-int form): "BRTH".
-NAMESPACE = 0x42525448
-#: Second key of the leadership lock.
+__all__ = [
+    "LEADER_KEY",
+    "MEMBER_BASE",
+    "NAMESPACE",
+    "DynamicOwnership",
+    "StaticOwnership",
+    "slots_share",
+]
+
+#: Second key of the leadership lock (the first is :data:`NAMESPACE`).
 LEADER_KEY = 1_000_000
 #: Member locks use MEMBER_BASE + index.
 MEMBER_BASE = 2_000_000
 MEMBERS_MAX = SHARD_SLOTS * 4
-
-_TRY = text("SELECT pg_try_advisory_lock(:ns, :key)")
-_UNLOCK = text("SELECT pg_advisory_unlock(:ns, :key)")
-_MEMBERS = text(
-    "SELECT objid FROM pg_locks WHERE locktype = 'advisory' AND granted "
-    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-    "AND classid = :ns AND objsubid = 2 AND objid >= :lo AND objid < :hi ORDER BY objid"
-)
+#: ``application_name`` of the ownership session, as ``pg_stat_activity`` shows it.
+APPLICATION_NAME = "berth-ownership"
 
 
 def slots_share(rank: int, members: int, slots: int = SHARD_SLOTS) -> frozenset[int]:
@@ -68,13 +76,12 @@ class StaticOwnership:
         self,
         slots: frozenset[int],
         *,
-        engine: AsyncEngine,
+        db: Database,
         owner_id: str = "static",
         lead: bool = True,
     ) -> None:
         self.slots = frozenset(slots)
-        self._engine = engine
-        self._dynamic = DynamicOwnership(engine, owner_id=owner_id) if lead else None
+        self._dynamic = DynamicOwnership(db, owner_id=owner_id) if lead else None
 
     async def start(self) -> None:
         """Publish the owned slots."""
@@ -91,7 +98,7 @@ class StaticOwnership:
         """Return whether this replica holds the lease-recovery leadership now."""
         return self._dynamic is not None and await self._dynamic.leader()
 
-    async def as_leader(self, operation: Callable[[AsyncConnection], Awaitable[T]]) -> T | None:
+    async def as_leader(self, operation: Callable[[Connection], Awaitable[T]]) -> T | None:
         """Run ``operation`` in a transaction tied to the leadership term, if leader."""
         if self._dynamic is None:
             return None
@@ -108,37 +115,34 @@ class DynamicOwnership:
     """Slots split among live replicas through advisory locks on one session connection."""
 
     def __init__(
-        self, engine: AsyncEngine, *, owner_id: str, slots_total: int = SHARD_SLOTS
+        self, db: Database, *, owner_id: str, slots_total: int = SHARD_SLOTS
     ) -> None:
-        self._engine = engine
+        self._db = db
         self.owner_id = owner_id
         self.slots_total = slots_total
         self.slots: frozenset[int] = frozenset()
         self.member: int | None = None
         self.members = 0
-        self._conn: AsyncConnection | None = None
+        self._conn: Connection | None = None
         self._is_leader = False
         self._mutex = asyncio.Lock()
 
-    async def _scalar(self, stmt: Any, **params: Any) -> Any:
-        assert self._conn is not None
-        value = (await self._conn.execute(stmt, params)).scalar()
-        await self._conn.commit()
-        return value
-
-    async def connection_ensure(self) -> AsyncConnection:
-        """Open the session connection (and take a member lock) if it is not open."""
-        if self._conn is not None:
+    async def connection_ensure(self) -> Connection:
+        """Open the dedicated session connection if it is not open (or no longer is)."""
+        if self._conn is not None and not self._conn.is_closed():
             return self._conn
-        self._conn = await self._engine.connect()
+        if self._conn is not None:
+            self._forget().terminate()  # its session (and every lock of it) is gone
+        self._conn = await self._db.connect(application_name=APPLICATION_NAME)
         self.slots = frozenset()
         self._is_leader = False
         self.member = None
         return self._conn
 
     async def _member_take(self) -> None:
+        assert self._conn is not None
         for i in range(MEMBERS_MAX):
-            if await self._scalar(_TRY, ns=NAMESPACE, key=MEMBER_BASE + i):
+            if await ownership_lock_try(self._conn, key=MEMBER_BASE + i):
                 self.member = i
                 return
         raise RuntimeError(f"more than {MEMBERS_MAX} reconciler replicas on one database")
@@ -159,11 +163,7 @@ class DynamicOwnership:
         )
         conn = self._forget()
         if conn is not None:
-            try:
-                await conn.invalidate()
-                await conn.close()
-            except Exception:  # the connection is already broken
-                pass
+            conn.terminate()  # the connection is broken: drop it without a goodbye
 
     async def start(self) -> None:
         """Join the replicas and take a first share of slots."""
@@ -173,15 +173,13 @@ class DynamicOwnership:
         """Re-read the live replicas, release slots outside this share, take those inside."""
         async with self._mutex:
             try:
-                await self.connection_ensure()
+                conn = await self.connection_ensure()
                 if self.member is None:
                     await self._member_take()
-                rows = await self._conn.execute(  # type: ignore[union-attr]
-                    _MEMBERS, {"ns": NAMESPACE, "lo": MEMBER_BASE,
-                               "hi": MEMBER_BASE + MEMBERS_MAX}
+                held = await ownership_keys_held(
+                    conn, lo=MEMBER_BASE, hi=MEMBER_BASE + MEMBERS_MAX
                 )
-                live = [int(r[0]) - MEMBER_BASE for r in rows]
-                await self._conn.commit()  # type: ignore[union-attr]
+                live = [k - MEMBER_BASE for k in held]
                 member = self.member
                 assert member is not None
                 if member not in live:  # pragma: no cover - our own lock is always listed
@@ -190,10 +188,10 @@ class DynamicOwnership:
                 share = slots_share(live.index(member), len(live), self.slots_total)
                 owned = set(self.slots)
                 for s in sorted(owned - share):
-                    await self._scalar(_UNLOCK, ns=NAMESPACE, key=s)
+                    await ownership_lock_release(conn, key=s)
                     owned.discard(s)
                 for s in sorted(share - owned):
-                    if await self._scalar(_TRY, ns=NAMESPACE, key=s):
+                    if await ownership_lock_try(conn, key=s):
                         owned.add(s)
                 changed = frozenset(owned) != self.slots
                 self.slots = frozenset(owned)
@@ -212,18 +210,18 @@ class DynamicOwnership:
     async def leader(self) -> bool:
         """Try to hold the leadership lock; return whether this replica is the leader."""
         async with self._mutex:
-            if self._is_leader and self._conn is not None:
+            if self._is_leader and self._conn is not None and not self._conn.is_closed():
                 return True
             try:
-                await self.connection_ensure()
-                self._is_leader = bool(await self._scalar(_TRY, ns=NAMESPACE, key=LEADER_KEY))
+                conn = await self.connection_ensure()
+                self._is_leader = await ownership_lock_try(conn, key=LEADER_KEY)
                 if self._is_leader:
                     log.info("became lease-recovery leader", extra={"owner": self.owner_id})
             except Exception as exc:
                 await self._lost(exc)
             return self._is_leader
 
-    async def as_leader(self, operation: Callable[[AsyncConnection], Awaitable[T]]) -> T | None:
+    async def as_leader(self, operation: Callable[[Connection], Awaitable[T]]) -> T | None:
         """Run ``operation`` in a transaction on the leadership session, if still leader."""
         if not await self.leader():
             return None
@@ -231,11 +229,9 @@ class DynamicOwnership:
             conn = self._conn
             assert conn is not None
             try:
-                async with conn.begin():
+                async with conn.transaction():
                     return await operation(conn)
             except Exception as exc:
-                from app.reconciler.retry import transient_kind
-
                 if transient_kind(exc) == "connection":
                     await self._lost(exc)
                     return None
@@ -247,8 +243,7 @@ class DynamicOwnership:
             conn = self._forget()
             if conn is not None:
                 try:
-                    await conn.execute(text("SELECT pg_advisory_unlock_all()"))
-                    await conn.commit()
-                except Exception:  # closing anyway
-                    pass
-                await conn.close()
+                    await ownership_locks_release_all(conn)
+                    await conn.close(timeout=5)
+                except Exception:  # the session ends anyway, and its locks with it
+                    conn.terminate()

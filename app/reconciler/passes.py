@@ -1,4 +1,4 @@
-"""One reconcile pass: claim, snapshot, select in policy order, then reserve + lease in one tx.
+"""One reconcile pass: claim, snapshot, select in policy order, then plan and apply.
 
 1. **Claim** up to ``batch`` tasks of the owned slots (``FOR UPDATE SKIP LOCKED``, claim
    expiry, policy-aware claim order) in a short transaction of its own.
@@ -7,15 +7,16 @@
    :class:`~app.ledger.snapshot.SnapshotCache`), plus actual placements only for tenants
    whose tasks carry affinity terms, and tenant usage only under ``fair``.
 3. **Select** each task with the pure core in policy order; every decision is added to an
-   :class:`~app.scheduling.model.Assumed` overlay so later tasks see it, and specs that fit
+   :class:`~app.scheduling.assumed.Assumed` overlay so later tasks see it, and specs that fit
    nowhere are remembered in the pass's :class:`UnsatisfiableCache`.
-4. **Commit** in one transaction: tasks ``LEASED`` with placement, reservations, leases and
-   events; tasks that fit nowhere back to ``ADMITTED``, parked, with their pending reason;
-   the ledger last (conditional ``reserved + amount <= total``, pool-id lock order). When a
-   pool's amount no longer fits — another reconciler won the race — the transaction rolls
-   back, those pools are re-read, and the affected tasks keep their pool if it still fits or
-   walk to their next ranked candidate, at most ``reservation_walk_limit`` times; gangs do not
-   walk (all-or-nothing): they go back to the queue unparked, as do tasks past the limit.
+4. **Plan, then apply**: the decisions become a :class:`~app.ledger.plans.Plan` (grants with
+   their pools and members; hand-backs with their reasons), and
+   :func:`~app.ledger.plans.plan_apply` writes it in one transaction, the ledger last. When
+   pools refuse their amounts (another reconciler won the race) nothing is written: the pass
+   re-reads those pools, walks the affected tasks (:mod:`app.reconciler.walk`, at most
+   ``reservation_walk_limit`` candidates per task; gangs never walk) and applies the new
+   plan. At most ``commit_rounds_max`` rounds reserve; if the last still loses, the
+   placements left go back to the queue unparked.
 
 Transient failures of each transaction are retried (see :mod:`app.reconciler.retry`); other
 errors propagate and the claims expire.
@@ -24,27 +25,19 @@ errors propagate and the claims expire.
 from __future__ import annotations
 
 import logging
-import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.ledger.claims import (
-    ClaimedTask,
-    Grant,
-    Unclaim,
-    tasks_claim,
-    tasks_lease,
-    tasks_unclaim,
-)
-from app.ledger.reservations import amounts_sum, ledger_reserve_many
+from app.db import Database
+from app.ledger.claims import ClaimedTask, tasks_claim
+from app.ledger.plans import ApplyResult, Grant, Plan, Unclaim, plan_apply
 from app.ledger.snapshot import (
     LedgerRow,
     SnapshotCache,
@@ -64,11 +57,15 @@ from app.metrics import (
 )
 from app.reconciler.config import ReconcilerConfig
 from app.reconciler.retry import transient_retry
+from app.reconciler.walk import Decision, decisions_walk
+from app.scheduling.assumed import Assumed
+from app.scheduling.explain import no_placement_document
 from app.scheduling.framework import select
-from app.scheduling.model import Assumed, NoPlacement, Result, Snapshot
-from app.scheduling.plugins.registry import FILTERS
+from app.scheduling.plugins.registry import reason_plugins
 from app.scheduling.policies import QueuedTask, get_policy
 from app.scheduling.reasons import Reason
+from app.scheduling.results import NoPlacement
+from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec, TaskSpec, compile_spec
 from app.scheduling.unsatisfiable import UnsatisfiableCache
 
@@ -84,17 +81,8 @@ SCHEDULER_ERROR = "scheduler_error"
 COMPILED_KEPT = 4096
 
 
-def _reason_plugins() -> dict[str, str]:
-    """Map each filter reason code to the filter plugin that emits it (for metric labels)."""
-    out: dict[str, str] = {}
-    for name, ctor in FILTERS.items():
-        for reason in getattr(sys.modules[ctor.__module__], "REASONS", ()):
-            out[str(reason)] = name
-    out.setdefault(str(Reason.GANG_UNSATISFIABLE), "gang")
-    return out
-
-
-REASON_PLUGIN = _reason_plugins()
+#: The filter plugin that emits each reason code (the label of the rejections metric).
+REASON_PLUGIN = reason_plugins()
 
 
 @dataclass(slots=True)
@@ -137,119 +125,15 @@ class PassResult:
         }
 
 
-@dataclass(slots=True)
-class Decision:
-    """A task the core placed in this pass, and where it stands while the pass commits."""
-
-    task: ClaimedTask
-    spec: CompiledSpec
-    result: Result
-    members: tuple[tuple[str, int], ...]
-    cursor: int = 0
-    walks: int = 0
-
-    def placement_json(self) -> dict[str, Any]:
-        """Return the placement to store: the core's, or the candidate walked to."""
-        placement = self.result.placement
-        assert placement is not None
-        if self.walks == 0:
-            return placement.to_json()
-        chosen = self.result.candidates[self.cursor]
-        return {
-            "poolId": chosen.pool_id,
-            "score": round(chosen.score, 4),
-            "components": [c.to_json() for c in chosen.components],
-            "members": [{"poolId": p, "count": c} for p, c in self.members],
-            "alternatives": [
-                {"poolId": c.pool_id, "score": round(c.score, 4)}
-                for c in self.result.candidates[self.cursor + 1:]
-            ],
-            "walkedFrom": [c.pool_id for c in self.result.candidates[: self.cursor]],
-        }
-
-
-class _LostRace(Exception):
-    """The ledger refused some pools' amounts; the transaction is rolled back."""
-
-    def __init__(self, pools: set[str]) -> None:
-        super().__init__(f"reservation lost a race on {len(pools)} pool(s)")
-        self.pools = pools
-
-
 def _scaled(requests: tuple[int, int, int], members: int) -> tuple[int, int, int]:
     return (requests[0] * members, requests[1] * members, requests[2] * members)
 
 
-def _fits(free: list[int], need: Sequence[int]) -> bool:
-    return free[0] >= need[0] and free[1] >= need[1] and free[2] >= need[2]
-
-
-def decisions_replan(
-    decisions: Sequence[Decision],
-    *,
-    fresh: dict[str, LedgerRow],
-    snapshot: Snapshot,
-    walk_limit: int,
-    force: Collection[str] = (),
-) -> tuple[list[Decision], list[Decision]]:
-    """Re-fit ``decisions`` (in policy order) after lost races; return (kept, released).
-
-    Pools in ``fresh`` count with their re-read ledger, the others with the snapshot. A task
-    that no longer fits keeps walking its ranked candidates while ``walks < walk_limit``;
-    gangs and tasks touching a pool in ``force`` are released instead of walking.
-    """
-    free: dict[str, list[int]] = {}
-
-    def free_of(pool_id: str) -> list[int]:
-        room = free.get(pool_id)
-        if room is None:
-            if pool_id in fresh:
-                room = list(fresh[pool_id].free)
-            else:
-                i = snapshot.pos[pool_id]
-                room = [int(snapshot.cap[i, d] - snapshot.reserved[i, d]) for d in range(3)]
-            free[pool_id] = room
-        return room
-
-    def try_take(members: Sequence[tuple[str, int]], req: tuple[int, int, int]) -> bool:
-        needs = [(p, [c * r for r in req]) for p, c in members]
-        if not all(_fits(free_of(p), n) for p, n in needs):
-            return False
-        for p, n in needs:
-            room = free_of(p)
-            for d in range(3):
-                room[d] -= n[d]
-        return True
-
-    kept: list[Decision] = []
-    released: list[Decision] = []
-    for d in decisions:
-        req = d.spec.requests
-        forced = any(p in force for p, _ in d.members)
-        if not forced and try_take(d.members, req):
-            kept.append(d)
-            continue
-        if forced or d.spec.is_gang:
-            released.append(d)
-            continue
-        moved = False
-        while d.walks < walk_limit and d.cursor + 1 < len(d.result.candidates):
-            d.cursor += 1
-            d.walks += 1
-            pool_id = d.result.candidates[d.cursor].pool_id
-            if try_take(((pool_id, 1),), req):
-                d.members = ((pool_id, 1),)
-                moved = True
-                break
-        (kept if moved else released).append(d)
-    return kept, released
-
-
 @dataclass(slots=True)
 class PassContext:
-    """What a pass needs from its reconciler: the engine, config, owner and retry hooks."""
+    """What a pass needs from its reconciler: the database, config, owner and retry hooks."""
 
-    engine: AsyncEngine
+    db: Database
     config: ReconcilerConfig
     claim_owner: str
     slots: frozenset[int]
@@ -296,7 +180,7 @@ async def pass_run(ctx: PassContext, *, pass_id: str, now: datetime) -> PassResu
     phases = result.phases
 
     async def claim() -> list[ClaimedTask]:
-        async with ctx.engine.begin() as conn:
+        async with ctx.db.transaction() as conn:
             return await tasks_claim(
                 conn,
                 owner=ctx.claim_owner,
@@ -337,7 +221,7 @@ async def pass_run(ctx: PassContext, *, pass_id: str, now: datetime) -> PassResu
     t0 = time.perf_counter()
 
     async def read() -> tuple:
-        async with ctx.engine.connect() as conn:
+        async with ctx.db.connection() as conn:
             snapshot = await snapshot_read(
                 conn, now=now, freshness_seconds=cfg.heartbeat_freshness_seconds,
                 strategy=cfg.strategy,
@@ -347,7 +231,6 @@ async def pass_run(ctx: PassContext, *, pass_id: str, now: datetime) -> PassResu
             usage = (
                 await tenant_usage_read(conn, tenant_ids=tenants) if cfg.policy == "fair" else {}
             )
-            await conn.rollback()
             return snapshot, usage
 
     rebuilds = ctx.snapshot_cache.rebuilds
@@ -405,12 +288,14 @@ async def pass_run(ctx: PassContext, *, pass_id: str, now: datetime) -> PassResu
                 continue
             reason = outcome.reason or NoPlacement(Reason.TENANT_NOT_ALLOWED, "no pool fits")
             cache.put(spec, reason)
-        unclaims.append(Unclaim(task.id, str(reason.code), reason.to_json(), parked=True))
+        unclaims.append(
+            Unclaim(task.id, str(reason.code), no_placement_document(reason), parked=True)
+        )
     result.unsatisfiable_hits = cache.hits
     phases["select"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    await _commit(ctx, result, decisions, unclaims, snapshot, now=now)
+    await _plan_commit(ctx, result, decisions, unclaims, snapshot, now=now)
     phases["commit"] = time.perf_counter() - t0
 
     for label, n in rejections.items():
@@ -420,7 +305,31 @@ async def pass_run(ctx: PassContext, *, pass_id: str, now: datetime) -> PassResu
     return result
 
 
-async def _commit(
+def _plan(
+    decisions: list[Decision],
+    unclaims: list[Unclaim],
+    released: list[Decision],
+    instance: dict[str, str],
+) -> Plan:
+    """Return the plan of the kept decisions, the hand-backs and the released decisions."""
+    return Plan(
+        grants=tuple(
+            Grant(
+                task_id=d.task.id,
+                placement=d.placement_json(),
+                members=tuple((p, c, instance[p]) for p, c in d.members),
+                requests=d.spec.requests,
+            )
+            for d in decisions
+        ),
+        unclaims=(
+            *unclaims,
+            *(Unclaim(d.task.id, CONFLICT_REASON, None, parked=False) for d in released),
+        ),
+    )
+
+
+async def _plan_commit(
     ctx: PassContext,
     result: PassResult,
     decisions: list[Decision],
@@ -429,77 +338,54 @@ async def _commit(
     *,
     now: datetime,
 ) -> None:
-    """Apply the decisions in one transaction, walking lost races; fill ``result``."""
+    """Apply the pass's plan, walking after lost races, in at most ``commit_rounds_max``
+    reserving rounds; fill ``result``."""
     cfg = ctx.config
     instance = {p.id: p.runtime_instance_id for p in snapshot.pools}
     kept = decisions
     released: list[Decision] = []
-    failed_ever: set[str] = set()
-    force: set[str] = set()
+    lost_ever: set[str] = set()
     commit_now = now
 
     while True:
         result.commit_rounds += 1
         # Leases and leased_at carry the commit's time, not the pass start.
         commit_now = ctx.clock() if ctx.clock is not None else now
-        grants = [
-            Grant(
-                task_id=d.task.id,
-                placement=d.placement_json(),
-                members=tuple((p, c, instance[p]) for p, c in d.members),
-                requests=d.spec.requests,
-            )
-            for d in kept
-        ]
-        handback = unclaims + [
-            Unclaim(d.task.id, CONFLICT_REASON, None, parked=False) for d in released
-        ]
+        plan = _plan(kept, unclaims, released, instance)
 
-        async def commit(grants=grants, handback=handback, at=commit_now) -> tuple:
-            async with ctx.engine.begin() as conn:
-                leased = await tasks_lease(
-                    conn, owner=ctx.claim_owner, grants=grants, now=at,
+        async def apply(plan: Plan = plan, at: datetime = commit_now) -> ApplyResult:
+            async with ctx.db.connection() as conn:
+                return await plan_apply(
+                    conn, plan=plan, owner=ctx.claim_owner, now=at,
                     lease_ttl_seconds=cfg.lease_ttl_seconds,
                 )
-                unclaimed = await tasks_unclaim(
-                    conn, owner=ctx.claim_owner, items=handback, now=at
-                )
-                amounts = amounts_sum(
-                    (p, c * g.requests[0], c * g.requests[1], c * g.requests[2])
-                    for g in grants if g.task_id in leased
-                    for p, c, _ in g.members
-                )
-                ok = await ledger_reserve_many(conn, amounts=amounts, now=at)
-                lost = set(amounts) - ok
-                if lost:
-                    raise _LostRace(lost)
-                return leased, unclaimed
 
-        try:
-            leased, unclaimed = await ctx.retry(commit, "commit")
+        applied: ApplyResult = await ctx.retry(apply, "commit")
+        if applied.applied:
             break
-        except _LostRace as race:
-            result.conflicts += len(race.pools)
-            RESERVATION_CONFLICTS.labels(stage="reserve").inc(len(race.pools))
-            failed_ever |= race.pools
-            if result.commit_rounds > cfg.reservation_walk_limit + 1:
-                force |= race.pools
+        result.conflicts += len(applied.lost)
+        RESERVATION_CONFLICTS.labels(stage="reserve").inc(len(applied.lost))
+        if result.commit_rounds >= cfg.commit_rounds_max:
+            # The last reserving round lost too: hand every placement left back to the
+            # queue in a round that reserves nothing (and so cannot lose).
+            released += kept
+            kept = []
+            continue
+        lost_ever |= applied.lost
 
-            async def reread(pools=frozenset(failed_ever)) -> dict[str, LedgerRow]:
-                async with ctx.engine.connect() as conn:
-                    rows = await ledgers_read(conn, pool_ids=pools)
-                    await conn.rollback()
-                    return rows
+        async def reread(pools: frozenset[str] = frozenset(lost_ever)) -> dict[str, LedgerRow]:
+            async with ctx.db.connection() as conn:
+                return await ledgers_read(conn, pool_ids=pools)
 
-            fresh = await ctx.retry(reread, "reread")
-            walks_before = sum(d.walks for d in kept)
-            kept, dropped = decisions_replan(
-                kept, fresh=fresh, snapshot=snapshot,
-                walk_limit=cfg.reservation_walk_limit, force=force,
-            )
-            result.walked += sum(d.walks for d in kept + dropped) - walks_before
-            released += dropped
+        fresh = await ctx.retry(reread, "reread")
+        walks_before = sum(d.walks for d in kept)
+        kept, dropped = decisions_walk(
+            kept, fresh=fresh, snapshot=snapshot, walk_limit=cfg.reservation_walk_limit
+        )
+        result.walked += sum(d.walks for d in kept + dropped) - walks_before
+        released += dropped
 
+    leased, unclaimed = applied.leased, applied.unclaimed
     leased_decisions = [d for d in kept if d.task.id in leased]
     result.leased = len(leased_decisions)
     result.leased_ids = [d.task.id for d in leased_decisions]

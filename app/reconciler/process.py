@@ -1,9 +1,13 @@
 """``berth reconcile``: a reconciler process alone, for scaling reconcilers apart from the API.
 
-The database is resolved like ``berth serve`` does (``BERTH_DATABASE_URL`` checked to be
-reachable and at schema head, or the embedded PostgreSQL). SIGTERM or SIGINT stops the loop
+The database is resolved like ``berth serve`` does (:func:`app.startup.database_resolve`:
+``BERTH_DATABASE_URL`` checked to be reachable and at schema head, or the embedded
+PostgreSQL). SIGTERM or SIGINT stops the loop
 after the current pass; a second signal abandons the pass (its transaction rolls back and
 its claims expire). Metrics are served on ``BERTH_RECONCILER_METRICS_PORT`` when it is set.
+
+:func:`reconciler_background` is the same reconciler as a background service of the API app,
+for ``berth serve`` to compose.
 """
 
 from __future__ import annotations
@@ -11,16 +15,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-
-from sqlalchemy.ext.asyncio import AsyncEngine
+from collections.abc import Awaitable, Callable
 
 from app.config import Settings, get_settings
-from app.db import make_engine
+from app.db import Database
 from app.errors import ConfigurationError
 from app.logs import logging_configure
 from app.reconciler.config import ReconcilerConfig
 from app.reconciler.loop import Reconciler
 from app.shards import shard_parse, shard_slots_static
+from app.startup import database_resolve
 
 log = logging.getLogger("berth.reconciler")
 
@@ -34,16 +38,6 @@ def slots_from_shard(shard: str | None) -> frozenset[int] | None:
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
     return shard_slots_static(index, count)
-
-
-def _database(settings: Settings) -> tuple[str, object | None]:
-    try:
-        from app.serve import database_resolve
-    except ImportError:  # pragma: no cover - serve ships with Berth
-        if not settings.database_url:
-            raise ConfigurationError("no database: set BERTH_DATABASE_URL") from None
-        return settings.database_url, None
-    return database_resolve(settings, migrate=False)
 
 
 def _metrics_serve(port: int | None) -> None:
@@ -61,14 +55,13 @@ def _metrics_serve(port: int | None) -> None:
 
 
 async def _run(settings: Settings, url: str, slots: frozenset[int] | None) -> None:
-    engine = make_engine(
+    db = Database(
         url,
-        pool_size=settings.db_pool_size,
-        max_overflow=settings.db_max_overflow,
+        max_size=settings.db_pool_size,
         connect_timeout_seconds=settings.db_connect_timeout_seconds,
         application_name="berth-reconcile",
     )
-    reconciler = Reconciler(engine, ReconcilerConfig.from_settings(settings), slots=slots)
+    reconciler = Reconciler(db, ReconcilerConfig.from_settings(settings), slots=slots)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
@@ -97,7 +90,7 @@ async def _run(settings: Settings, url: str, slots: frozenset[int] | None) -> No
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-        await engine.dispose()
+        await db.close()
 
 
 def run_reconciler(shard: str | None = None) -> int:
@@ -105,7 +98,7 @@ def run_reconciler(shard: str | None = None) -> int:
     settings = get_settings()
     logging_configure(settings.log_level)
     slots = slots_from_shard(shard if shard is not None else settings.shard)
-    url, server = _database(settings)
+    url, server = database_resolve(settings, migrate=False)
     try:
         _metrics_serve(settings.reconciler_metrics_port)
         asyncio.run(_run(settings, url, slots))
@@ -145,8 +138,21 @@ class ReconcilerTask:
                 pass
 
 
-def reconciler_start(engine: AsyncEngine, settings: Settings) -> ReconcilerTask:
-    """Start an in-process reconciler on ``engine`` (static shard if settings.shard is set)."""
-    slots = slots_from_shard(settings.shard)
-    reconciler = Reconciler(engine, ReconcilerConfig.from_settings(settings), slots=slots)
-    return ReconcilerTask(reconciler)
+#: A background service of the app: started with its database, it returns its stop function.
+Background = Callable[[Database], Callable[[], Awaitable[None]]]
+
+
+def reconciler_background(settings: Settings) -> Background:
+    """Return the in-process reconciler as a background service of the API app.
+
+    ``create_app(settings, background=[...])`` calls it with the app's database when the app
+    starts (static shard if ``settings.shard`` is set, else dynamic ownership) and awaits the
+    returned function when it stops: the current pass finishes, or is abandoned after 10 s.
+    """
+
+    def start(db: Database) -> Callable[[], Awaitable[None]]:
+        slots = slots_from_shard(settings.shard)
+        reconciler = Reconciler(db, ReconcilerConfig.from_settings(settings), slots=slots)
+        return ReconcilerTask(reconciler).stop
+
+    return start

@@ -1,10 +1,10 @@
 """Bounded, jittered exponential backoff for transactions that failed transiently.
 
-Serialization failures (40001), deadlocks (40P01) and lost connections (class 08, or a
-connection the driver reports closed) are worth another try: the transaction rolled back
-as a whole, so running it again is safe. Anything else is a bug or a broken invariant and
-fails at once. After the last try the error propagates: the pass fails loudly and its
-claims simply expire.
+Serialization failures (40001), deadlocks (40P01) and lost connections (class 08, a server
+shutting down, or a connection asyncpg reports closed) are worth another try: the
+transaction rolled back as a whole, so running it again is safe. Anything else is a bug or a
+broken invariant and fails at once. After the last try the error propagates: the pass fails
+loudly and its claims simply expire.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+import asyncpg
+
 from app.metrics import TRANSIENT_RETRIES
 
 log = logging.getLogger("berth.reconciler")
@@ -22,13 +24,8 @@ log = logging.getLogger("berth.reconciler")
 T = TypeVar("T")
 
 _SQLSTATE_KINDS = {"40001": "serialization", "40P01": "deadlock"}
-_CONNECTION_NAMES = (
-    "ConnectionDoesNotExistError",
-    "InterfaceError",
-    "ConnectionFailureError",
-    "CannotConnectNowError",
-    "ConnectionResetError",
-)
+#: Server shutting down or not accepting connections: the connection is gone, not the work.
+_SHUTDOWN_STATES = ("57P01", "57P02", "57P03")
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
@@ -41,26 +38,31 @@ def _chain(exc: BaseException) -> list[BaseException]:
             continue
         seen.add(id(e))
         out.append(e)
-        todo += [getattr(e, "orig", None), e.__cause__, e.__context__]
+        todo += [e.__cause__, e.__context__]
     return out
 
 
 def transient_kind(exc: BaseException) -> str | None:
     """Return ``serialization``, ``deadlock`` or ``connection`` for a transient error, else None.
 
-    SQLAlchemy wraps asyncpg's exceptions in ``DBAPIError``; the SQLSTATE is found on
-    ``.orig`` (or on the asyncpg exception it was raised from).
+    asyncpg raises the server's errors with their SQLSTATE (``sqlstate``): 40001, 40P01,
+    class 08 (connection exceptions, such as ``ConnectionDoesNotExistError``) and 57P01-03
+    (server shutdown); a connection asyncpg already knows is closed raises
+    ``InterfaceError``; a socket that failed raises ``OSError``, and a timed-out connect or
+    pool acquire ``TimeoutError``. The errors an error was raised from count too.
     """
     for e in _chain(exc):
-        state = getattr(e, "sqlstate", None) or getattr(e, "pgcode", None)
+        state = getattr(e, "sqlstate", None)
         if isinstance(state, str):
             if state in _SQLSTATE_KINDS:
                 return _SQLSTATE_KINDS[state]
-            if state.startswith("08") or state in ("57P01", "57P02", "57P03"):
+            if state.startswith("08") or state in _SHUTDOWN_STATES:
                 return "connection"
-        if getattr(e, "connection_invalidated", False):
+        if isinstance(e, asyncpg.PostgresConnectionError | asyncpg.CannotConnectNowError):
             return "connection"
-        if isinstance(e, (ConnectionError, TimeoutError)) or type(e).__name__ in _CONNECTION_NAMES:
+        if isinstance(e, asyncpg.InterfaceError) and "closed" in str(e):
+            return "connection"
+        if isinstance(e, OSError | TimeoutError):
             return "connection"
     return None
 

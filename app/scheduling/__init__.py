@@ -18,45 +18,16 @@ One call decides where one task goes::
                                                                      |
                                                                      v
       Result(placement | NoPlacement, candidates, rejected, rejection_counts)
+                                                                     |
+                                                                     v
+      explain: the stored and served documents (placement, pending reason, preview)
 
 The reconciler orders claimed tasks with a policy (``policies``), skips specs already known
 to fit nowhere this pass (``unsatisfiable``), and records each decision in ``Assumed`` so that
 the tasks after it see its usage and its labels. See docs/scheduling.md.
+
+Modules, in pipeline order: ``spec`` (TaskSpec, compile_spec), ``snapshot`` (PoolState,
+PlacedTask, Snapshot), ``assumed`` (Assumed), ``framework`` (select) with ``cycle`` and
+``plugins/``, ``gangs``, ``reasons``, ``results`` (Result and its parts), ``explain`` (their
+documents), ``unsatisfiable`` and ``policies``. Import each name from its module.
 """
-
-from app.scheduling.framework import select
-from app.scheduling.model import (
-    Assumed,
-    Candidate,
-    NoPlacement,
-    PlacedTask,
-    Placement,
-    PoolState,
-    Rejection,
-    Result,
-    ScoreComponent,
-    Snapshot,
-)
-from app.scheduling.reasons import Reason, Status
-from app.scheduling.spec import CompiledSpec, TaskSpec, compile_spec
-from app.scheduling.unsatisfiable import UnsatisfiableCache
-
-__all__ = [
-    "Assumed",
-    "Candidate",
-    "CompiledSpec",
-    "NoPlacement",
-    "PlacedTask",
-    "Placement",
-    "PoolState",
-    "Reason",
-    "Rejection",
-    "Result",
-    "ScoreComponent",
-    "Snapshot",
-    "Status",
-    "TaskSpec",
-    "UnsatisfiableCache",
-    "compile_spec",
-    "select",
-]

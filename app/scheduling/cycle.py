@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from app.scheduling.model import Assumed, Snapshot
+from app.scheduling.assumed import Assumed
+from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec, CompiledTerm
 
 __all__ = ["Cycle", "to_domains"]
@@ -29,7 +30,7 @@ class Cycle:
     """Per-call state shared by the plugins of one ``select``."""
 
     __slots__ = (
-        "spec", "snapshot", "assumed", "req", "notes", "_terms", "_tenant", "_tenant_domains"
+        "spec", "snapshot", "assumed", "req", "notes", "_terms", "_tenant_domains"
     )
 
     def __init__(self, spec: CompiledSpec, snapshot: Snapshot, assumed: Assumed | None) -> None:
@@ -42,7 +43,6 @@ class Cycle:
         #: What a plugin's ``score_many`` computed that its ``describe`` may read back.
         self.notes: dict[str, Any] = {}
         self._terms: dict[tuple, tuple[np.ndarray, int]] = {}
-        self._tenant: dict[str, np.ndarray] = {}
         self._tenant_domains: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
     def used(self, idx: np.ndarray) -> np.ndarray:
@@ -75,13 +75,12 @@ class Cycle:
             return hit
         snap = self.snapshot
         tenant = self.spec.tenant_id
-        memo_key = ("dom", tenant, term.selector, term.topology)
-        actual = snap._memo.get(memo_key)
-        if actual is None:
+
+        def build() -> tuple[np.ndarray, int]:
             raw = snap.placed_counts(tenant, term.selector)
-            actual = (to_domains(snap, raw, term.topology), int(raw.sum()))
-            snap._memo[memo_key] = actual
-        counts, total = actual
+            return to_domains(snap, raw, term.topology), int(raw.sum())
+
+        counts, total = snap.memoized(("dom", tenant, term.selector, term.topology), build)
         if self.assumed is not None:
             extra = self.assumed.placed_counts(tenant, term.selector)
             if extra is not None:
@@ -89,25 +88,6 @@ class Cycle:
                 total += int(extra.sum())
         self._terms[key] = (counts, total)
         return counts, total
-
-    def tenant_counts(self, topology: str) -> np.ndarray:
-        """Return per pool the tenant's placed members in its ``topology`` domain."""
-        hit = self._tenant.get(topology)
-        if hit is not None:
-            return hit
-        snap = self.snapshot
-        tenant = self.spec.tenant_id
-        memo_key = ("tdom", tenant, topology)
-        counts = snap._memo.get(memo_key)
-        if counts is None:
-            counts = to_domains(snap, snap.placed_counts(tenant, None), topology)
-            snap._memo[memo_key] = counts
-        if self.assumed is not None:
-            extra = self.assumed.placed_counts(tenant, None)
-            if extra is not None:
-                counts = counts + to_domains(snap, extra, topology)
-        self._tenant[topology] = counts
-        return counts
 
     def tenant_domain_counts(self, topology: str) -> tuple[np.ndarray, np.ndarray]:
         """Return each pool's ``topology`` domain code and, per domain, the tenant's placed
@@ -118,12 +98,12 @@ class Cycle:
         snap = self.snapshot
         tenant = self.spec.tenant_id
         dom, nd = snap.domains(topology)
-        memo_key = ("tdomd", tenant, topology)
-        per_domain = snap._memo.get(memo_key)
-        if per_domain is None:
+
+        def build() -> np.ndarray:
             raw = snap.placed_counts(tenant, None)
-            per_domain = np.bincount(dom, weights=raw, minlength=nd).astype(np.int64)
-            snap._memo[memo_key] = per_domain
+            return np.bincount(dom, weights=raw, minlength=nd).astype(np.int64)
+
+        per_domain = snap.memoized(("tdomd", tenant, topology), build)
         if self.assumed is not None:
             extra = self.assumed.domain_counts(tenant, topology)
             if extra is not None:

@@ -1,4 +1,5 @@
-"""The framework: plugin protocols, reason codes, and ``select`` — filter, score, rank.
+"""The framework: ``select`` — filter, score, rank (the plugins' base classes are in
+:mod:`app.scheduling.plugins.base`, the reason codes in :mod:`app.scheduling.reasons`).
 
 ``select`` evaluates only the pools the tenant can see. Filters that depend only on the
 tenant and runtime class (tenant access, status, health, runtime class) are evaluated once
@@ -9,66 +10,27 @@ counted per code by a bincount; per-pool explanations are built only with ``expl
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import numpy as np
 
+from app.scheduling.assumed import Assumed
 from app.scheduling.cycle import Cycle
 from app.scheduling.gangs import place_gang
-from app.scheduling.model import (
-    Assumed,
+from app.scheduling.plugins.registry import Profile, profile
+from app.scheduling.reasons import CODE, PASS, REASONS, Reason, describe_counts
+from app.scheduling.results import (
     Candidate,
     NoPlacement,
     Placement,
     Rejection,
     Result,
     ScoreComponent,
-    Snapshot,
 )
-from app.scheduling.plugins.registry import Profile, profile
-from app.scheduling.reasons import CODE, PASS, REASONS, Reason, Status, describe_counts
+from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec
 
-__all__ = ["FilterPlugin", "Reason", "ScorePlugin", "Status", "select"]
+__all__ = ["select"]
 
 NO_VISIBLE_POOL = "no pool is available to this tenant"
-
-
-class FilterPlugin(Protocol):
-    """A filter: feasible or one reason code per pool; never raises."""
-
-    NAME: str
-    STATIC: bool
-
-    def filter_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray | None:
-        """Return int16 codes (PASS or a reason index) for the pools at ``idx``; None: all pass."""
-        ...
-
-    def filter(self, cycle: Cycle, pool: int) -> Status:
-        """Return the status of one pool."""
-        ...
-
-
-class ScorePlugin(Protocol):
-    """A scorer: raw scores for feasible pools, normalized to 0..100 (higher is better)."""
-
-    NAME: str
-
-    def applies(self, cycle: Cycle) -> bool:
-        """Return whether the plugin scores this spec at all."""
-        ...
-
-    def score_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray:
-        """Return raw scores for the pools at ``idx``."""
-        ...
-
-    def normalize(self, cycle: Cycle, raw: np.ndarray) -> np.ndarray:
-        """Return the raw scores mapped to 0..100 across the feasible set."""
-        ...
-
-    def describe(self, cycle: Cycle, pool: int, value: float) -> str:
-        """Return a short human reason for a score."""
-        ...
 
 
 _N_REASONS = len(REASONS)
@@ -76,10 +38,8 @@ _N_REASONS = len(REASONS)
 
 def _static(prof: Profile, cycle: Cycle, visible: np.ndarray) -> tuple:
     """Return (passing indexes, counts, codes of the visible pools) of the static filters."""
-    snap = cycle.snapshot
-    key = ("static", cycle.spec.tenant_id, cycle.spec.runtime_class)
-    hit = snap._memo.get(key)
-    if hit is None:
+
+    def build() -> tuple:
         codes = np.full(len(visible), PASS, dtype=np.int16)
         alive = np.ones(len(visible), dtype=bool)
         for f in prof.filters:
@@ -93,9 +53,10 @@ def _static(prof: Profile, cycle: Cycle, visible: np.ndarray) -> tuple:
             codes[pos[bad]] = out[bad]
             alive[pos[bad]] = False
         counts = np.bincount(codes[~alive], minlength=_N_REASONS).astype(np.int64)
-        hit = (visible[alive], counts, codes)
-        snap._memo[key] = hit
-    return hit
+        return visible[alive], counts, codes
+
+    key = ("static", cycle.spec.tenant_id, cycle.spec.runtime_class)
+    return cycle.snapshot.memoized(key, build)
 
 
 def _rank(idx: np.ndarray, total: np.ndarray, k: int | None) -> np.ndarray:

@@ -56,11 +56,6 @@ class Status:
         return _SUCCESS
 
     @classmethod
-    def reject(cls, reason: Reason) -> Status:
-        """Return a rejection with ``reason``."""
-        return cls(reason)
-
-    @classmethod
     def from_code(cls, code: int) -> Status:
         """Return the status of a numpy code (``PASS`` or an index into ``REASONS``)."""
         return _SUCCESS if code == PASS else cls(REASONS[code])

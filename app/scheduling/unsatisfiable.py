@@ -13,7 +13,8 @@ preferred terms and artifact locality only score and are left out.
 
 from __future__ import annotations
 
-from app.scheduling.model import Assumed, NoPlacement
+from app.scheduling.assumed import Assumed
+from app.scheduling.results import NoPlacement
 from app.scheduling.spec import CompiledSpec
 
 __all__ = ["UnsatisfiableCache"]

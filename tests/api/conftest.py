@@ -2,7 +2,7 @@
 
 Fixtures (names are stable; other API tests rely on them):
 
-* ``app``: ``create_app(...)`` on the session's test engine, its lifespan entered, on a clean
+* ``app``: ``create_app(...)`` on the session's test database, its lifespan entered, on a clean
   database (every table truncated), with the in-process reconciler off;
 * ``client``: an ``httpx.AsyncClient`` talking to ``app`` through ``httpx.ASGITransport``
   (base URL ``http://berth.test``);
@@ -26,9 +26,9 @@ from typing import Any
 import httpx
 import pytest_asyncio
 from fastapi import FastAPI
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
+from app.db import Database
 from app.ledger.keys import api_key_create
 from app.main import create_app
 
@@ -88,9 +88,9 @@ def settings_for_tests(database_url: str, **overrides: Any) -> Settings:
 
 
 @pytest_asyncio.fixture
-async def app(db: AsyncEngine, database_url: str) -> AsyncIterator[FastAPI]:
+async def app(db: Database, database_url: str) -> AsyncIterator[FastAPI]:
     """Yield the Berth app on a clean test database, with its lifespan running."""
-    application = create_app(settings_for_tests(database_url), engine=db)
+    application = create_app(settings_for_tests(database_url), db=db)
     async with application.router.lifespan_context(application):
         yield application
 
@@ -104,10 +104,10 @@ async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 
 
 @pytest_asyncio.fixture
-async def keys(app: FastAPI, db: AsyncEngine) -> Keys:
+async def keys(app: FastAPI, db: Database) -> Keys:
     """Create one API key per role and return their Authorization headers."""
     created = Keys()
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         for name, role, subject, tenant_ids, instance_ids in KEY_SPECS:
             created.raw[name] = await api_key_create(
                 conn,

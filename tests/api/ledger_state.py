@@ -11,11 +11,8 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import insert, update
-from sqlalchemy.ext.asyncio import AsyncEngine
-
+from app.db import Database
 from app.ledger.leases import lease_complete
-from app.ledger.tables import leases, ledgers, reservations, runtime_instances, tasks
 from tests.api.conftest import RUNTIME_1, TENANT_A
 
 
@@ -29,7 +26,7 @@ class HeldLease:
 
 
 async def lease_hold(
-    db: AsyncEngine,
+    db: Database,
     *,
     pool_id: str,
     amounts: tuple[int, int, int],
@@ -46,51 +43,34 @@ async def lease_hold(
         "runtimeClass": "gpu-small",
         "requests": {"cpuMillis": cpu, "memoryMiB": memory, "llmSlots": llm},
     }
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         await conn.execute(
-            insert(tasks).values(
-                id=task_id,
-                tenant_id=tenant_id,
-                shard=0,
-                state="LEASED",
-                runtime_class="gpu-small",
-                spec=spec,
-                labels={"app": "web"},
-                attempts=epoch - 1,
-                leased_at=now,
-            )
+            "INSERT INTO tasks (id, tenant_id, shard, state, runtime_class, spec, labels, "
+            "attempts, leased_at) VALUES ($1, $2, 0, 'LEASED', 'gpu-small', $3, $4, $5, $6)",
+            task_id, tenant_id, spec, {"app": "web"}, epoch - 1, now,
         )
         await conn.execute(
-            update(ledgers)
-            .where(ledgers.c.pool_id == pool_id)
-            .values(
-                cpu_reserved=ledgers.c.cpu_reserved + cpu,
-                memory_reserved=ledgers.c.memory_reserved + memory,
-                llm_reserved=ledgers.c.llm_reserved + llm,
-            )
+            "UPDATE ledgers SET cpu_reserved = cpu_reserved + $2, "
+            "memory_reserved = memory_reserved + $3, llm_reserved = llm_reserved + $4 "
+            "WHERE pool_id = $1",
+            pool_id, cpu, memory, llm,
         )
         await conn.execute(
-            insert(reservations).values(
-                task_id=task_id, pool_id=pool_id, cpu=cpu, memory=memory, llm=llm
-            )
+            "INSERT INTO reservations (task_id, pool_id, cpu, memory, llm) "
+            "VALUES ($1, $2, $3, $4, $5)",
+            task_id, pool_id, cpu, memory, llm,
         )
         await conn.execute(
-            insert(leases).values(
-                id=lease_id,
-                task_id=task_id,
-                pool_id=pool_id,
-                runtime_instance_id=instance_id,
-                epoch=epoch,
-                granted_at=now,
-                expires_at=now + expires_in,
-            )
+            "INSERT INTO leases (id, task_id, pool_id, runtime_instance_id, epoch, granted_at, "
+            "expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            lease_id, task_id, pool_id, instance_id, epoch, now, now + expires_in,
         )
     return HeldLease(id=lease_id, task_id=task_id, epoch=epoch)
 
 
-async def lease_end(db: AsyncEngine, *, lease: HeldLease) -> None:
+async def lease_end(db: Database, *, lease: HeldLease) -> None:
     """Complete ``lease`` successfully through the ledger, releasing its capacity."""
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         await lease_complete(
             conn,
             lease_id=lease.id,
@@ -101,7 +81,9 @@ async def lease_end(db: AsyncEngine, *, lease: HeldLease) -> None:
         )
 
 
-async def heartbeat_at(db: AsyncEngine, *, instance_id: str, at: datetime) -> None:
+async def heartbeat_at(db: Database, *, instance_id: str, at: datetime) -> None:
     """Record the last heartbeat of ``instance_id`` at ``at``."""
-    async with db.begin() as conn:
-        await conn.execute(insert(runtime_instances).values(id=instance_id, last_heartbeat_at=at))
+    async with db.transaction() as conn:
+        await conn.execute(
+            "INSERT INTO runtime_instances (id, last_heartbeat_at) VALUES ($1, $2)", instance_id, at
+        )

@@ -6,11 +6,9 @@ import uuid
 
 import httpx
 import pytest
-from sqlalchemy import func, select, update
-from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db import Database
 from app.ledger.keys import api_key_create
-from app.ledger.tables import api_keys
 from tests.api.conftest import RUNTIME_1, Keys, PoolMaker, assert_problem, pool_body
 
 CAPACITY = {"cpuMillis": 1, "memoryMiB": 1, "llmSlots": 1}
@@ -94,12 +92,12 @@ async def test_every_route_needs_a_valid_key(
 
 
 async def test_a_revoked_key_is_401(
-    client: httpx.AsyncClient, keys: Keys, db: AsyncEngine
+    client: httpx.AsyncClient, keys: Keys, db: Database
 ) -> None:
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         key = await api_key_create(conn, role="admin", subject="old-admin")
         await conn.execute(
-            update(api_keys).where(api_keys.c.subject == "old-admin").values(revoked_at=func.now())
+            "UPDATE api_keys SET revoked_at = now() WHERE subject = $1", "old-admin"
         )
 
     response = await client.get("/v1/pools", headers={"Authorization": f"Bearer {key}"})
@@ -107,9 +105,9 @@ async def test_a_revoked_key_is_401(
     assert_problem(response, 401)
 
 
-async def test_keys_are_stored_hashed(keys: Keys, db: AsyncEngine) -> None:
-    async with db.connect() as conn:
-        stored = (await conn.execute(select(api_keys))).mappings().all()
+async def test_keys_are_stored_hashed(keys: Keys, db: Database) -> None:
+    async with db.connection() as conn:
+        stored = await conn.fetch("SELECT * FROM api_keys")
     dumped = repr([dict(row) for row in stored])
     assert len(stored) == len(keys.raw)
     for raw in keys.raw.values():

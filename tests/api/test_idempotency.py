@@ -5,15 +5,14 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from app.db import Database
 
 SPEC = {"runtimeClass": "gpu-small", "requests": {"cpuMillis": 250}, "labels": {"job": "etl"}}
 
 
-async def count(db: AsyncEngine, sql: str) -> int:
-    async with db.connect() as conn:
-        return int(await conn.scalar(text(sql)))
+async def count(db: Database, sql: str) -> int:
+    async with db.connection() as conn:
+        return int(await conn.fetchval(sql))
 
 
 async def test_twenty_concurrent_identical_submissions_create_one_task(client, keys, db):

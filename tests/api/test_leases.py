@@ -6,18 +6,16 @@ import uuid
 
 import httpx
 import pytest
-from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.ledger.tables import tasks
+from app.db import Database
 from tests.api.conftest import RUNTIME_1, Keys, PoolMaker, assert_problem
 from tests.api.ledger_state import lease_hold
 
 
-async def task_state(db: AsyncEngine, task_id: uuid.UUID) -> str:
+async def task_state(db: Database, task_id: uuid.UUID) -> str:
     """Return the stored state of ``task_id``."""
-    async with db.connect() as conn:
-        return await conn.scalar(select(tasks.c.state).where(tasks.c.id == task_id))
+    async with db.connection() as conn:
+        return await conn.fetchval("SELECT state FROM tasks WHERE id = $1", task_id)
 
 
 @pytest.mark.parametrize(("outcome", "state"), [("succeeded", "SUCCEEDED"), ("failed", "FAILED")])
@@ -25,7 +23,7 @@ async def test_complete_lease_finishes_the_task_and_releases_capacity(
     client: httpx.AsyncClient,
     keys: Keys,
     pool_make: PoolMaker,
-    db: AsyncEngine,
+    db: Database,
     outcome: str,
     state: str,
 ) -> None:
@@ -52,7 +50,7 @@ async def test_complete_lease_finishes_the_task_and_releases_capacity(
 
 
 async def test_complete_with_a_stale_epoch_is_409_and_changes_nothing(
-    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: AsyncEngine
+    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: Database
 ) -> None:
     await pool_make("pool-x")
     held = await lease_hold(db, pool_id="pool-x", amounts=(100, 0, 0), epoch=2)
@@ -70,7 +68,7 @@ async def test_complete_with_a_stale_epoch_is_409_and_changes_nothing(
 
 
 async def test_completing_twice_is_409(
-    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: AsyncEngine
+    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: Database
 ) -> None:
     await pool_make("pool-x")
     held = await lease_hold(db, pool_id="pool-x", amounts=(100, 0, 0))
@@ -84,7 +82,7 @@ async def test_completing_twice_is_409(
 
 
 async def test_idempotent_completion_replays_the_first_answer(
-    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: AsyncEngine
+    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: Database
 ) -> None:
     await pool_make("pool-x")
     held = await lease_hold(db, pool_id="pool-x", amounts=(100, 0, 0))
@@ -105,7 +103,7 @@ async def test_idempotent_completion_replays_the_first_answer(
 
 
 async def test_unknown_lease_and_another_instance_lease_are_404(
-    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: AsyncEngine
+    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: Database
 ) -> None:
     await pool_make("pool-x", runtimeInstanceId=RUNTIME_1)
     held = await lease_hold(db, pool_id="pool-x", amounts=(100, 0, 0))
@@ -135,7 +133,7 @@ async def test_unknown_lease_and_another_instance_lease_are_404(
     ],
 )
 async def test_complete_with_a_bad_body_is_422(
-    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: AsyncEngine, body: dict
+    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: Database, body: dict
 ) -> None:
     await pool_make("pool-x")
     held = await lease_hold(db, pool_id="pool-x", amounts=(100, 0, 0))
@@ -158,7 +156,7 @@ async def test_complete_with_a_malformed_lease_id_is_422(
 
 @pytest.mark.parametrize("role", ["admin", "tenant_a", "operator_x"])
 async def test_only_runtime_keys_complete_leases(
-    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: AsyncEngine, role: str
+    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: Database, role: str
 ) -> None:
     await pool_make("pool-x")
     held = await lease_hold(db, pool_id="pool-x", amounts=(100, 0, 0))

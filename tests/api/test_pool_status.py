@@ -10,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 import pytest_asyncio
-from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db import Database
 from app.ledger.keys import api_key_create
 from app.ledger.wakeups import CHANNEL
 from tests.api.conftest import TENANT_A, TENANT_B, Keys, PoolMaker, assert_problem
@@ -47,7 +47,7 @@ async def test_status_actions_need_no_body(
 
 
 async def test_drain_reports_deadline_and_progress_until_activated(
-    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: AsyncEngine
+    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: Database
 ) -> None:
     await pool_make("pool-x")
     first = await lease_hold(db, pool_id="pool-x", amounts=(100, 128, 0))
@@ -124,11 +124,11 @@ async def test_tenant_cannot_cordon_a_pool_it_uses(
 
 
 async def test_operator_of_pool_x_cannot_drain_pool_y(
-    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: AsyncEngine
+    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: Database
 ) -> None:
     await pool_make("pool-x", operators=["operator-x"])
     await pool_make("pool-y", tenant_ids=[TENANT_B], operators=["operator-y"])
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         # Operates pool-x and acts for tenant-b, so it can see pool-y but not operate it.
         seeing = await api_key_create(
             conn, role="operator", subject="operator-x", tenant_ids=[TENANT_B]
@@ -234,20 +234,19 @@ async def test_concurrent_duplicate_cordons_act_once(
 
 
 @pytest_asyncio.fixture
-async def wakeups(db: AsyncEngine) -> AsyncIterator[asyncio.Queue[str]]:
+async def wakeups(db: Database) -> AsyncIterator[asyncio.Queue[str]]:
     """Yield a queue of the wakeup sources notified on the database from now on."""
     queue: asyncio.Queue[str] = asyncio.Queue()
-    async with db.connect() as conn:
-        raw = (await conn.get_raw_connection()).driver_connection
+    conn = await db.connect(application_name="berth-test-listener")
 
-        def received(_conn: object, _pid: int, _channel: str, payload: str) -> None:
-            queue.put_nowait(payload)
+    def received(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+        queue.put_nowait(payload)
 
-        await raw.add_listener(CHANNEL, received)
-        try:
-            yield queue
-        finally:
-            await raw.remove_listener(CHANNEL, received)
+    try:
+        await conn.add_listener(CHANNEL, received)
+        yield queue
+    finally:
+        await conn.close()
 
 
 async def next_wakeup(queue: asyncio.Queue[str]) -> str:

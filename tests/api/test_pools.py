@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app import metrics as berth_metrics
+from app.db import Database
 from app.ledger.keys import api_key_create
 from tests.api.conftest import TENANT_A, TENANT_B, Keys, PoolMaker, assert_problem, pool_body
 from tests.api.ledger_state import heartbeat_at, lease_end, lease_hold
@@ -157,13 +157,13 @@ async def test_create_pool_drops_repeated_list_entries(
 
 
 async def test_each_role_lists_exactly_the_pools_it_may_see(
-    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: AsyncEngine
+    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: Database
 ) -> None:
     await pool_make("pool-a", tenant_ids=[TENANT_A], operators=["operator-x"])
     await pool_make("pool-b", tenant_ids=[TENANT_B], operators=["operator-y"],
                     runtimeInstanceId="rt-2")
     await pool_make("pool-c", tenant_ids=["tenant-c"], operators=[], runtimeInstanceId="rt-3")
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         ops_key = await api_key_create(
             conn, role="operator", subject="ops-c", tenant_ids=["tenant-c"]
         )
@@ -245,7 +245,7 @@ async def test_list_rejects_bad_parameters(
 
 
 async def test_pool_health_needs_ready_fresh_heartbeat_and_ledger(
-    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: AsyncEngine
+    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: Database
 ) -> None:
     await pool_make("pool-fresh", runtimeInstanceId="rt-fresh")
     await pool_make("pool-stale", runtimeInstanceId="rt-stale")
@@ -418,7 +418,7 @@ async def test_empty_patch_changes_nothing(
 
 
 async def test_delete_pool_answers_204_and_it_is_gone(
-    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: AsyncEngine
+    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: Database
 ) -> None:
     await pool_make("pool-x")
     ended = await lease_hold(db, pool_id="pool-x", amounts=(100, 100, 0))
@@ -432,7 +432,7 @@ async def test_delete_pool_answers_204_and_it_is_gone(
 
 
 async def test_delete_pool_with_a_live_lease_is_409(
-    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: AsyncEngine
+    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: Database
 ) -> None:
     await pool_make("pool-x")
     await lease_hold(db, pool_id="pool-x", amounts=(100, 100, 0))
@@ -455,7 +455,7 @@ async def test_delete_pool_needs_admin(
 
 
 async def test_capacity_put_registers_then_changes_totals(
-    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: AsyncEngine
+    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: Database
 ) -> None:
     await pool_make("pool-x", register_capacity=False)
 
@@ -497,7 +497,7 @@ async def test_capacity_below_reserved_is_409_naming_the_dimension(
     client: httpx.AsyncClient,
     keys: Keys,
     pool_make: PoolMaker,
-    db: AsyncEngine,
+    db: Database,
     totals: tuple[int, int, int],
     message: str,
 ) -> None:

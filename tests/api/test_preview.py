@@ -7,10 +7,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.api.task_schemas import PlacementPreview
+from app.db import Database
 from app.shards import shard_of
 
 SPEC: dict[str, Any] = {
@@ -19,28 +18,26 @@ SPEC: dict[str, Any] = {
 }
 
 
-async def heartbeat(db: AsyncEngine, instance: str, *, age_seconds: float = 0.0) -> None:
+async def heartbeat(db: Database, instance: str, *, age_seconds: float = 0.0) -> None:
     """Record a heartbeat of runtime ``instance`` that is ``age_seconds`` old."""
     at = datetime.now(UTC) - timedelta(seconds=age_seconds)
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         await conn.execute(
-            text(
-                "INSERT INTO runtime_instances (id, last_heartbeat_at) VALUES (:id, :at) "
-                "ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = :at"
-            ),
-            {"id": instance, "at": at},
+            "INSERT INTO runtime_instances (id, last_heartbeat_at) VALUES ($1, $2) "
+            "ON CONFLICT (id) DO UPDATE SET last_heartbeat_at = $2",
+            instance, at,
         )
 
 
-async def ledger_totals(db: AsyncEngine) -> list[tuple]:
-    async with db.connect() as conn:
-        return [tuple(r) for r in (await conn.execute(text(
+async def ledger_totals(db: Database) -> list[tuple]:
+    async with db.connection() as conn:
+        return [tuple(r) for r in await conn.fetch(
             "SELECT pool_id, cpu_reserved, memory_reserved, llm_reserved FROM ledgers "
-            "ORDER BY pool_id"))).all()]
+            "ORDER BY pool_id")]
 
 
 @pytest.fixture
-async def pools(pool_make, db: AsyncEngine) -> None:
+async def pools(pool_make, db: Database) -> None:
     """Pools: big and small for tenant-a (rt-1 fresh), stale on rt-2, hidden for tenant-b."""
     await pool_make("big", capacity={"cpuMillis": 16000, "memoryMiB": 65536, "llmSlots": 8})
     await pool_make("small", capacity={"cpuMillis": 2000, "memoryMiB": 4096, "llmSlots": 2})
@@ -118,19 +115,17 @@ async def test_preview_for_a_tenant_with_no_pool(client, keys, pool_make):
 
 async def test_preview_sees_placed_tasks_for_anti_affinity(client, keys, pools, db):
     task_id = uuid.uuid4()
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         await conn.execute(
-            text(
-                "INSERT INTO tasks (id, tenant_id, shard, state, runtime_class, spec, labels) "
-                "VALUES (:id, 'tenant-a', :shard, 'LEASED', 'gpu-small', '{}', "
-                "'{\"app\": \"db\"}')"
-            ),
-            {"id": task_id, "shard": shard_of("tenant-a")},
+            "INSERT INTO tasks (id, tenant_id, shard, state, runtime_class, spec, labels) "
+            "VALUES ($1, 'tenant-a', $2, 'LEASED', 'gpu-small', '{}', "
+            "'{\"app\": \"db\"}')",
+            task_id, shard_of("tenant-a"),
         )
         await conn.execute(
-            text("INSERT INTO reservations (task_id, pool_id, cpu, memory, llm) "
-                 "VALUES (:id, 'big', 1000, 1024, 1)"),
-            {"id": task_id},
+            "INSERT INTO reservations (task_id, pool_id, cpu, memory, llm) "
+            "VALUES ($1, 'big', 1000, 1024, 1)",
+            task_id,
         )
     spec = {**SPEC, "affinity": {"required": [
         {"selector": {"app": "db"}, "topology": "pool", "anti": True}]}}

@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db import Database
 from tests.api.conftest import RUNTIME_1, RUNTIME_2, TENANT_B, Keys, PoolMaker, assert_problem
 from tests.api.ledger_state import heartbeat_at, lease_hold
 
@@ -34,7 +34,7 @@ async def test_heartbeat_makes_the_pool_healthy(
 
 
 async def test_heartbeat_renews_the_instance_leases_only(
-    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: AsyncEngine
+    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: Database
 ) -> None:
     await pool_make("pool-1", runtimeInstanceId=RUNTIME_1)
     await pool_make("pool-2", runtimeInstanceId=RUNTIME_2)
@@ -92,7 +92,7 @@ async def test_heartbeat_without_a_key_is_401(client: httpx.AsyncClient) -> None
 
 
 async def test_runtime_lists_its_live_leases(
-    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: AsyncEngine
+    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: Database
 ) -> None:
     await pool_make("pool-1", runtimeInstanceId=RUNTIME_1)
     await pool_make("pool-2", runtimeInstanceId=RUNTIME_2, tenant_ids=[TENANT_B])
@@ -116,7 +116,7 @@ async def test_runtime_lists_its_live_leases(
 
 
 async def test_runtime_leases_page_in_grant_order(
-    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: AsyncEngine
+    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: Database
 ) -> None:
     await pool_make("pool-1", runtimeInstanceId=RUNTIME_1)
     held = [await lease_hold(db, pool_id="pool-1", amounts=(10, 0, 0)) for _ in range(5)]
@@ -149,7 +149,7 @@ async def test_runtime_leases_reject_a_bad_cursor(
 
 
 async def test_stale_heartbeat_leaves_the_pool_unhealthy(
-    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: AsyncEngine
+    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, db: Database
 ) -> None:
     await pool_make("pool-x", runtimeInstanceId=RUNTIME_1)
     await heartbeat_at(db, instance_id=RUNTIME_1, at=datetime.now(UTC) - timedelta(seconds=16))

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
+import orjson
 import pytest
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from fastapi import FastAPI, Header, Path
 
 from app.api.task_schemas import Task, TaskEvent
+from app.auth import TenantDep
+from app.db import Database
 from app.ledger.keys import api_key_create
+from app.scheduling.spec import TaskSpec
+from app.services.tenancy import tenant_acting, tenants_reading
+from tests.api.conftest import assert_problem
 
 SPEC: dict[str, Any] = {
     "runtimeClass": "gpu-small",
@@ -32,7 +37,7 @@ async def submit(client: httpx.AsyncClient, headers: dict[str, str], **fields: A
     return r.json()
 
 
-async def test_submit_stores_an_admitted_task_with_location(client, keys, db: AsyncEngine):
+async def test_submit_stores_an_admitted_task_with_location(client, keys, db: Database):
     r = await client.post("/v1/tasks", json=spec(priority=7, maxAttempts=5), headers=keys.tenant_a)
     assert r.status_code == 201, r.text
     task = r.json()
@@ -44,17 +49,16 @@ async def test_submit_stores_an_admitted_task_with_location(client, keys, db: As
     assert task["spec"]["requests"] == {"cpuMillis": 500, "memoryMiB": 256, "llmSlots": 1}
     assert task["spec"]["labels"] == {"app": "web"}
     assert task["placement"] is None and task["lease"] is None and task["leases"] == []
-    async with db.connect() as conn:
-        row = (
-            await conn.execute(
-                text("SELECT shard, runtime_class, labels, state FROM tasks WHERE id = :id"),
-                {"id": uuid.UUID(task["id"])},
-            )
-        ).one()
+    async with db.connection() as conn:
+        row = await conn.fetchrow(
+            "SELECT shard, runtime_class, labels, state FROM tasks WHERE id = $1",
+            uuid.UUID(task["id"]),
+        )
     from app.shards import shard_of
 
-    assert row.shard == shard_of("tenant-a")
-    assert (row.runtime_class, row.labels, row.state) == ("gpu-small", {"app": "web"}, "ADMITTED")
+    assert row["shard"] == shard_of("tenant-a")
+    assert (row["runtime_class"], row["labels"], row["state"]) == (
+        "gpu-small", {"app": "web"}, "ADMITTED")
     got = await client.get(r.headers["location"], headers=keys.tenant_a)
     assert got.status_code == 200
     assert got.json() == task
@@ -208,8 +212,8 @@ async def test_cancel_an_admitted_task_then_again_is_409(client, keys):
     assert [e["toState"] for e in events["items"]] == ["ADMITTED", "CANCELLED"]
 
 
-async def test_a_multi_tenant_key_names_its_tenant(client, keys, db: AsyncEngine):
-    async with db.begin() as conn:
+async def test_a_multi_tenant_key_names_its_tenant(client, keys, db: Database):
+    async with db.transaction() as conn:
         raw = await api_key_create(conn, role="tenant", subject="platform",
                                    tenant_ids=["tenant-a", "tenant-c"])
     both = {"Authorization": f"Bearer {raw}"}
@@ -244,3 +248,160 @@ async def test_cursors_from_other_lists_or_out_of_range_are_400(client, keys):
         r = await client.get("/v1/tasks", params={"cursor": cursor_encode(position)},
                              headers=keys.tenant_a)
         assert r.status_code == 400, (position, r.text)
+
+
+# --- createTask and getTask are lean routes: they answer exactly as a Depends route would ---
+
+
+async def new_tenant_key(db: Database, *tenants: str) -> dict[str, str]:
+    async with db.transaction() as conn:
+        raw = await api_key_create(conn, role="tenant", subject="t", tenant_ids=list(tenants))
+    return {"Authorization": f"Bearer {raw}"}
+
+
+async def test_uncached_and_cached_keys_submit_alike(client, keys, db: Database):
+    headers = {**await new_tenant_key(db, "tenant-a"), "Idempotency-Key": "k-1"}
+    first = await client.post("/v1/tasks", json=SPEC, headers=headers)  # verifies the key
+    again = await client.post("/v1/tasks", json=SPEC, headers=headers)  # from the key cache
+    other = await client.post("/v1/tasks", json=SPEC, headers={**headers, "Idempotency-Key": "2"})
+
+    assert (first.status_code, again.status_code, other.status_code) == (201, 200, 201)
+    assert again.json() == first.json()
+    assert again.headers["location"] == first.headers["location"]
+    assert again.headers["content-type"] == first.headers["content-type"] == "application/json"
+    assert other.headers["location"] == f"/v1/tasks/{other.json()['id']}"
+    assert set(other.json()) == set(first.json())
+
+
+async def test_uncached_and_cached_keys_read_alike(client, keys, db: Database):
+    task = (await client.post("/v1/tasks", json=SPEC, headers=keys.tenant_a)).json()
+    fresh = await new_tenant_key(db, "tenant-a")
+    uncached = await client.get(f"/v1/tasks/{task['id']}", headers=fresh)
+    cached = await client.get(f"/v1/tasks/{task['id']}", headers=fresh)
+
+    assert uncached.status_code == cached.status_code == 200
+    assert cached.json() == uncached.json() == {**task, "updatedAt": uncached.json()["updatedAt"]}
+    assert cached.headers["content-type"] == uncached.headers["content-type"]
+
+
+_TenantHeader = Annotated[str | None, Header(alias="X-Berth-Tenant", max_length=128)]
+_KeyHeader = Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, max_length=255)]
+_TaskId = Annotated[str, Path(alias="taskId", max_length=64)]
+
+
+def oracle_routes(app: FastAPI) -> None:
+    """Add the regular (Depends) declarations of createTask and getTask under /oracle."""
+
+    async def create(
+        spec: TaskSpec, principal: TenantDep, idempotency_key: _KeyHeader = None,
+        tenant: _TenantHeader = None,
+    ) -> dict[str, Any]:
+        tenant_acting(principal, tenant)
+        return {"accepted": True}
+
+    async def get(task_id: _TaskId, principal: TenantDep, tenant: _TenantHeader = None):
+        tenants_reading(principal, tenant)
+        return {"read": True}
+
+    app.router.add_api_route("/oracle/tasks", create, methods=["POST"])
+    app.router.add_api_route("/oracle/tasks/{taskId}", get, methods=["GET"])
+
+
+async def test_refusals_are_those_of_a_regular_route_and_store_nothing(
+    app: FastAPI, client, keys, db: Database
+):
+    oracle_routes(app)
+    both = await new_tenant_key(db, "tenant-a", "tenant-c")
+    body = orjson.dumps(SPEC)
+    plain = {**keys.tenant_a, "Content-Type": "application/json"}
+    cases: list[tuple[dict[str, str], bytes, int]] = [
+        ({"Content-Type": "application/json"}, body, 401),  # no key
+        ({"Authorization": "Bearer not-a-key", "Content-Type": "application/json"}, body, 401),
+        ({"Authorization": "Basic abc", "Content-Type": "application/json"}, body, 401),
+        ({**keys.admin, "Content-Type": "application/json"}, body, 403),  # not a tenant key
+        ({**keys.tenant_a}, body, 422),  # no content type
+        ({**keys.tenant_a, "Content-Type": "text/plain"}, body, 422),
+        ({**both, "Content-Type": "application/json"}, body, 400),  # which tenant?
+        ({**plain, "X-Berth-Tenant": "tenant-b"}, body, 400),  # not its tenant
+        ({**plain, "X-Berth-Tenant": "t" * 129}, body, 422),
+        ({**plain, "Idempotency-Key": "k" * 256}, body, 422),
+        ({**plain, "Idempotency-Key": ""}, body, 422),
+        ({**plain, "X-Berth-Tenant": "t" * 129}, orjson.dumps({**SPEC, "x": 1}), 422),
+        (plain, b"", 422),
+        (plain, b"{not json", 422),
+        ({"Content-Type": "application/json"}, b"{not json", 422),  # not JSON before no key
+        (plain, b"\xff\xfe{", 400),
+        (plain, orjson.dumps({**SPEC, "unknown": 1}), 422),
+        (plain, b"[]", 422),
+        ({**keys.tenant_a, "Content-Type": "application/vnd.berth+json"}, body, 201),
+    ]
+    for headers, content, status in cases:
+        answer = await client.post("/v1/tasks", content=content, headers=headers)
+        oracle = await client.post("/oracle/tasks", content=content, headers=headers)
+        assert answer.status_code == status, (headers, content, answer.text)
+        if status >= 400:
+            assert_problem(answer, status)
+            assert (answer.status_code, answer.json()) == (oracle.status_code, oracle.json()), (
+                headers, content)
+        else:
+            assert oracle.status_code == 200, oracle.text
+    for task_id, headers, status in [
+        ("not-a-uuid", keys.tenant_a, 404),
+        ("0" * 65, keys.tenant_a, 422),
+        ("0" * 65, {**keys.tenant_a, "X-Berth-Tenant": "t" * 129}, 422),
+        ("7d1c6f3e-0c1a-4c1e-9a57-3a2b1c0d9e8f", keys.admin, 403),
+        ("7d1c6f3e-0c1a-4c1e-9a57-3a2b1c0d9e8f", {}, 401),
+        ("7d1c6f3e-0c1a-4c1e-9a57-3a2b1c0d9e8f", {**keys.tenant_a, "X-Berth-Tenant": "tenant-b"},
+         400),
+    ]:
+        answer = await client.get(f"/v1/tasks/{task_id}", headers=headers)
+        assert answer.status_code == status, (task_id, answer.text)
+        if status != 404:
+            oracle = await client.get(f"/oracle/tasks/{task_id}", headers=headers)
+            assert answer.json() == oracle.json(), task_id
+    listed = await client.get("/v1/tasks", headers=keys.tenant_a)
+    assert len(listed.json()["items"]) == 1, "only the one valid submission was stored"
+
+
+async def test_a_chunked_body_is_read_whole(client, keys):
+    async def chunks():
+        yield b'{"runtimeClass": "gpu-small", '
+        yield b'"requests": {"cpuMillis": -1}}'
+
+    chunked = await client.post(
+        "/v1/tasks", content=chunks(),
+        headers={**keys.tenant_a, "Content-Type": "application/json"},
+    )
+    assert any(e["loc"][-1] == "cpuMillis" for e in assert_problem(chunked, 422)["errors"])
+    unknown = await client.post("/v1/tasks", json={**SPEC, "bogus": 1}, headers=keys.tenant_a)
+    assert ["body", "bogus"] in [e["loc"] for e in assert_problem(unknown, 422)["errors"]]
+
+
+async def test_submit_and_read_errors_are_the_regular_problems(client, keys):
+    task = (await client.post("/v1/tasks", json=SPEC, headers=keys.tenant_a)).json()
+    reused = await client.post(
+        "/v1/tasks", json=SPEC, headers={**keys.tenant_a, "Idempotency-Key": "same"}
+    )
+    reused_other = await client.post(
+        "/v1/tasks",
+        json={**SPEC, "priority": 7},
+        headers={**keys.tenant_a, "Idempotency-Key": "same"},
+    )
+    foreign = await client.get(f"/v1/tasks/{task['id']}", headers=keys.tenant_b)
+    missing = await client.get(
+        "/v1/tasks/7d1c6f3e-0c1a-4c1e-9a57-3a2b1c0d9e8f", headers=keys.tenant_a
+    )
+    assert reused.status_code == 201
+    assert assert_problem(reused_other, 409)["type"].endswith("idempotency-key-reused")
+    assert assert_problem(foreign, 404) == assert_problem(missing, 404)
+
+
+async def test_metrics_label_requests_by_their_route(client, keys):
+    task = (await client.post("/v1/tasks", json=SPEC, headers=keys.tenant_a)).json()
+    assert (await client.get(f"/v1/tasks/{task['id']}", headers=keys.tenant_a)).status_code == 200
+
+    metrics = (await client.get("/metrics")).text
+
+    assert 'handler="/v1/tasks/{taskId}"' in metrics
+    assert 'handler="/v1/tasks"' in metrics
+    assert task["id"] not in metrics

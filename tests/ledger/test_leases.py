@@ -6,16 +6,14 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import SHARD_SLOTS
+from app.db import Database
 from app.ledger.leases import (
     LeaseNotFound,
     LeaseOutcomeInvalid,
     LeaseStale,
     TaskNotCancellable,
-    TaskNotFound,
     lease_complete,
     pool_leases_revoke,
     runtime_heartbeat,
@@ -23,6 +21,7 @@ from app.ledger.leases import (
     task_cancel,
 )
 from app.ledger.recovery import leases_expired_recover
+from app.ledger.tasks import TaskNotFound
 from app.reconciler import Reconciler, ReconcilerConfig
 from tests.factories import (
     NOW,
@@ -38,9 +37,9 @@ ALL = frozenset(range(SHARD_SLOTS))
 TTL = 60.0
 
 
-async def _placed(db: AsyncEngine, count: int = 1, *, cpu: int = 500, max_attempts: int = 3):
+async def _placed(db: Database, count: int = 1, *, cpu: int = 500, max_attempts: int = 3):
     """Create one healthy pool p1 and ``count`` tasks leased on it; return the task ids."""
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         await pool_add(conn, "p1", tenants=["t1"], capacity=(1000, 1000, 0))
         await heartbeat_add(conn, "rt-p1", at=NOW)
         ids = await tasks_add(
@@ -53,24 +52,22 @@ async def _placed(db: AsyncEngine, count: int = 1, *, cpu: int = 500, max_attemp
     return ids
 
 
-async def _lease_of(db: AsyncEngine, task_id: uuid.UUID) -> tuple[uuid.UUID, int]:
-    async with db.connect() as conn:
-        row = (await conn.execute(
-            text("SELECT id, epoch FROM leases WHERE task_id = :t AND state = 'ACTIVE'"),
-            {"t": task_id},
-        )).one()
+async def _lease_of(db: Database, task_id: uuid.UUID) -> tuple[uuid.UUID, int]:
+    async with db.connection() as conn:
+        row = await conn.fetchrow(
+            "SELECT id, epoch FROM leases WHERE task_id = $1 AND state = 'ACTIVE'", task_id
+        )
+        assert row is not None
     return row[0], int(row[1])
 
 
-async def _cpu_reserved(db: AsyncEngine, pool_id: str = "p1") -> int:
-    async with db.connect() as conn:
-        return (await conn.execute(
-            text("SELECT cpu_reserved FROM ledgers WHERE pool_id = :p"), {"p": pool_id}
-        )).scalar_one()
+async def _cpu_reserved(db: Database, pool_id: str = "p1") -> int:
+    async with db.connection() as conn:
+        return await conn.fetchval("SELECT cpu_reserved FROM ledgers WHERE pool_id = $1", pool_id)
 
 
-async def test_heartbeat_first_time_wakes_and_renews_live_leases(db: AsyncEngine) -> None:
-    async with db.begin() as conn:
+async def test_heartbeat_first_time_wakes_and_renews_live_leases(db: Database) -> None:
+    async with db.transaction() as conn:
         await pool_add(conn, "p1", tenants=["t1"])
         first = await runtime_heartbeat(conn, instance_id="rt-p1", now=NOW, lease_ttl_seconds=TTL)
         again = await runtime_heartbeat(
@@ -82,25 +79,23 @@ async def test_heartbeat_first_time_wakes_and_renews_live_leases(db: AsyncEngine
     assert first.became_healthy and not again.became_healthy
     assert not stranger.became_healthy  # no pool names it: nobody to wake
 
-    async with db.begin() as conn:
-        await conn.execute(text("DELETE FROM pools"))
+    async with db.transaction() as conn:
+        await conn.execute("DELETE FROM pools")
     (task_id,) = await _placed(db)
     later = NOW + timedelta(seconds=30)
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         beat = await runtime_heartbeat(conn, instance_id="rt-p1", now=later, lease_ttl_seconds=TTL)
-        expires = (await conn.execute(
-            text("SELECT expires_at FROM leases WHERE task_id = :t"), {"t": task_id}
-        )).scalar_one()
+        expires = await conn.fetchval("SELECT expires_at FROM leases WHERE task_id = $1", task_id)
     assert beat.renewed_leases == 1
     assert expires == later + timedelta(seconds=TTL)
 
 
 async def test_heartbeat_after_staleness_is_healthy_again_but_expired_leases_stay_expired(
-    db: AsyncEngine,
+    db: Database,
 ) -> None:
     await _placed(db)
     much_later = NOW + timedelta(seconds=TTL + 100)
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         beat = await runtime_heartbeat(
             conn, instance_id="rt-p1", now=much_later, lease_ttl_seconds=TTL
         )
@@ -108,9 +103,9 @@ async def test_heartbeat_after_staleness_is_healthy_again_but_expired_leases_sta
     assert beat.renewed_leases == 0  # past its expiry: recovery owns it, not the runtime
 
 
-async def test_leases_list_shows_live_leases_of_the_instance(db: AsyncEngine) -> None:
+async def test_leases_list_shows_live_leases_of_the_instance(db: Database) -> None:
     (task_id,) = await _placed(db)
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         items = await runtime_leases_list(conn, instance_id="rt-p1")
         none = await runtime_leases_list(conn, instance_id="rt-other")
     assert none == []
@@ -123,26 +118,23 @@ async def test_leases_list_shows_live_leases_of_the_instance(db: AsyncEngine) ->
 
 
 async def test_complete_succeeded_releases_capacity_in_the_same_transaction(
-    db: AsyncEngine,
+    db: Database,
 ) -> None:
     (task_id,) = await _placed(db)
     lease_id, epoch = await _lease_of(db, task_id)
     assert await _cpu_reserved(db) == 500
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         out = await lease_complete(
             conn, lease_id=lease_id, epoch=epoch, outcome="succeeded", message=None,
             now=NOW, instance_ids=frozenset({"rt-p1"}),
         )
     assert out["state"] == "SUCCEEDED"
     assert await _cpu_reserved(db) == 0
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         task = await task_get(conn, task_id)
-        lease_state = (await conn.execute(
-            text("SELECT state FROM leases WHERE id = :id"), {"id": lease_id}
-        )).scalar_one()
-        events = [r[0] for r in await conn.execute(
-            text("SELECT to_state FROM task_events WHERE task_id = :t ORDER BY id"),
-            {"t": task_id},
+        lease_state = await conn.fetchval("SELECT state FROM leases WHERE id = $1", lease_id)
+        events = [r[0] for r in await conn.fetch(
+            "SELECT to_state FROM task_events WHERE task_id = $1 ORDER BY id", task_id
         )]
     assert task["state"] == "SUCCEEDED" and task["finished_at"] == NOW
     assert lease_state == "COMPLETED"
@@ -150,10 +142,10 @@ async def test_complete_succeeded_releases_capacity_in_the_same_transaction(
     assert await ledger_violations(db) == []
 
 
-async def test_complete_failed_marks_the_task_failed(db: AsyncEngine) -> None:
+async def test_complete_failed_marks_the_task_failed(db: Database) -> None:
     (task_id,) = await _placed(db)
     lease_id, epoch = await _lease_of(db, task_id)
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         out = await lease_complete(
             conn, lease_id=lease_id, epoch=epoch, outcome="failed", message="exit 1",
             now=NOW, instance_ids=None,
@@ -162,10 +154,10 @@ async def test_complete_failed_marks_the_task_failed(db: AsyncEngine) -> None:
     assert await _cpu_reserved(db) == 0
 
 
-async def test_complete_refuses_unknown_foreign_and_invalid(db: AsyncEngine) -> None:
+async def test_complete_refuses_unknown_foreign_and_invalid(db: Database) -> None:
     (task_id,) = await _placed(db)
     lease_id, epoch = await _lease_of(db, task_id)
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         with pytest.raises(LeaseNotFound):
             await lease_complete(conn, lease_id=uuid.uuid4(), epoch=1, outcome="succeeded",
                                  message=None, now=NOW, instance_ids=None)
@@ -178,17 +170,16 @@ async def test_complete_refuses_unknown_foreign_and_invalid(db: AsyncEngine) -> 
         with pytest.raises(LeaseStale, match="stale epoch 7"):
             await lease_complete(conn, lease_id=lease_id, epoch=7, outcome="succeeded",
                                  message=None, now=NOW, instance_ids=None)
-        await conn.rollback()
     assert await _cpu_reserved(db) == 500
 
 
 async def test_fencing_refuses_the_stale_runtime_after_recovery_and_regrant(
-    db: AsyncEngine,
+    db: Database,
 ) -> None:
     (task_id,) = await _placed(db)
     old_lease, old_epoch = await _lease_of(db, task_id)
     expired_at = NOW + timedelta(seconds=TTL + 1)
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         recovered = await leases_expired_recover(conn, now=expired_at)
         await heartbeat_add(conn, "rt-p1", at=expired_at)  # the runtime is back, late
     assert recovered.requeued == 1
@@ -199,7 +190,7 @@ async def test_fencing_refuses_the_stale_runtime_after_recovery_and_regrant(
     new_lease, new_epoch = await _lease_of(db, task_id)
     assert new_epoch == old_epoch + 1 and new_lease != old_lease
 
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         with pytest.raises(LeaseStale) as caught:
             await lease_complete(conn, lease_id=old_lease, epoch=old_epoch, outcome="succeeded",
                                  message=None, now=expired_at, instance_ids=None)
@@ -207,8 +198,7 @@ async def test_fencing_refuses_the_stale_runtime_after_recovery_and_regrant(
         with pytest.raises(LeaseStale, match="stale epoch"):
             await lease_complete(conn, lease_id=new_lease, epoch=old_epoch, outcome="succeeded",
                                  message=None, now=expired_at, instance_ids=None)
-        await conn.rollback()
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         out = await lease_complete(conn, lease_id=new_lease, epoch=new_epoch,
                                    outcome="succeeded", message=None, now=expired_at,
                                    instance_ids=None)
@@ -216,18 +206,16 @@ async def test_fencing_refuses_the_stale_runtime_after_recovery_and_regrant(
     assert await ledger_violations(db) == []
 
 
-async def test_cancel_leased_task_releases_capacity_and_ends_the_lease(db: AsyncEngine) -> None:
+async def test_cancel_leased_task_releases_capacity_and_ends_the_lease(db: Database) -> None:
     (task_id,) = await _placed(db)
     lease_id, _ = await _lease_of(db, task_id)
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         assert await task_cancel(conn, task_id=task_id, tenant_id="t1", now=NOW) == "CANCELLED"
     assert await _cpu_reserved(db) == 0
-    async with db.connect() as conn:
-        state = (await conn.execute(
-            text("SELECT state FROM leases WHERE id = :id"), {"id": lease_id}
-        )).scalar_one()
+    async with db.connection() as conn:
+        state = await conn.fetchval("SELECT state FROM leases WHERE id = $1", lease_id)
     assert state == "CANCELLED"
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         with pytest.raises(TaskNotCancellable):
             await task_cancel(conn, task_id=task_id, tenant_id="t1", now=NOW)
         with pytest.raises(LeaseStale):
@@ -236,10 +224,10 @@ async def test_cancel_leased_task_releases_capacity_and_ends_the_lease(db: Async
     assert await ledger_violations(db) == []
 
 
-async def test_cancel_hides_other_tenants_tasks(db: AsyncEngine) -> None:
-    async with db.begin() as conn:
+async def test_cancel_hides_other_tenants_tasks(db: Database) -> None:
+    async with db.transaction() as conn:
         (task_id,) = await tasks_add(conn, tenant="t1")
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         with pytest.raises(TaskNotFound):
             await task_cancel(conn, task_id=task_id, tenant_id="t2", now=NOW)
         with pytest.raises(TaskNotFound):
@@ -247,41 +235,41 @@ async def test_cancel_hides_other_tenants_tasks(db: AsyncEngine) -> None:
 
 
 async def test_cancel_of_a_claimed_task_wins_over_the_reconcilers_commit(
-    db: AsyncEngine,
+    db: Database,
 ) -> None:
     """A pass that claimed the task finds it cancelled at commit and leaves it alone."""
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         await pool_add(conn, "p1", tenants=["t1"], capacity=(1000, 1000, 0))
         await heartbeat_add(conn, "rt-p1", at=NOW)
         (task_id,) = await tasks_add(conn, tenant="t1", spec=spec_make(cpu=500))
     from app.ledger.claims import Grant, tasks_claim, tasks_lease
 
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         claimed = await tasks_claim(conn, owner="pass-1", slots=ALL, batch=10, now=NOW,
                                     claim_ttl_seconds=30)
     assert [c.id for c in claimed] == [task_id]
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         assert await task_cancel(conn, task_id=task_id, tenant_id="t1", now=NOW) == "CANCELLED"
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         leased = await tasks_lease(
             conn, owner="pass-1", now=NOW, lease_ttl_seconds=TTL,
             grants=[Grant(task_id, {"poolId": "p1"}, (("p1", 1, "rt-p1"),), (500, 0, 0))],
         )
     assert leased == set()
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         assert (await task_get(conn, task_id))["state"] == "CANCELLED"
     assert await _cpu_reserved(db) == 0
     assert await ledger_violations(db) == []
 
 
-async def test_revoke_requeues_every_task_leased_on_the_pool(db: AsyncEngine) -> None:
+async def test_revoke_requeues_every_task_leased_on_the_pool(db: Database) -> None:
     ids = await _placed(db, count=2, cpu=400)
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         assert await pool_leases_revoke(conn, pool_id="p1", now=NOW) == 2
         assert await pool_leases_revoke(conn, pool_id="p1", now=NOW) == 0
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         tasks = [await task_get(conn, i) for i in ids]
-        states = {r[0] for r in await conn.execute(text("SELECT state FROM leases"))}
+        states = {r[0] for r in await conn.fetch("SELECT state FROM leases")}
     assert [(t["state"], t["attempts"]) for t in tasks] == [("ADMITTED", 1), ("ADMITTED", 1)]
     assert states == {"REVOKED"}
     assert await _cpu_reserved(db) == 0

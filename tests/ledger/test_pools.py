@@ -7,9 +7,8 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import insert, text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.db import Connection, Database
 from app.ledger.pools import (
     CapacityBelowReserved,
     PoolHasLiveLeases,
@@ -21,112 +20,111 @@ from app.ledger.pools import (
     pools_list,
 )
 from app.ledger.reservations import ledger_reserve_many
-from app.ledger.tables import leases, tasks
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 FIELDS = {"runtime_class": "gpu", "runtime_instance_id": "rt-1", "region": "eu"}
 
 
-async def pool_with_capacity(db: AsyncEngine, pool_id: str, cpu: int) -> None:
+async def pool_with_capacity(db: Database, pool_id: str, cpu: int) -> None:
     """Create ``pool_id`` with ``cpu`` millicores (and plenty of the rest)."""
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         await pool_create(conn, pool_id=pool_id, fields=FIELDS, now=NOW)
         await pool_capacity_put(conn, pool_id=pool_id, totals=(cpu, 10_000, 10), now=NOW)
 
 
-async def backend_pid(conn: AsyncConnection) -> int:
+async def backend_pid(conn: Connection) -> int:
     """Return the server process id of ``conn``."""
-    return int(await conn.scalar(text("SELECT pg_backend_pid()")))
+    return int(await conn.fetchval("SELECT pg_backend_pid()"))
 
 
-async def blocked_on_a_lock(db: AsyncEngine, pid: int, waiter: asyncio.Task) -> None:
+async def blocked_on_a_lock(db: Database, pid: int, waiter: asyncio.Task) -> None:
     """Return once backend ``pid`` waits on a lock (or ``waiter`` already ended)."""
-    async with db.connect() as probe:
+    async with db.connection() as probe:
         while not waiter.done():
-            waiting = await probe.scalar(
-                text("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = :pid"),
-                {"pid": pid},
+            waiting = await probe.fetchval(
+                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid
             )
             if waiting:
                 return
             await asyncio.sleep(0.01)
 
 
-async def test_lowering_capacity_makes_a_waiting_reservation_lose(db: AsyncEngine) -> None:
+async def test_lowering_capacity_makes_a_waiting_reservation_lose(db: Database) -> None:
     await pool_with_capacity(db, "pool-x", cpu=1000)
-    async with db.connect() as admin, db.connect() as reconciler:
-        await admin.begin()
+    async with db.connection() as admin, db.connection() as reconciler:
+        admin_tx = admin.transaction()
+        await admin_tx.start()
         await pool_capacity_put(admin, pool_id="pool-x", totals=(500, 10_000, 10), now=NOW)
-        await reconciler.begin()
+        reconciler_tx = reconciler.transaction()
+        await reconciler_tx.start()
         pid = await backend_pid(reconciler)
         reserve = asyncio.create_task(
             ledger_reserve_many(reconciler, amounts={"pool-x": (800, 0, 0)}, now=NOW)
         )
         await blocked_on_a_lock(db, pid, reserve)
-        await admin.commit()
+        await admin_tx.commit()
         reserved = await reserve
-        await reconciler.commit()
+        await reconciler_tx.commit()
 
     assert reserved == set(), "800 no longer fits in 500: the reservation must lose"
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         pool = await pool_get(conn, pool_id="pool-x")
     assert pool is not None and pool.capacity == (500, 10_000, 10)
     assert pool.reserved == (0, 0, 0)
 
 
 async def test_lowering_capacity_waits_for_a_reservation_and_then_refuses(
-    db: AsyncEngine,
+    db: Database,
 ) -> None:
     await pool_with_capacity(db, "pool-x", cpu=1000)
-    async with db.connect() as reconciler, db.connect() as admin:
-        await reconciler.begin()
+    async with db.connection() as reconciler, db.connection() as admin:
+        reconciler_tx = reconciler.transaction()
+        await reconciler_tx.start()
         assert await ledger_reserve_many(
             reconciler, amounts={"pool-x": (800, 0, 0)}, now=NOW
         ) == {"pool-x"}
-        await admin.begin()
+        admin_tx = admin.transaction()
+        await admin_tx.start()
         pid = await backend_pid(admin)
         lower = asyncio.create_task(
             pool_capacity_put(admin, pool_id="pool-x", totals=(500, 10_000, 10), now=NOW)
         )
         await blocked_on_a_lock(db, pid, lower)
-        await reconciler.commit()
+        await reconciler_tx.commit()
         with pytest.raises(CapacityBelowReserved, match="cpuMillis total 500 is below the 800"):
             await lower
-        await admin.rollback()
+        await admin_tx.rollback()
 
 
-async def test_delete_waits_for_a_lease_being_granted_and_then_refuses(db: AsyncEngine) -> None:
+async def test_delete_waits_for_a_lease_being_granted_and_then_refuses(db: Database) -> None:
     await pool_with_capacity(db, "pool-x", cpu=1000)
     task_id = uuid.uuid4()
-    async with db.connect() as reconciler, db.connect() as admin:
-        await reconciler.begin()
+    async with db.connection() as reconciler, db.connection() as admin:
+        reconciler_tx = reconciler.transaction()
+        await reconciler_tx.start()
         await reconciler.execute(
-            insert(tasks).values(
-                id=task_id, tenant_id="t", shard=0, state="LEASED", runtime_class="gpu", spec={}
-            )
+            "INSERT INTO tasks (id, tenant_id, shard, state, runtime_class, spec) "
+            "VALUES ($1, $2, $3, $4, $5, $6)",
+            task_id, "t", 0, "LEASED", "gpu", {},
         )
         await reconciler.execute(
-            insert(leases).values(
-                id=uuid.uuid4(),
-                task_id=task_id,
-                pool_id="pool-x",
-                runtime_instance_id="rt-1",
-                epoch=1,
-                expires_at=NOW + timedelta(minutes=1),
-            )
+            "INSERT INTO leases (id, task_id, pool_id, runtime_instance_id, epoch, expires_at) "
+            "VALUES ($1, $2, $3, $4, $5, $6)",
+            uuid.uuid4(), task_id, "pool-x", "rt-1", 1, NOW + timedelta(minutes=1),
         )
-        await admin.begin()
+        admin_tx = admin.transaction()
+        await admin_tx.start()
         pid = await backend_pid(admin)
         deleting = asyncio.create_task(pool_delete(admin, pool_id="pool-x"))
         await blocked_on_a_lock(db, pid, deleting)
-        await reconciler.commit()
+        await reconciler_tx.commit()
         with pytest.raises(PoolHasLiveLeases):
             await deleting
-        await admin.rollback()
+        await admin_tx.rollback()
 
 
-async def test_pools_list_pages_by_id_for_each_viewer(db: AsyncEngine) -> None:
-    async with db.begin() as conn:
+async def test_pools_list_pages_by_id_for_each_viewer(db: Database) -> None:
+    async with db.transaction() as conn:
         for i, tenants in enumerate((["a"], ["b"], ["a", "b"], [])):
             await pool_create(
                 conn,
@@ -138,7 +136,7 @@ async def test_pools_list_pages_by_id_for_each_viewer(db: AsyncEngine) -> None:
     operator = PoolViewer(role="operator", subject="ops")
     nobody = PoolViewer(role="tenant", subject="x")
 
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         first, after = await pools_list(conn, viewer=tenant_a, limit=1)
         rest, end = await pools_list(conn, viewer=tenant_a, limit=5, after=after)
         operated, _ = await pools_list(conn, viewer=operator, limit=5)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from app.config import SHARD_SLOTS
+from app.db import Database
 from app.ledger.recovery import leases_expired_recover
 from app.reconciler import Reconciler, ReconcilerConfig
 from tests.factories import (
@@ -24,12 +22,12 @@ ALL = frozenset(range(SHARD_SLOTS))
 TTL = 60.0
 
 
-def _reconciler(db: AsyncEngine, name: str = "r") -> Reconciler:
+def _reconciler(db: Database, name: str = "r") -> Reconciler:
     return Reconciler(db, ReconcilerConfig(lease_ttl_seconds=TTL), owner_id=name, slots=ALL)
 
 
-async def _setup(db: AsyncEngine, *, max_attempts: int = 3, count: int = 1, **pool: object):
-    async with db.begin() as conn:
+async def _setup(db: Database, *, max_attempts: int = 3, count: int = 1, **pool: object):
+    async with db.transaction() as conn:
         await pool_add(conn, "p1", tenants=["t1"], capacity=(1000, 1000, 0), **pool)
         await heartbeat_add(conn, "rt-p1", at=NOW)
         return await tasks_add(
@@ -37,19 +35,19 @@ async def _setup(db: AsyncEngine, *, max_attempts: int = 3, count: int = 1, **po
         )
 
 
-async def test_expired_lease_requeues_the_task_and_releases_capacity(db: AsyncEngine) -> None:
+async def test_expired_lease_requeues_the_task_and_releases_capacity(db: Database) -> None:
     (task_id,) = await _setup(db)
     assert (await _reconciler(db).run_once(now=NOW)).leased == 1
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         early = await leases_expired_recover(conn, now=NOW + timedelta(seconds=TTL - 1))
     assert early.tasks == 0
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         late = await leases_expired_recover(conn, now=NOW + timedelta(seconds=TTL))
     assert (late.requeued, late.failed) == (1, 0)
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         task = await task_get(conn, task_id)
-        lease = (await conn.execute(text("SELECT state, end_reason FROM leases"))).one()
-        reserved = (await conn.execute(text("SELECT cpu_reserved FROM ledgers"))).scalar()
+        lease = await conn.fetchrow("SELECT state, end_reason FROM leases")
+        reserved = await conn.fetchval("SELECT cpu_reserved FROM ledgers")
     assert (task["state"], task["attempts"], task["parked"]) == ("ADMITTED", 1, False)
     assert task["placement"] is None
     assert tuple(lease) == ("EXPIRED", "lease_expired")
@@ -57,22 +55,22 @@ async def test_expired_lease_requeues_the_task_and_releases_capacity(db: AsyncEn
     assert await ledger_violations(db) == []
 
 
-async def test_past_max_attempts_the_task_fails_with_lease_expired(db: AsyncEngine) -> None:
+async def test_past_max_attempts_the_task_fails_with_lease_expired(db: Database) -> None:
     (task_id,) = await _setup(db, max_attempts=2)
     at = NOW
     for attempt in (1, 2):
-        async with db.begin() as conn:
+        async with db.transaction() as conn:
             await heartbeat_add(conn, "rt-p1", at=at)
         assert (await _reconciler(db, f"r{attempt}").run_once(now=at)).leased == 1
         at = at + timedelta(seconds=TTL + 1)
-        async with db.begin() as conn:
+        async with db.transaction() as conn:
             await leases_expired_recover(conn, now=at)
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         task = await task_get(conn, task_id)
-        epochs = [r[0] for r in await conn.execute(text("SELECT epoch FROM leases ORDER BY 1"))]
-        last = (await conn.execute(text(
+        epochs = [r[0] for r in await conn.fetch("SELECT epoch FROM leases ORDER BY 1")]
+        last = await conn.fetchrow(
             "SELECT from_state, to_state, reason FROM task_events ORDER BY id DESC LIMIT 1"
-        ))).one()
+        )
     assert (task["state"], task["attempts"], task["failure_reason"]) == (
         "FAILED", 2, "lease_expired"
     )
@@ -81,35 +79,33 @@ async def test_past_max_attempts_the_task_fails_with_lease_expired(db: AsyncEngi
     assert await ledger_violations(db) == []
 
 
-async def test_drain_deadline_revokes_leases_through_the_leader(db: AsyncEngine) -> None:
+async def test_drain_deadline_revokes_leases_through_the_leader(db: Database) -> None:
     ids = await _setup(db, count=2)
     reconciler = _reconciler(db)
     assert (await reconciler.run_once(now=NOW)).leased == 2
     deadline = NOW + timedelta(seconds=10)
-    async with db.begin() as conn:
-        await conn.execute(
-            text("UPDATE pools SET status = 'DRAINING', drain_deadline = :d"), {"d": deadline}
-        )
+    async with db.transaction() as conn:
+        await conn.execute("UPDATE pools SET status = 'DRAINING', drain_deadline = $1", deadline)
     try:
         assert await reconciler.recover_once(now=deadline - timedelta(seconds=1)) == 0
         assert await reconciler.recover_once(now=deadline) == 2
     finally:
         await reconciler.ownership.stop()
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         tasks = [await task_get(conn, i) for i in ids]
-        leases = {r[0] for r in await conn.execute(text("SELECT state FROM leases"))}
+        leases = {r[0] for r in await conn.fetch("SELECT state FROM leases")}
     assert {(t["state"], t["attempts"]) for t in tasks} == {("ADMITTED", 1)}
     assert leases == {"REVOKED"}
     # The drained pool rejects new placements: the requeued tasks wait with a reason.
     result = await _reconciler(db, "r2").run_once(now=deadline)
     assert (result.leased, result.pending) == (0, 2)
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         task = await task_get(conn, ids[0])
     assert task["parked"] and task["pending_reason"]["code"] == "pool_not_active"
     assert await ledger_violations(db) == []
 
 
-async def test_only_one_leader_recovers(db: AsyncEngine) -> None:
+async def test_only_one_leader_recovers(db: Database) -> None:
     await _setup(db)
     first, second = _reconciler(db, "a"), _reconciler(db, "b")
     assert (await first.run_once(now=NOW)).leased == 1

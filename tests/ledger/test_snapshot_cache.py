@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from app.config import SHARD_SLOTS
+from app.db import Database
 from app.ledger.pools import pool_capacity_put, pool_create, pool_delete, pool_status_set
 from app.ledger.reservations import ledger_reserve_many
 from app.ledger.snapshot import (
@@ -19,31 +17,30 @@ from app.ledger.snapshot import (
     snapshot_read,
 )
 from app.reconciler import Reconciler, ReconcilerConfig
+from app.scheduling.explain import preview_document
 from app.scheduling.framework import select
-from app.scheduling.model import PlacedTask, Snapshot
+from app.scheduling.snapshot import PlacedTask, Snapshot
 from tests.factories import NOW, heartbeat_add, pool_add, spec_make, tasks_add
 from tests.scheduling.factories import spec
 
 FRESH = 60.0
 
 
-async def _read(db: AsyncEngine, cache: SnapshotCache, *, now=NOW, placed=()) -> Snapshot:
+async def _read(db: Database, cache: SnapshotCache, *, now=NOW, placed=()) -> Snapshot:
     async def placements() -> list[PlacedTask]:
         return list(placed)
 
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         snap = await snapshot_read(
             conn, now=now, freshness_seconds=FRESH, strategy="spread", placed=placements,
             cache=cache,
         )
-        await conn.rollback()
     return snap
 
 
-async def _fresh(db: AsyncEngine, *, now=NOW, placed=()) -> Snapshot:
-    async with db.connect() as conn:
+async def _fresh(db: Database, *, now=NOW, placed=()) -> Snapshot:
+    async with db.connection() as conn:
         pools = await pools_read(conn, now=now, freshness_seconds=FRESH)
-        await conn.rollback()
     return Snapshot.build(pools, placed)
 
 
@@ -54,31 +51,31 @@ def _same(a: Snapshot, b: Snapshot) -> None:
     )
     for tenant in ("acme", "other"):
         probe = spec(tenant=tenant, runtimeClass="standard")
-        assert select(probe, a, explain=True).to_json() == select(
-            probe, b, explain=True
-        ).to_json()
+        assert preview_document(select(probe, a, explain=True)) == preview_document(
+            select(probe, b, explain=True)
+        )
 
 
-async def _pools(db: AsyncEngine, *ids: str) -> None:
-    async with db.begin() as conn:
+async def _pools(db: Database, *ids: str) -> None:
+    async with db.transaction() as conn:
         for pid in ids:
             await pool_add(conn, pid, tenants=["acme"], failure_domain=f"fd-{pid}")
             await heartbeat_add(conn, f"rt-{pid}", at=NOW)
 
 
-async def test_usage_and_health_changes_reuse_the_static_part(db: AsyncEngine) -> None:
+async def test_usage_and_health_changes_reuse_the_static_part(db: Database) -> None:
     await _pools(db, "p1", "p2", "p3")
     cache = SnapshotCache()
     first = await _read(db, cache)
     assert (cache.rebuilds, cache.reuses) == (1, 0)
     _same(first, await _fresh(db))
 
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         assert await ledger_reserve_many(conn, amounts={"p1": (3000, 0, 0)}, now=NOW) == {"p1"}
-        await conn.execute(text("UPDATE ledgers SET cpu_total = 9000 WHERE pool_id = 'p3'"))
-        await conn.execute(text("DELETE FROM ledgers WHERE pool_id = 'p2'"))
+        await conn.execute("UPDATE ledgers SET cpu_total = 9000 WHERE pool_id = 'p3'")
+        await conn.execute("DELETE FROM ledgers WHERE pool_id = 'p2'")
     later = NOW + timedelta(seconds=FRESH / 2)
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         await heartbeat_add(conn, "rt-p3", at=later)
     placed = [PlacedTask("x", "acme", {"app": "a"}, ("p3",))]
     second = await _read(db, cache, now=later + timedelta(seconds=FRESH / 2 + 1), placed=placed)
@@ -94,7 +91,7 @@ async def test_usage_and_health_changes_reuse_the_static_part(db: AsyncEngine) -
     assert first.reserved[0].tolist() == [0, 0, 0] and first.fresh.tolist() == [True] * 3
 
 
-async def test_cordon_capacity_add_and_delete_rebuild_the_static_part(db: AsyncEngine) -> None:
+async def test_cordon_capacity_add_and_delete_rebuild_the_static_part(db: Database) -> None:
     await _pools(db, "p1", "p2")
     cache = SnapshotCache()
     await _read(db, cache)
@@ -102,7 +99,7 @@ async def test_cordon_capacity_add_and_delete_rebuild_the_static_part(db: AsyncE
 
     async def check(change) -> Snapshot:
         nonlocal rebuilds
-        async with db.begin() as conn:
+        async with db.transaction() as conn:
             await change(conn)
         snap = await _read(db, cache)
         rebuilds += 1
@@ -149,21 +146,21 @@ async def test_cordon_capacity_add_and_delete_rebuild_the_static_part(db: AsyncE
 
     async def raw_edit(conn) -> None:
         # A write that bypasses the ledger functions (no version bump) is still noticed.
-        await conn.execute(text("UPDATE pools SET ready = false WHERE id = 'p2'"))
+        await conn.execute("UPDATE pools SET ready = false WHERE id = 'p2'")
 
     snap = await check(raw_edit)
     assert snap.pools[1].ready is False
 
     async def untouched(conn) -> None:
-        await conn.execute(text("SELECT 1"))
+        await conn.execute("SELECT 1")
 
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         await untouched(conn)
     await _read(db, cache)
     assert cache.rebuilds == rebuilds
 
 
-async def test_a_strategy_change_rebuilds(db: AsyncEngine) -> None:
+async def test_a_strategy_change_rebuilds(db: Database) -> None:
     await _pools(db, "p1")
     cache = SnapshotCache()
     await _read(db, cache)
@@ -171,28 +168,26 @@ async def test_a_strategy_change_rebuilds(db: AsyncEngine) -> None:
     async def none() -> list[PlacedTask]:
         return []
 
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         snap = await snapshot_read(
             conn, now=NOW, freshness_seconds=FRESH, strategy="binpack", placed=none, cache=cache
         )
-        await conn.rollback()
     assert snap.strategy == "binpack" and cache.rebuilds == 2
 
 
-async def test_placements_come_from_the_same_read(db: AsyncEngine) -> None:
+async def test_placements_come_from_the_same_read(db: Database) -> None:
     await _pools(db, "p1")
     cache = SnapshotCache()
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         snap = await snapshot_read(
             conn, now=NOW, freshness_seconds=FRESH, strategy="spread",
             placed=lambda: placements_read(conn, tenant_ids={"acme"}), cache=cache,
         )
-        await conn.rollback()
     assert snap.placed_counts("acme", None).tolist() == [0]
 
 
-async def test_grouped_placements_count_exactly_like_per_task_ones(db: AsyncEngine) -> None:
-    async with db.begin() as conn:
+async def test_grouped_placements_count_exactly_like_per_task_ones(db: Database) -> None:
+    async with db.transaction() as conn:
         for i in range(4):
             await pool_add(conn, f"p{i}", tenants=["acme", "other"], capacity=(10_000, 0, 0),
                            failure_domain=f"fd{i % 2}")
@@ -208,10 +203,9 @@ async def test_grouped_placements_count_exactly_like_per_task_ones(db: AsyncEngi
     rec = Reconciler(db, ReconcilerConfig(), owner_id="t", slots=frozenset(range(SHARD_SLOTS)))
     assert (await rec.run_once(now=NOW)).leased == 12
 
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         per_task = await placements_read(conn, tenant_ids={"acme", "other", "nobody"})
         grouped = await placements_grouped_read(conn, tenant_ids={"acme", "other", "nobody"})
-        await conn.rollback()
     assert len(per_task) == 12 and len(grouped) == 8  # 4 distinct label sets per tenant
     pools = (await _fresh(db)).pools
     a, b = Snapshot.build(pools, per_task), Snapshot.build(pools, grouped)

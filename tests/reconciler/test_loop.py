@@ -7,10 +7,9 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import SHARD_SLOTS
+from app.db import Database
 from app.ledger.leases import lease_complete
 from app.ledger.wakeups import WakeSource, wakeup_notify
 from app.metrics import WAKEUPS
@@ -36,18 +35,17 @@ def _count(source: str) -> float:
     return WAKEUPS.labels(source=source)._value.get()
 
 
-async def _state(db: AsyncEngine, task_id) -> dict:
-    async with db.connect() as conn:
+async def _state(db: Database, task_id) -> dict:
+    async with db.connection() as conn:
         return await task_get(conn, task_id)
 
 
-async def test_capacity_release_wakes_a_pending_task_without_the_tick(db: AsyncEngine) -> None:
+async def test_capacity_release_wakes_a_pending_task_without_the_tick(db: Database) -> None:
     fresh = datetime.now(UTC) + timedelta(hours=1)
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         await pool_add(conn, "p1", tenants=["t1"], capacity=(1000, 1000, 0))
-        await conn.execute(text(
-            "INSERT INTO runtime_instances (id, last_heartbeat_at) VALUES ('rt-p1', :at)"),
-            {"at": fresh})
+        await conn.execute(
+            "INSERT INTO runtime_instances (id, last_heartbeat_at) VALUES ('rt-p1', $1)", fresh)
         first, second = await tasks_add(conn, tenant="t1", count=2, spec=spec_make(cpu=1000))
     reconciler = Reconciler(db, ReconcilerConfig(**QUIET), owner_id="waker", slots=ALL)
     stop = asyncio.Event()
@@ -62,9 +60,9 @@ async def test_capacity_release_wakes_a_pending_task_without_the_tick(db: AsyncE
         released = _count("capacity_released")
         passes_before = len(reconciler.results) and reconciler.results[-1].pass_id
 
-        async with db.begin() as conn:
-            lease_id, epoch = (await conn.execute(text(
-                "SELECT id, epoch FROM leases WHERE task_id = :t"), {"t": first})).one()
+        async with db.transaction() as conn:
+            lease_id, epoch = await conn.fetchrow(
+                "SELECT id, epoch FROM leases WHERE task_id = $1", first)
             await lease_complete(conn, lease_id=lease_id, epoch=epoch, outcome="succeeded",
                                  message=None, now=datetime.now(UTC), instance_ids=None)
 
@@ -82,16 +80,16 @@ async def test_capacity_release_wakes_a_pending_task_without_the_tick(db: AsyncE
     assert await ledger_violations(db) == []
 
 
-async def test_submission_notify_triggers_a_pass(db: AsyncEngine) -> None:
+async def test_submission_notify_triggers_a_pass(db: Database) -> None:
     fresh = datetime.now(UTC) + timedelta(hours=1)
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         await pools_add(conn, 2, tenants=["t1"], heartbeat_at=fresh)
     reconciler = Reconciler(db, ReconcilerConfig(**QUIET), owner_id="sub", slots=ALL)
     stop = asyncio.Event()
     loop = asyncio.create_task(reconciler.run(stop))
     try:
         await _until(lambda: _listening(db), "the reconciler listens")
-        async with db.begin() as conn:
+        async with db.transaction() as conn:
             (task_id,) = await tasks_add(conn, tenant="t1")
             await wakeup_notify(conn, source=WakeSource.SUBMITTED)
 
@@ -104,17 +102,17 @@ async def test_submission_notify_triggers_a_pass(db: AsyncEngine) -> None:
         await loop
 
 
-async def _listening(db: AsyncEngine) -> bool:
-    async with db.connect() as conn:
-        return bool((await conn.execute(text(
+async def _listening(db: Database) -> bool:
+    async with db.connection() as conn:
+        return bool(await conn.fetchval(
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'berth-listen' "
-            "AND datname = current_database()"))).scalar())
+            "AND datname = current_database()"))
 
 
-async def test_two_dynamic_replicas_split_the_slots_and_one_takes_over(db: AsyncEngine) -> None:
+async def test_two_dynamic_replicas_split_the_slots_and_one_takes_over(db: Database) -> None:
     fresh = datetime.now(UTC) + timedelta(hours=1)
     tenants = [f"tenant-{i}" for i in range(12)]
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         await pools_add(conn, 4, tenants=tenants, heartbeat_at=fresh)
     config = ReconcilerConfig(rebalance_seconds=0.05, **QUIET)
     a = Reconciler(db, config, owner_id="a")
@@ -129,7 +127,7 @@ async def test_two_dynamic_replicas_split_the_slots_and_one_takes_over(db: Async
 
         await _until(split, "the replicas split the slots evenly")
         a_share = a.slots
-        async with db.begin() as conn:
+        async with db.transaction() as conn:
             for t in tenants:
                 await tasks_add(conn, tenant=t, count=3)
             await wakeup_notify(conn, source=WakeSource.SUBMITTED)
@@ -138,7 +136,7 @@ async def test_two_dynamic_replicas_split_the_slots_and_one_takes_over(db: Async
         await run_a
         await _until(lambda: _true(b.slots == ALL), "the survivor owns every slot")
         orphan = next(t for t in tenants if shard_of(t) in a_share)
-        async with db.begin() as conn:
+        async with db.transaction() as conn:
             (late,) = await tasks_add(conn, tenant=orphan)
             await wakeup_notify(conn, source=WakeSource.SUBMITTED)
 
@@ -157,21 +155,22 @@ async def _true(value: bool) -> bool:
     return value
 
 
-async def _all_leased(db: AsyncEngine) -> bool:
-    async with db.connect() as conn:
-        return not (await conn.execute(text(
-            "SELECT count(*) FROM tasks WHERE state != 'LEASED'"))).scalar()
+async def _all_leased(db: Database) -> bool:
+    async with db.connection() as conn:
+        return not await conn.fetchval("SELECT count(*) FROM tasks WHERE state != 'LEASED'")
 
 
-async def test_serve_lifespan_runs_and_stops_the_in_process_reconciler(db: AsyncEngine) -> None:
+async def test_app_lifespan_runs_and_stops_the_in_process_reconciler(db: Database) -> None:
     from app.config import Settings
     from app.main import create_app
+    from app.reconciler.process import reconciler_background
 
     fresh = datetime.now(UTC) + timedelta(hours=1)
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         await pools_add(conn, 1, tenants=["t1"], heartbeat_at=fresh)
         (task_id,) = await tasks_add(conn, tenant="t1")
-    app = create_app(Settings(reconciler_enabled=True, tick_seconds=3600), engine=db)
+    settings = Settings(reconciler_enabled=True, tick_seconds=3600)
+    app = create_app(settings, db=db, background=[reconciler_background(settings)])
     async with app.router.lifespan_context(app):
         async def leased() -> bool:
             return (await _state(db, task_id))["state"] == "LEASED"
@@ -179,8 +178,8 @@ async def test_serve_lifespan_runs_and_stops_the_in_process_reconciler(db: Async
         await _until(leased, "the in-process reconciler leases the task")
     assert not await _listening(db)  # stopped with the app: its LISTEN connection is gone
 
-    off = create_app(Settings(reconciler_enabled=False), engine=db)
-    async with db.begin() as conn:
+    off = create_app(Settings(reconciler_enabled=False), db=db)  # composed without one
+    async with db.transaction() as conn:
         (idle,) = await tasks_add(conn, tenant="t1")
         await wakeup_notify(conn, source=WakeSource.SUBMITTED)
     async with off.router.lifespan_context(off):

@@ -6,9 +6,9 @@ import subprocess
 import sys
 
 from prometheus_client import REGISTRY, generate_latest
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import SHARD_SLOTS, Settings
+from app.db import Database
 from app.ledger.wakeups import WakeSource
 from app.reconciler import Reconciler, ReconcilerConfig
 from app.reconciler.passes import REASON_PLUGIN
@@ -22,8 +22,8 @@ def _value(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
-async def test_a_pass_counts_outcomes_rejections_and_queue_wait(db: AsyncEngine) -> None:
-    async with db.begin() as conn:
+async def test_a_pass_counts_outcomes_rejections_and_queue_wait(db: Database) -> None:
+    async with db.transaction() as conn:
         await pool_add(conn, "p1", tenants=["t1"], capacity=(1000, 1000, 0))
         await heartbeat_add(conn, "rt-p1", at=NOW)
         await pool_add(conn, "p2", tenants=["t1"], runtime_class="gpu")
@@ -64,9 +64,9 @@ async def test_a_pass_counts_outcomes_rejections_and_queue_wait(db: AsyncEngine)
 
 
 async def test_scheduler_metrics_never_carry_tenant_pool_task_or_label_values(
-    db: AsyncEngine,
+    db: Database,
 ) -> None:
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         await pool_add(conn, "pool-secret-x", tenants=["tenant-secret-y"], capacity=(500, 500, 0))
         await heartbeat_add(conn, "rt-pool-secret-x", at=NOW)
         ids = await tasks_add(
@@ -87,7 +87,7 @@ def test_every_reason_code_maps_to_a_plugin_label() -> None:
     assert REASON_PLUGIN["runtime_unhealthy"] == "health"
 
 
-async def test_wakeups_are_counted_by_source(db: AsyncEngine) -> None:
+async def test_wakeups_are_counted_by_source(db: Database) -> None:
     reconciler = Reconciler(db, ReconcilerConfig(), owner_id="w", slots=ALL)
     before = _value("berth_pending_wakeups_total", source="ledger_raised")
     reconciler.wakeup(WakeSource.LEDGER_RAISED)
@@ -100,11 +100,14 @@ def test_config_reads_the_settings() -> None:
         retry_base_delay_ms=50,
         policy="fair",
         reservation_walk_limit=1,
+        commit_rounds_max=2,
         tick_seconds=9,
     )
     config = ReconcilerConfig.from_settings(settings, rebalance_seconds=0.5)
     assert (config.batch_size, config.retry_base_delay_seconds, config.policy) == (99, 0.05, "fair")
     assert (config.reservation_walk_limit, config.tick_seconds) == (1, 9)
+    assert config.commit_rounds_max == 2
+    assert ReconcilerConfig().commit_rounds_max == Settings().commit_rounds_max == 4
     assert config.rebalance_seconds == 0.5
 
 

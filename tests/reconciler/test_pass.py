@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from app.config import SHARD_SLOTS
+from app.db import Database
 from app.reconciler import Reconciler, ReconcilerConfig
 from tests.factories import (
     NOW,
@@ -22,24 +20,23 @@ from tests.factories import (
 ALL = frozenset(range(SHARD_SLOTS))
 
 
-def reconciler(engine: AsyncEngine, **config: object) -> Reconciler:
-    return Reconciler(engine, ReconcilerConfig(**config), owner_id="test", slots=ALL)
+def reconciler(db: Database, **config: object) -> Reconciler:
+    return Reconciler(db, ReconcilerConfig(**config), owner_id="test", slots=ALL)
 
 
-async def test_pass_leases_tasks_and_reserves_capacity(db: AsyncEngine) -> None:
-    async with db.begin() as conn:
+async def test_pass_leases_tasks_and_reserves_capacity(db: Database) -> None:
+    async with db.transaction() as conn:
         await pool_add(conn, "p1", tenants=["t1"], capacity=(1000, 1000, 0))
         await heartbeat_add(conn, "rt-p1", at=NOW)
         ids = await tasks_add(conn, tenant="t1", count=3, spec=spec_make(cpu=300))
     result = await reconciler(db).run_once(now=NOW)
     assert (result.claimed, result.leased, result.pending) == (3, 3, 0)
-    async with db.connect() as conn:
-        reserved = (await conn.execute(text("SELECT cpu_reserved FROM ledgers"))).scalar()
+    async with db.connection() as conn:
+        reserved = await conn.fetchval("SELECT cpu_reserved FROM ledgers")
         task = await task_get(conn, ids[0])
-        lease = (await conn.execute(
-            text("SELECT runtime_instance_id, epoch, expires_at FROM leases WHERE task_id = :id"),
-            {"id": ids[0]},
-        )).one()
+        lease = await conn.fetchrow(
+            "SELECT runtime_instance_id, epoch, expires_at FROM leases WHERE task_id = $1", ids[0]
+        )
     assert reserved == 900
     assert task["state"] == "LEASED"
     assert task["placement"]["poolId"] == "p1"
@@ -53,14 +50,14 @@ async def _pool(conn, pool_id: str, capacity=(1000, 1000, 0), **kw) -> None:
     await heartbeat_add(conn, f"rt-{pool_id}", at=NOW)
 
 
-async def test_tasks_that_fit_nowhere_are_parked_with_their_reason(db: AsyncEngine) -> None:
-    async with db.begin() as conn:
+async def test_tasks_that_fit_nowhere_are_parked_with_their_reason(db: Database) -> None:
+    async with db.transaction() as conn:
         await _pool(conn, "p1", capacity=(1000, 1000, 0))
         ids = await tasks_add(conn, tenant="t1", count=5, spec=spec_make(cpu=400))
     result = await reconciler(db).run_once(now=NOW)
     assert (result.claimed, result.leased, result.pending) == (5, 2, 3)
     assert result.unsatisfiable_hits == 2  # the 4th and 5th reuse the 3rd's verdict
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         parked = await task_get(conn, ids[4])
     assert parked["state"] == "ADMITTED" and parked["parked"]
     assert parked["pending_reason"]["code"] == "insufficient_cpu"
@@ -70,21 +67,21 @@ async def test_tasks_that_fit_nowhere_are_parked_with_their_reason(db: AsyncEngi
     assert await ledger_violations(db) == []
 
 
-async def test_unhealthy_and_unregistered_pools_fail_closed(db: AsyncEngine) -> None:
-    async with db.begin() as conn:
+async def test_unhealthy_and_unregistered_pools_fail_closed(db: Database) -> None:
+    async with db.transaction() as conn:
         await pool_add(conn, "stale", tenants=["t1"])
         await heartbeat_add(conn, "rt-stale", at=NOW - timedelta(seconds=60))
         await pool_add(conn, "noledger", tenants=["t1"], capacity=None)
         await heartbeat_add(conn, "rt-noledger", at=NOW)
         (task_id,) = await tasks_add(conn, tenant="t1")
     assert (await reconciler(db).run_once(now=NOW)).pending == 1
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         reason = (await task_get(conn, task_id))["pending_reason"]
     assert reason["rejections"] == {"runtime_unhealthy": 1, "ledger_missing": 1}
 
 
-async def test_gang_reserves_every_member_or_none(db: AsyncEngine) -> None:
-    async with db.begin() as conn:
+async def test_gang_reserves_every_member_or_none(db: Database) -> None:
+    async with db.transaction() as conn:
         for p in ("p1", "p2", "p3"):
             await _pool(conn, p, capacity=(1000, 1000, 0))
         (fits,) = await tasks_add(conn, tenant="t1", spec=spec_make(
@@ -93,14 +90,14 @@ async def test_gang_reserves_every_member_or_none(db: AsyncEngine) -> None:
             cpu=500, gang={"members": 2, "minPools": 2}))
     result = await reconciler(db).run_once(now=NOW)
     assert (result.leased, result.pending) == (1, 1)
-    async with db.connect() as conn:
-        rows = (await conn.execute(text(
+    async with db.connection() as conn:
+        rows = await conn.fetch(
             "SELECT r.pool_id, r.members, r.cpu, l.runtime_instance_id, l.epoch "
             "FROM reservations r JOIN leases l ON l.task_id = r.task_id AND l.pool_id = r.pool_id "
-            "WHERE r.task_id = :t ORDER BY r.pool_id"), {"t": fits})).all()
+            "WHERE r.task_id = $1 ORDER BY r.pool_id", fits)
         big = await task_get(conn, too_big)
-        reserved = [r[0] for r in await conn.execute(
-            text("SELECT cpu_reserved FROM ledgers ORDER BY pool_id"))]
+        reserved = [r[0] for r in await conn.fetch(
+            "SELECT cpu_reserved FROM ledgers ORDER BY pool_id")]
     assert sum(r[1] for r in rows) == 5 and len(rows) == 3
     assert all(r[2] == r[1] * 500 and r[3] == f"rt-{r[0]}" and r[4] == 1 for r in rows)
     assert sorted(reserved) == [500, 1000, 1000]
@@ -108,49 +105,49 @@ async def test_gang_reserves_every_member_or_none(db: AsyncEngine) -> None:
     assert await ledger_violations(db) == []
 
 
-async def test_affinity_sees_leased_placements_of_the_tenant(db: AsyncEngine) -> None:
-    async with db.begin() as conn:
+async def test_affinity_sees_leased_placements_of_the_tenant(db: Database) -> None:
+    async with db.transaction() as conn:
         await _pool(conn, "p1")
         await _pool(conn, "p2")
         (anchor,) = await tasks_add(conn, tenant="t1", spec=spec_make(labels={"app": "db"}))
     assert (await reconciler(db).run_once(now=NOW)).leased == 1
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         anchor_pool = (await task_get(conn, anchor))["placement"]["poolId"]
     follower = spec_make(affinity={"required": [{"selector": {"app": "db"}, "topology": "pool"}]})
     away = spec_make(affinity={"required": [
         {"selector": {"app": "db"}, "topology": "pool", "anti": True}]})
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         near, far = await tasks_add(conn, tenant="t1", specs=[follower, away])
     assert (await reconciler(db).run_once(now=NOW)).leased == 2
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         assert (await task_get(conn, near))["placement"]["poolId"] == anchor_pool
         assert (await task_get(conn, far))["placement"]["poolId"] != anchor_pool
 
 
-async def test_placement_json_carries_components_and_alternatives(db: AsyncEngine) -> None:
-    async with db.begin() as conn:
+async def test_placement_json_carries_components_and_alternatives(db: Database) -> None:
+    async with db.transaction() as conn:
         for p in ("p1", "p2", "p3"):
             await _pool(conn, p)
         (task_id,) = await tasks_add(conn, tenant="t1")
     await reconciler(db, top_k=2).run_once(now=NOW)
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         placement = (await task_get(conn, task_id))["placement"]
     assert placement["members"] == [{"poolId": placement["poolId"], "count": 1}]
     assert placement["components"] and len(placement["alternatives"]) == 1
 
 
-async def test_invisible_pools_leave_the_task_pending(db: AsyncEngine) -> None:
-    async with db.begin() as conn:
+async def test_invisible_pools_leave_the_task_pending(db: Database) -> None:
+    async with db.transaction() as conn:
         await _pool(conn, "p1", tenants=["someone-else"])
         (task_id,) = await tasks_add(conn, tenant="t1")
     assert (await reconciler(db).run_once(now=NOW)).pending == 1
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         reason = (await task_get(conn, task_id))["pending_reason"]
     assert reason["code"] == "tenant_not_allowed"
 
 
-async def test_no_owned_slots_claims_nothing(db: AsyncEngine) -> None:
-    async with db.begin() as conn:
+async def test_no_owned_slots_claims_nothing(db: Database) -> None:
+    async with db.transaction() as conn:
         await _pool(conn, "p1")
         await tasks_add(conn, tenant="t1")
     idle = Reconciler(db, ReconcilerConfig(), owner_id="x", slots=frozenset())
@@ -158,15 +155,15 @@ async def test_no_owned_slots_claims_nothing(db: AsyncEngine) -> None:
 
 
 async def test_an_unreadable_stored_spec_is_parked_without_blocking_the_batch(
-    db: AsyncEngine,
+    db: Database,
 ) -> None:
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         await _pool(conn, "p1")
         broken, good = await tasks_add(conn, tenant="t1", specs=[
             spec_make(cpu=-5), spec_make(cpu=100)])
     result = await reconciler(db).run_once(now=NOW)
     assert (result.leased, result.pending) == (1, 1)
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         bad = await task_get(conn, broken)
         assert (await task_get(conn, good))["state"] == "LEASED"
     assert bad["state"] == "ADMITTED" and bad["parked"]

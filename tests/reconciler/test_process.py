@@ -10,10 +10,9 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import SHARD_SLOTS
+from app.db import Database
 from app.reconciler import Reconciler, ReconcilerConfig
 from tests.factories import ledger_violations, pools_add, spec_make, task_states, tasks_add
 
@@ -36,16 +35,16 @@ def _start(database_url: str, *args: str) -> subprocess.Popen:
     )
 
 
-async def _setup(db: AsyncEngine) -> None:
+async def _setup(db: Database) -> None:
     fresh = datetime.now(UTC) + timedelta(hours=1)  # the process reads the real clock
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         await pools_add(conn, 20, tenants=["t1", "t2", "t3"], capacity=(1_000_000, 10**7, 0),
                         heartbeat_at=fresh)
         for tenant in ("t1", "t2", "t3"):
             await tasks_add(conn, tenant=tenant, count=TASKS // 3, spec=spec_make(cpu=10))
 
 
-async def _mid_pass(db: AsyncEngine, proc: subprocess.Popen) -> None:
+async def _mid_pass(db: Database, proc: subprocess.Popen) -> None:
     """Wait until some tasks are leased and a pass holds claims (or the process ended)."""
     for _ in range(20_000):
         states = await task_states(db)
@@ -58,7 +57,7 @@ async def _mid_pass(db: AsyncEngine, proc: subprocess.Popen) -> None:
 
 
 async def test_sigkill_mid_pass_then_another_reconciler_finishes(
-    db: AsyncEngine, database_url: str
+    db: Database, database_url: str
 ) -> None:
     await _setup(db)
     proc = _start(database_url)
@@ -82,20 +81,20 @@ async def test_sigkill_mid_pass_then_another_reconciler_finishes(
         pass
     assert await task_states(db) == {"LEASED": TASKS}
     assert await ledger_violations(db) == []
-    async with db.connect() as conn:
-        twice = (await conn.execute(text(
+    async with db.connection() as conn:
+        twice = await conn.fetchval(
             "SELECT count(*) FROM (SELECT task_id FROM leases GROUP BY task_id "
-            "HAVING count(*) > 1) x"))).scalar()
-        retaken = (await conn.execute(text(
-            "SELECT count(*) FROM task_events WHERE reason = 'claim_expired'"))).scalar()
-        reserved = (await conn.execute(text("SELECT SUM(cpu_reserved) FROM ledgers"))).scalar()
+            "HAVING count(*) > 1) x")
+        retaken = await conn.fetchval(
+            "SELECT count(*) FROM task_events WHERE reason = 'claim_expired'")
+        reserved = await conn.fetchval("SELECT SUM(cpu_reserved) FROM ledgers")
     assert twice == 0
     assert retaken == stranded
     assert reserved == TASKS * 10
 
 
 async def test_sigterm_finishes_the_pass_and_exits_cleanly(
-    db: AsyncEngine, database_url: str
+    db: Database, database_url: str
 ) -> None:
     await _setup(db)
     proc = _start(database_url, "--shard", "0/1")
@@ -110,15 +109,15 @@ async def test_sigterm_finishes_the_pass_and_exits_cleanly(
     states = await task_states(db)
     assert "CLAIMED" not in states  # the pass in flight was finished, not torn
     assert await ledger_violations(db) == []
-    async with db.connect() as conn:
-        locks = (await conn.execute(text(
+    async with db.connection() as conn:
+        locks = await conn.fetchval(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = "
-            "(SELECT oid FROM pg_database WHERE datname = current_database())"))).scalar()
+            "(SELECT oid FROM pg_database WHERE datname = current_database())")
     assert locks == 0
 
 
 async def test_a_killed_dynamic_replicas_slots_are_taken_over(
-    db: AsyncEngine, database_url: str
+    db: Database, database_url: str
 ) -> None:
     from app.reconciler.ownership import DynamicOwnership
 

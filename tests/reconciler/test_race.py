@@ -1,4 +1,4 @@
-"""Race: four reconcilers on their own engines, 10,000 tasks, 50 tightly sized pools."""
+"""Race: four reconcilers on their own connection pools, 10,000 tasks, 50 tightly sized pools."""
 
 from __future__ import annotations
 
@@ -7,11 +7,9 @@ import random
 
 import pytest
 from prometheus_client import REGISTRY
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import SHARD_SLOTS
-from app.db import make_engine
+from app.db import Database
 from app.reconciler import Reconciler, ReconcilerConfig
 from tests.factories import NOW, ledger_violations, pools_add, spec_make, task_states, tasks_add
 
@@ -33,10 +31,10 @@ async def _drain(reconciler: Reconciler, conflicts: list[int]) -> int:
 
 
 async def test_four_reconcilers_never_overcommit_lose_or_double_place(
-    db: AsyncEngine, database_url: str
+    db: Database, database_url: str
 ) -> None:
     rng = random.Random(7)
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         # 50 pools x 10 cpu-cores: room for about half of the demand below.
         await pools_add(conn, 50, tenants=TENANTS, capacity=(10_000, 20_000, 4))
         for tenant in TENANTS:
@@ -47,20 +45,20 @@ async def test_four_reconcilers_never_overcommit_lose_or_double_place(
             ]
             specs += [spec_make(cpu=200, memory=100, gang={"members": 3, "minPools": 2})] * 20
             await tasks_add(conn, tenant=tenant, specs=specs)
-        await conn.execute(text("ANALYZE tasks"))
+        await conn.execute("ANALYZE tasks")
 
     deadlocks = REGISTRY.get_sample_value("berth_transient_retries_total", {"kind": "deadlock"})
-    engines = [make_engine(database_url, pool_size=2, max_overflow=2) for _ in range(4)]
+    databases = [Database(database_url, max_size=4) for _ in range(4)]
     try:
         reconcilers = [
-            Reconciler(e, ReconcilerConfig(batch_size=200), owner_id=f"racer-{i}", slots=ALL)
-            for i, e in enumerate(engines)
+            Reconciler(d, ReconcilerConfig(batch_size=200), owner_id=f"racer-{i}", slots=ALL)
+            for i, d in enumerate(databases)
         ]
         conflicts: list[int] = []
         leased = await asyncio.gather(*(_drain(r, conflicts) for r in reconcilers))
     finally:
-        for e in engines:
-            await e.dispose()
+        for d in databases:
+            await d.close()
 
     print(f"reservation conflicts: {sum(conflicts)}")
     # Pool-id lock order: racing commits wait for each other, they never deadlock.
@@ -71,18 +69,18 @@ async def test_four_reconcilers_never_overcommit_lose_or_double_place(
     assert set(states) <= {"LEASED", "ADMITTED"}
     assert states["LEASED"] == sum(leased)
     assert sum(states.values()) == 10_000
-    async with db.connect() as conn:
-        unexplained = (await conn.execute(text(
+    async with db.connection() as conn:
+        unexplained = await conn.fetchval(
             "SELECT count(*) FROM tasks WHERE state = 'ADMITTED' "
-            "AND (NOT parked OR pending_reason IS NULL)"))).scalar()
-        doubled = (await conn.execute(text(
+            "AND (NOT parked OR pending_reason IS NULL)")
+        doubled = await conn.fetchval(
             "SELECT count(*) FROM (SELECT task_id FROM leases GROUP BY task_id "
-            "HAVING count(*) != count(DISTINCT pool_id)) x"))).scalar()
-        gang_members = [r[0] for r in await conn.execute(text(
+            "HAVING count(*) != count(DISTINCT pool_id)) x")
+        gang_members = [r[0] for r in await conn.fetch(
             "SELECT SUM(r.members) FROM reservations r JOIN tasks t ON t.id = r.task_id "
-            "WHERE t.spec ? 'gang' GROUP BY t.id"))]
-        used = (await conn.execute(text(
-            "SELECT SUM(cpu_reserved)::float / SUM(cpu_total) FROM ledgers"))).scalar()
+            "WHERE t.spec ? 'gang' GROUP BY t.id")]
+        used = await conn.fetchval(
+            "SELECT SUM(cpu_reserved)::float / SUM(cpu_total) FROM ledgers")
     assert unexplained == 0  # every waiting task says why
     assert doubled == 0  # one lease per pool of a task, one grant per task
     assert gang_members and set(gang_members) == {3}  # all members, never part of a gang

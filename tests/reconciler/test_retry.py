@@ -2,44 +2,50 @@
 
 from __future__ import annotations
 
+import asyncpg
 import pytest
-from sqlalchemy import text
-from sqlalchemy.exc import DBAPIError, IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db import Database
 from app.reconciler.retry import backoff_delay, transient_kind, transient_retry
 from tests.factories import pool_add
 
 
-async def _serialization_failure(db: AsyncEngine) -> DBAPIError:
+async def _serialization_failure(db: Database) -> asyncpg.PostgresError:
     """Provoke a real 40001: two repeatable-read writers of one ledger row."""
-    async with db.connect() as one, db.connect() as two:
-        await one.execution_options(isolation_level="REPEATABLE READ")
-        await one.execute(text("SELECT cpu_reserved FROM ledgers WHERE pool_id = 'p1'"))
-        await two.execute(text("UPDATE ledgers SET cpu_reserved = 1 WHERE pool_id = 'p1'"))
-        await two.commit()
-        with pytest.raises(DBAPIError) as caught:
-            await one.execute(text("UPDATE ledgers SET cpu_reserved = 2 WHERE pool_id = 'p1'"))
-        await one.rollback()
+    async with db.connection() as one, db.connection() as two:
+        tx = one.transaction(isolation="repeatable_read")
+        await tx.start()
+        await one.fetchval("SELECT cpu_reserved FROM ledgers WHERE pool_id = 'p1'")
+        await two.execute("UPDATE ledgers SET cpu_reserved = 1 WHERE pool_id = 'p1'")
+        with pytest.raises(asyncpg.PostgresError) as caught:
+            await one.execute("UPDATE ledgers SET cpu_reserved = 2 WHERE pool_id = 'p1'")
+        await tx.rollback()
     return caught.value
 
 
-async def test_transient_kinds_of_real_errors(db: AsyncEngine) -> None:
-    async with db.begin() as conn:
+async def test_transient_kinds_of_real_errors(db: Database) -> None:
+    async with db.transaction() as conn:
         await pool_add(conn, "p1", tenants=["t1"])
     assert transient_kind(await _serialization_failure(db)) == "serialization"
 
-    async with db.connect() as conn:
-        with pytest.raises(IntegrityError) as caught:
-            await conn.execute(text("UPDATE ledgers SET cpu_reserved = cpu_total + 1"))
+    async with db.connection() as conn:
+        with pytest.raises(asyncpg.IntegrityConstraintViolationError) as caught:
+            await conn.execute("UPDATE ledgers SET cpu_reserved = cpu_total + 1")
     assert transient_kind(caught.value) is None  # a CHECK violation is a bug, not bad luck
 
-    async with db.connect() as victim, db.connect() as killer:
-        pid = (await victim.execute(text("SELECT pg_backend_pid()"))).scalar()
-        await killer.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
-        with pytest.raises(DBAPIError) as caught:
-            await victim.execute(text("SELECT 1"))
-    assert transient_kind(caught.value) == "connection"
+    victim = await db.connect()
+    try:
+        async with db.connection() as killer:
+            pid = await victim.fetchval("SELECT pg_backend_pid()")
+            await killer.fetchval("SELECT pg_terminate_backend($1, 5000)", pid)  # waits
+        with pytest.raises((asyncpg.PostgresError, asyncpg.InterfaceError)) as caught:
+            await victim.fetchval("SELECT 1")
+        assert transient_kind(caught.value) == "connection"
+        with pytest.raises(asyncpg.InterfaceError) as closed:  # and once asyncpg knows it
+            await victim.fetchval("SELECT 1")
+        assert transient_kind(closed.value) == "connection"
+    finally:
+        victim.terminate()
     assert transient_kind(ValueError("no")) is None
 
 
@@ -50,8 +56,8 @@ def test_backoff_doubles_under_a_cap_with_full_jitter() -> None:
     assert backoff_delay(3, base_seconds=0.1, max_seconds=0.5, rng=lambda: 0.25) == 0.1
 
 
-async def test_retry_runs_again_after_a_real_serialization_failure(db: AsyncEngine) -> None:
-    async with db.begin() as conn:
+async def test_retry_runs_again_after_a_real_serialization_failure(db: Database) -> None:
+    async with db.transaction() as conn:
         await pool_add(conn, "p1", tenants=["t1"])
     failure = await _serialization_failure(db)
     calls: list[int] = []

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from app.config import SHARD_SLOTS
+from app.db import Database
 from app.ledger.pools import pool_capacity_put, pool_status_set
 from app.reconciler import Reconciler, ReconcilerConfig
 from tests.factories import (
@@ -20,8 +19,8 @@ from tests.factories import (
 ALL = frozenset(range(SHARD_SLOTS))
 
 
-async def test_a_cordon_between_passes_is_honoured(db: AsyncEngine) -> None:
-    async with db.begin() as conn:
+async def test_a_cordon_between_passes_is_honoured(db: Database) -> None:
+    async with db.transaction() as conn:
         for pid in ("p1", "p2"):
             await pool_add(conn, pid, tenants=["t1"], capacity=(1000, 1000, 0))
             await heartbeat_add(conn, f"rt-{pid}", at=NOW)
@@ -30,26 +29,26 @@ async def test_a_cordon_between_passes_is_honoured(db: AsyncEngine) -> None:
     first = await rec.run_once(now=NOW)
     assert first.leased == 1 and first.snapshot_rebuilt
 
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         (second_id,) = await tasks_add(conn, tenant="t1", count=1, spec=spec_make(cpu=300))
     second = await rec.run_once(now=NOW)
     assert second.leased == 1 and not second.snapshot_rebuilt
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         placed_on = (await task_get(conn, second_id))["placement"]["poolId"]
 
     # Cordon the pool the last task went to: the next pass must not use it.
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         await pool_status_set(conn, pool_id=placed_on, status="CORDONED", reason=None,
                               drain_deadline=None, now=NOW)
         (third_id,) = await tasks_add(conn, tenant="t1", count=1, spec=spec_make(cpu=100))
     third = await rec.run_once(now=NOW)
     assert third.leased == 1 and third.snapshot_rebuilt
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         assert (await task_get(conn, third_id))["placement"]["poolId"] != placed_on
 
     # Shrink the other pool to exactly what it holds (700): a task it had room for waits.
     other = "p2" if placed_on == "p1" else "p1"
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         await pool_capacity_put(conn, pool_id=other, totals=(700, 1000, 0), now=NOW)
         await tasks_add(conn, tenant="t1", count=1, spec=spec_make(cpu=100))
     fourth = await rec.run_once(now=NOW)

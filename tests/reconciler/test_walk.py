@@ -2,22 +2,26 @@
 
 A rival transaction on its own connection lowers a pool's total between the pass's snapshot
 and its commit (an operator shrinking capacity concurrently), so the conditional ledger
-update loses deterministically.
+update loses deterministically. The walk module itself is tested purely at the end.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import uuid
 from datetime import datetime
 
 import asyncpg
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import SHARD_SLOTS
+from app.db import Database, plain_url
+from app.ledger.claims import ClaimedTask
+from app.ledger.snapshot import LedgerRow
 from app.reconciler import Reconciler, ReconcilerConfig
 from app.reconciler.passes import PassContext, pass_run
+from app.reconciler.walk import Decision, decisions_walk
+from app.scheduling.framework import select
 from tests.factories import (
     NOW,
     heartbeat_add,
@@ -27,6 +31,9 @@ from tests.factories import (
     task_get,
     tasks_add,
 )
+from tests.scheduling.factories import pool as core_pool
+from tests.scheduling.factories import snapshot as core_snapshot
+from tests.scheduling.factories import spec as core_spec
 
 ALL = frozenset(range(SHARD_SLOTS))
 
@@ -40,7 +47,7 @@ def _rival_clock(dsn: str, sql: str):
             fired.append(True)
 
             async def rival() -> None:
-                conn = await asyncpg.connect(dsn)
+                conn = await asyncpg.connect(plain_url(dsn))
                 try:
                     await conn.execute(sql)
                 finally:
@@ -54,33 +61,33 @@ def _rival_clock(dsn: str, sql: str):
     return clock
 
 
-async def _run(db: AsyncEngine, database_url: str, sql: str, **config: object):
+async def _run(db: Database, database_url: str, sql: str, **config: object):
     ctx = PassContext(
-        engine=db, config=ReconcilerConfig(**config), claim_owner="walker/1", slots=ALL,
+        db=db, config=ReconcilerConfig(**config), claim_owner="walker/1", slots=ALL,
         rng=lambda: 0.0, sleep=asyncio.sleep, clock=_rival_clock(database_url, sql),
     )
     return await pass_run(ctx, pass_id="walker/1", now=NOW)
 
 
-async def _pools(db: AsyncEngine) -> None:
-    async with db.begin() as conn:
+async def _pools(db: Database) -> None:
+    async with db.transaction() as conn:
         await pool_add(conn, "p1", tenants=["t1"], capacity=(2000, 1000, 0))
         await pool_add(conn, "p2", tenants=["t1"], capacity=(1000, 1000, 0))
         await heartbeat_add(conn, "rt-p1", at=NOW)
         await heartbeat_add(conn, "rt-p2", at=NOW)
 
 
-async def test_lost_race_walks_to_the_next_candidate(db: AsyncEngine, database_url: str) -> None:
+async def test_lost_race_walks_to_the_next_candidate(db: Database, database_url: str) -> None:
     await _pools(db)
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         (task_id,) = await tasks_add(conn, tenant="t1", spec=spec_make(cpu=500))
     result = await _run(db, database_url, "UPDATE ledgers SET cpu_total = 300 WHERE pool_id = 'p1'")
     assert (result.leased, result.conflicts, result.walked) == (1, 1, 1)
     assert result.commit_rounds == 2
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         task = await task_get(conn, task_id)
-        reserved = dict((await conn.execute(
-            text("SELECT pool_id, cpu_reserved FROM ledgers"))).all())
+        reserved = {r[0]: r[1] for r in await conn.fetch(
+            "SELECT pool_id, cpu_reserved FROM ledgers")}
     assert task["placement"]["poolId"] == "p2"
     assert task["placement"]["walkedFrom"] == ["p1"]
     assert reserved == {"p1": 0, "p2": 500}
@@ -88,20 +95,19 @@ async def test_lost_race_walks_to_the_next_candidate(db: AsyncEngine, database_u
 
 
 async def test_past_the_walk_limit_the_task_is_requeued_unparked(
-    db: AsyncEngine, database_url: str
+    db: Database, database_url: str
 ) -> None:
     await _pools(db)
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         (task_id,) = await tasks_add(conn, tenant="t1", spec=spec_make(cpu=500))
     result = await _run(db, database_url,
                         "UPDATE ledgers SET cpu_total = 300 WHERE pool_id = 'p1'",
                         reservation_walk_limit=0)
     assert (result.leased, result.requeued, result.conflicts) == (0, 1, 1)
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         task = await task_get(conn, task_id)
-        reason = (await conn.execute(text(
-            "SELECT reason FROM task_events WHERE task_id = :t ORDER BY id DESC LIMIT 1"),
-            {"t": task_id})).scalar()
+        reason = await conn.fetchval(
+            "SELECT reason FROM task_events WHERE task_id = $1 ORDER BY id DESC LIMIT 1", task_id)
     assert (task["state"], task["parked"]) == ("ADMITTED", False)  # retried next pass
     assert reason == "reservation_conflict"
     again = await Reconciler(db, ReconcilerConfig(), owner_id="next", slots=ALL).run_once(now=NOW)
@@ -110,20 +116,136 @@ async def test_past_the_walk_limit_the_task_is_requeued_unparked(
 
 
 async def test_a_gang_that_loses_a_member_race_reserves_nothing(
-    db: AsyncEngine, database_url: str
+    db: Database, database_url: str
 ) -> None:
     await _pools(db)
-    async with db.begin() as conn:
+    async with db.transaction() as conn:
         (gang,) = await tasks_add(conn, tenant="t1", spec=spec_make(
             cpu=500, gang={"members": 2, "minPools": 2}))
         (single,) = await tasks_add(conn, tenant="t1", spec=spec_make(cpu=100))
     result = await _run(db, database_url,
                         "UPDATE ledgers SET cpu_total = 400 WHERE pool_id = 'p2'")
     assert result.requeued == 1
-    async with db.connect() as conn:
+    async with db.connection() as conn:
         assert (await task_get(conn, gang))["state"] == "ADMITTED"
         assert (await task_get(conn, single))["state"] == "LEASED"
-        gang_rows = (await conn.execute(text(
-            "SELECT count(*) FROM reservations WHERE task_id = :t"), {"t": gang})).scalar()
+        gang_rows = await conn.fetchval(
+            "SELECT count(*) FROM reservations WHERE task_id = $1", gang)
     assert gang_rows == 0
     assert await ledger_violations(db) == []
+
+
+async def test_a_pass_whose_last_reserving_round_loses_hands_everything_back(
+    db: Database, database_url: str
+) -> None:
+    await _pools(db)
+    async with db.transaction() as conn:
+        (task_id,) = await tasks_add(conn, tenant="t1", spec=spec_make(cpu=500))
+    result = await _run(db, database_url,
+                        "UPDATE ledgers SET cpu_total = 300 WHERE pool_id = 'p1'",
+                        commit_rounds_max=1)
+    # Round 1 reserved and lost; round 2 only handed the task back (it cannot lose).
+    assert (result.commit_rounds, result.conflicts, result.walked) == (2, 1, 0)
+    assert (result.leased, result.requeued, result.lost) == (0, 1, 0)
+    async with db.connection() as conn:
+        task = await task_get(conn, task_id)
+        reserved = await conn.fetchval("SELECT SUM(cpu_reserved) FROM ledgers")
+    assert (task["state"], task["parked"]) == ("ADMITTED", False)
+    assert reserved == 0
+    assert await ledger_violations(db) == []
+
+
+# --- the walk itself, pure ----------------------------------------------------------------
+
+
+def _decision(snap, task_spec, *, n: int = 0):
+    """Return the core's decision for ``task_spec`` on ``snap`` (top 4 candidates)."""
+    outcome = select(task_spec, snap, top_k=4)
+    assert outcome.placement is not None
+    task = ClaimedTask(uuid.UUID(int=n + 1), "acme", n, 0, "{}", NOW, 0)
+    return Decision(task, task_spec, outcome, outcome.placement.members)
+
+
+def _three_pools():
+    # Spread ranks the emptiest pool first: a, then b, then c.
+    return core_snapshot([
+        core_pool("a", capacity=(4000, 8192, 0)),
+        core_pool("b", capacity=(4000, 8192, 0), reserved=(1000, 0, 0)),
+        core_pool("c", capacity=(4000, 8192, 0), reserved=(2000, 0, 0)),
+    ])
+
+
+def test_a_decision_that_still_fits_the_fresh_ledger_stays() -> None:
+    snap = _three_pools()
+    d = _decision(snap, core_spec())
+    assert d.members == (("a", 1),)
+    fresh = {"a": LedgerRow((4000, 8192, 0), (3000, 0, 0))}  # someone took 3000 of 4000
+    kept, released = decisions_walk([d], fresh=fresh, snapshot=snap, walk_limit=3)
+    assert (kept, released) == ([d], [])
+    assert (d.walks, d.cursor) == (0, 0)
+    assert "walkedFrom" not in d.placement_json()
+
+
+def test_a_decision_that_no_longer_fits_walks_to_the_next_candidate() -> None:
+    snap = _three_pools()
+    d = _decision(snap, core_spec())
+    fresh = {"a": LedgerRow((4000, 8192, 0), (3500, 0, 0))}
+    kept, released = decisions_walk([d], fresh=fresh, snapshot=snap, walk_limit=3)
+    assert (kept, released) == ([d], [])
+    assert d.members == (("b", 1),) and (d.walks, d.cursor) == (1, 1)
+    placement = d.placement_json()
+    assert placement["poolId"] == "b" and placement["walkedFrom"] == ["a"]
+    assert placement["members"] == [{"poolId": "b", "count": 1}]
+    assert [c["poolId"] for c in placement["alternatives"]] == ["c"]
+
+
+def test_the_walk_limit_counts_per_task_over_the_pass() -> None:
+    snap = _three_pools()
+    d = _decision(snap, core_spec())
+    full = {p: LedgerRow((4000, 8192, 0), (4000, 0, 0)) for p in ("a", "b")}
+    kept, released = decisions_walk([d], fresh=full, snapshot=snap, walk_limit=1)
+    assert (kept, released) == ([], [d])  # b was full too, and one walk was all it had
+    assert d.walks == 1
+
+    again = _decision(snap, core_spec())
+    kept, _ = decisions_walk([again], fresh=full, snapshot=snap, walk_limit=2)
+    assert kept == [again] and again.members == (("c", 1),) and again.walks == 2
+    # A later lost race cannot walk it further: its two walks are spent.
+    c_full = {"c": LedgerRow((4000, 8192, 0), (4000, 0, 0))}
+    kept, released = decisions_walk([again], fresh=c_full, snapshot=snap, walk_limit=2)
+    assert (kept, released) == ([], [again])
+
+
+def test_no_walk_allowed_releases_at_once() -> None:
+    snap = _three_pools()
+    d = _decision(snap, core_spec())
+    fresh = {"a": LedgerRow((4000, 8192, 0), (4000, 0, 0))}
+    assert decisions_walk([d], fresh=fresh, snapshot=snap, walk_limit=0) == ([], [d])
+    assert d.walks == 0 and d.members == (("a", 1),)
+
+
+def test_a_gang_never_walks() -> None:
+    snap = _three_pools()
+    d = _decision(snap, core_spec(gang={"members": 2, "minPools": 2}))
+    pools = [p for p, _ in d.members]
+    fresh = {pools[0]: LedgerRow((4000, 8192, 0), (4000, 0, 0))}
+    kept, released = decisions_walk([d], fresh=fresh, snapshot=snap, walk_limit=3)
+    assert (kept, released) == ([], [d])
+    assert d.walks == 0 and [p for p, _ in d.members] == pools
+
+
+def test_earlier_decisions_in_policy_order_take_the_room_first() -> None:
+    snap = _three_pools()
+    first, second = _decision(snap, core_spec(), n=0), _decision(snap, core_spec(), n=1)
+    fresh = {"a": LedgerRow((4000, 8192, 0), (2500, 0, 0))}  # room for one more on a
+    kept, released = decisions_walk([first, second], fresh=fresh, snapshot=snap, walk_limit=3)
+    assert (kept, released) == ([first, second], [])
+    assert first.members == (("a", 1),) and first.walks == 0
+    assert second.members == (("b", 1),) and second.walks == 1
+
+
+def test_out_of_candidates_is_released() -> None:
+    snap = core_snapshot([core_pool("a", capacity=(1000, 8192, 0))])
+    d = _decision(snap, core_spec())
+    fresh = {"a": LedgerRow((1000, 8192, 0), (1000, 0, 0))}
+    assert decisions_walk([d], fresh=fresh, snapshot=snap, walk_limit=3) == ([], [d])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.scheduling.model import Assumed, PlacedTask, PoolState, Snapshot
+from app.scheduling.snapshot import PlacedTask, PoolState, Snapshot
 from app.scheduling.spec import CompiledSpec, TaskSpec, compile_spec
 
 TENANT = "acme"
@@ -45,8 +45,3 @@ def snapshot(pools: list[PoolState], placed: list[PlacedTask] = (), **kw: Any) -
 def placed(task_id: str, pool_id: str, tenant: str = TENANT, **labels: str) -> PlacedTask:
     """Return a leased task of ``tenant`` with ``labels`` on ``pool_id``."""
     return PlacedTask(task_id, tenant, labels, (pool_id,))
-
-
-def overlay(snap: Snapshot) -> Assumed:
-    """Return an empty pass overlay of ``snap``."""
-    return Assumed(snap)

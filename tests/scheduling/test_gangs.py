@@ -103,7 +103,7 @@ def test_gang_that_fits_no_plan_is_unsatisfiable_and_places_nothing(gang):
 
 
 def test_gang_members_are_all_or_nothing_with_assumed_usage():
-    from app.scheduling.model import Assumed
+    from app.scheduling.assumed import Assumed
 
     snap = snapshot(GANG_POOLS)
     assumed = Assumed(snap)

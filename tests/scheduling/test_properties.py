@@ -7,11 +7,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.scheduling import gangs
+from app.scheduling.assumed import Assumed
 from app.scheduling.cycle import Cycle
+from app.scheduling.explain import preview_document
 from app.scheduling.framework import select
-from app.scheduling.model import Assumed, PlacedTask, PoolState, Snapshot
 from app.scheduling.plugins.registry import profile
 from app.scheduling.reasons import Reason
+from app.scheduling.snapshot import PlacedTask, PoolState, Snapshot
 from app.scheduling.spec import TaskSpec, compile_spec
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -153,7 +155,7 @@ def test_ranking_is_identical_under_any_permutation(world, spec, rnd):
     shuffled = list(pools)
     rnd.shuffle(shuffled)
     again = select(spec, Snapshot.build(shuffled, placed), explain=True)
-    assert first.to_json() == again.to_json()
+    assert preview_document(first) == preview_document(again)
     hot = select(spec, Snapshot.build(shuffled, placed), top_k=3)
     if first.placement is None:
         assert hot.placement is None and hot.reason == first.reason

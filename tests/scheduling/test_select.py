@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from app.scheduling.assumed import Assumed
+from app.scheduling.explain import no_placement_document, preview_document
 from app.scheduling.framework import select
-from app.scheduling.model import Assumed
 from app.scheduling.reasons import Reason
 
 from .factories import placed, pool, snapshot, spec
@@ -48,7 +49,7 @@ def test_headline_is_the_most_frequent_reason_and_message_names_no_pool():
         "no pool fits: 3 pools lack cpu, 1 pool is cordoned or draining"
     )
     assert "cpu0" not in result.reason.message
-    assert result.reason.to_json() == {
+    assert no_placement_document(result.reason) == {
         "code": "insufficient_cpu",
         "message": result.reason.message,
         "rejections": {"pool_not_active": 1, "insufficient_cpu": 3},
@@ -65,7 +66,7 @@ def test_invisible_pools_never_appear_anywhere():
     result = select(spec(), snapshot(pools), explain=True)
     assert [r.pool_id for r in result.rejected] == ["mine"]
     assert dict(result.rejection_counts) == {Reason.POOL_NOT_ACTIVE: 1}
-    assert "theirs" not in str(result.to_json())
+    assert "theirs" not in str(preview_document(result))
 
 
 def test_tenant_seeing_no_pool_gets_tenant_not_allowed_without_counts():
@@ -90,7 +91,7 @@ def test_explain_lists_each_rejected_pool_with_its_first_reason():
         "c": ("ledger_missing",),
     }
     assert result.placement.pool_id == "d"
-    shape = result.to_json()
+    shape = preview_document(result)
     assert set(shape) == {"placement", "candidates", "rejected", "reason"}
     assert set(shape["placement"]) == {"poolId", "score", "components", "members", "alternatives"}
 

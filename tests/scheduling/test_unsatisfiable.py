@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from app.scheduling.assumed import Assumed
 from app.scheduling.framework import select
-from app.scheduling.model import Assumed
 from app.scheduling.unsatisfiable import UnsatisfiableCache
 
 from .factories import pool, snapshot, spec

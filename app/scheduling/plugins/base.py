@@ -9,7 +9,7 @@ from typing import ClassVar
 import numpy as np
 
 from app.scheduling.cycle import Cycle
-from app.scheduling.reasons import PASS, Status
+from app.scheduling.reasons import PASS, Reason, Status
 
 __all__ = ["FilterPlugin", "ScorePlugin", "codes_where", "minmax"]
 
@@ -25,6 +25,8 @@ class FilterPlugin(ABC):
     """A filter: per pool, feasible or one reason code; it never raises."""
 
     NAME: ClassVar[str]
+    #: Every reason code the filter may return (metrics label its rejections with ``NAME``).
+    REASONS: ClassVar[tuple[Reason, ...]]
     #: True when the verdict depends only on the tenant and runtime class of the spec, so the
     #: framework may memoize it per snapshot.
     STATIC: ClassVar[bool] = False

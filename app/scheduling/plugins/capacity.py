@@ -20,6 +20,7 @@ class Capacity(FilterPlugin):
     """Reject pools without room for one member on some dimension."""
 
     NAME = NAME
+    REASONS = REASONS
 
     def filter_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray | None:
         """Return the first lacking dimension's code per pool."""

@@ -17,6 +17,7 @@ class DataResidency(FilterPlugin):
     """Reject pools whose data residency differs from the required one."""
 
     NAME = NAME
+    REASONS = REASONS
 
     def filter_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray | None:
         """Return ``residency_mismatch`` for pools with another (or no) data residency."""

@@ -21,6 +21,7 @@ class Health(FilterPlugin):
     """Reject pools that are not ready, not heartbeating, or without a ledger."""
 
     NAME = NAME
+    REASONS = REASONS
     STATIC = True
 
     def filter_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray | None:

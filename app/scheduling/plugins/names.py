@@ -18,3 +18,6 @@ COST = "cost"
 PREFERRED_AFFINITY = "preferred_affinity"
 FAILURE_DOMAIN_SPREAD = "failure_domain_spread"
 ARTIFACT_LOCALITY = "artifact_locality"
+
+# Not a plugin: the gang planner, named where its rejections are counted.
+GANG = "gang"

@@ -17,6 +17,7 @@ class PoolSelector(FilterPlugin):
     """Reject pools whose labels do not match the pool selector."""
 
     NAME = NAME
+    REASONS = REASONS
 
     def filter_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray | None:
         """Return ``selector_mismatch`` for pools missing a selector label."""

@@ -17,6 +17,7 @@ class PoolStatus(FilterPlugin):
     """Reject pools that are cordoned or draining."""
 
     NAME = NAME
+    REASONS = REASONS
     STATIC = True
 
     def filter_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray | None:

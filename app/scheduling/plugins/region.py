@@ -17,6 +17,7 @@ class Region(FilterPlugin):
     """Reject pools outside the spec's allowed regions."""
 
     NAME = NAME
+    REASONS = REASONS
 
     def filter_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray | None:
         """Return ``region_not_allowed`` for pools in a region the spec does not allow."""

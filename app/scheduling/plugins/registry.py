@@ -1,5 +1,6 @@
 """The registry: every plugin name mapped to its constructor, filters in pipeline order and
-scores with their positive integer weights, per strategy."""
+scores with their positive integer weights, per strategy, and which filter each reason code
+comes from."""
 
 from __future__ import annotations
 
@@ -22,11 +23,12 @@ from app.scheduling.plugins.region import Region
 from app.scheduling.plugins.required_affinity import RequiredAffinity
 from app.scheduling.plugins.runtime_class import RuntimeClass
 from app.scheduling.plugins.tenant_access import TenantAccess
+from app.scheduling.reasons import Reason
 
-__all__ = ["FILTERS", "SCORES", "Profile", "profile"]
+__all__ = ["FILTERS", "SCORES", "Profile", "profile", "reason_plugins"]
 
 #: Filters in pipeline order; a pool stops at its first rejection.
-FILTERS: dict[str, Callable[[], FilterPlugin]] = {
+FILTERS: dict[str, type[FilterPlugin]] = {
     names.TENANT_ACCESS: TenantAccess,
     names.POOL_STATUS: PoolStatus,
     names.HEALTH: Health,
@@ -93,3 +95,11 @@ def profile(strategy: str) -> Profile:
         filters = tuple(ctor() for ctor in FILTERS.values())
         hit = _PROFILES[strategy] = Profile(filters, tuple(scores))
     return hit
+
+
+def reason_plugins() -> dict[str, str]:
+    """Map each reason code to the name of the filter that declares it (``gang`` for
+    ``gang_unsatisfiable``), for metric labels."""
+    out = {str(r): name for name, cls in FILTERS.items() for r in cls.REASONS}
+    out.setdefault(str(Reason.GANG_UNSATISFIABLE), names.GANG)
+    return out

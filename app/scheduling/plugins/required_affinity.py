@@ -24,6 +24,7 @@ class RequiredAffinity(FilterPlugin):
     """Reject pools that break a required term, checking terms in spec order."""
 
     NAME = NAME
+    REASONS = REASONS
 
     def filter_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray | None:
         """Return the first broken term's code per pool."""

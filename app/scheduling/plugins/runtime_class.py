@@ -17,6 +17,7 @@ class RuntimeClass(FilterPlugin):
     """Reject pools of another runtime class."""
 
     NAME = NAME
+    REASONS = REASONS
     STATIC = True
 
     def filter_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray | None:

@@ -21,15 +21,10 @@ class TenantAccess(FilterPlugin):
     """Reject pools that do not list the tenant."""
 
     NAME = NAME
+    REASONS = REASONS
     STATIC = True
 
     def filter_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray | None:
         """Return ``tenant_not_allowed`` for pools that do not list the tenant."""
-        snap = cycle.snapshot
-        key = ("tenant_mask", cycle.spec.tenant_id)
-        mask = snap._memo.get(key)
-        if mask is None:
-            mask = np.zeros(snap.n, dtype=bool)
-            mask[snap.visible(cycle.spec.tenant_id)] = True
-            snap._memo[key] = mask
+        mask = cycle.snapshot.tenant_mask(cycle.spec.tenant_id)
         return codes_where(~mask[idx], CODE[Reason.TENANT_NOT_ALLOWED])

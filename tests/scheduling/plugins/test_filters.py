@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from app.scheduling.assumed import Assumed
 from app.scheduling.cycle import Cycle
-from app.scheduling.model import Assumed
 from app.scheduling.plugins.capacity import Capacity
 from app.scheduling.plugins.data_residency import DataResidency
 from app.scheduling.plugins.health import Health

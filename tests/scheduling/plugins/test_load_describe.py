@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from hypothesis import given
 
+from app.scheduling.assumed import Assumed
 from app.scheduling.cycle import Cycle
 from app.scheduling.framework import select
-from app.scheduling.model import Assumed, Snapshot
 from app.scheduling.plugins import names
 from app.scheduling.plugins.least_loaded import LeastLoaded, MostLoaded
+from app.scheduling.snapshot import Snapshot
 from tests.scheduling.factories import pool, spec
 from tests.scheduling.test_properties import SETTINGS, specs, worlds
 

@@ -1,43 +1,29 @@
-"""The core's data: pool state, placed tasks, the immutable snapshot, the per-pass overlay, and
-the result types.
+"""The immutable snapshot a pass decides on: pool states, placed tasks, and their arrays.
 
 A :class:`Snapshot` is built once per pass (or derived from the previous pass's with
 :meth:`Snapshot.with_usage`, sharing its static part) and never changes afterwards: pools are
 sorted by id (so array index order *is* the tie-break order) and turned into numpy arrays plus
-indexes by tenant, runtime class, label and placed task. It keeps private memo tables for
-derived arrays, which are pure functions of the snapshot. :class:`Assumed` is the mutable
-overlay of one pass: usage and placements decided in this pass but not yet committed.
+indexes by tenant, runtime class, label and placed task. Derived arrays are pure functions of
+the snapshot, so they are memoized on it: the snapshot's own (selector, artifact and tenant
+masks, placed counts) and, through :meth:`Snapshot.memoized`, the framework's and plugins'.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from app.scheduling.reasons import Reason
-
 if TYPE_CHECKING:
-    from app.scheduling.spec import CompiledSpec
+    from app.scheduling.spec import Items
 
-__all__ = [
-    "Assumed",
-    "Candidate",
-    "NoPlacement",
-    "PlacedTask",
-    "Placement",
-    "PoolState",
-    "Rejection",
-    "Result",
-    "ScoreComponent",
-    "Snapshot",
-]
+__all__ = ["MEMO_CARRIED", "PlacedTask", "PoolState", "Snapshot"]
+
+T = TypeVar("T")
 
 STATUSES = ("ACTIVE", "CORDONED", "DRAINING")
-TOPOLOGIES = ("pool", "failureDomain", "region")
-Items = frozenset[tuple[str, str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,11 +226,42 @@ class Snapshot:
             raise AttributeError("Snapshot is immutable")
         object.__setattr__(self, name, value)
 
+    # --- memo tables -------------------------------------------------------------------------
+
+    def memoized(self, key: tuple, build: Callable[[], T]) -> T:
+        """Return the memo entry at ``key``, building and storing it on first use.
+
+        ``build`` must be a pure function of this snapshot (and of what ``key`` names). The
+        first item of ``key`` is the entry's kind: ``with_usage`` carries over the kinds computed
+        from static columns only (``"sel"``, ``"art"``, ``"tenant_mask"``), ``"static"`` (the
+        static filters' verdicts) when heartbeat freshness and ledger presence held, and no
+        other kind.
+        """
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = build()
+        return hit
+
+    @property
+    def memo_size(self) -> int:
+        """Return how many memo entries this snapshot holds."""
+        return len(self._memo)
+
     # --- derived arrays (memoized; pure functions of the snapshot) ---------------------------
 
     def visible(self, tenant_id: str) -> np.ndarray:
         """Return the indexes of the pools that list ``tenant_id`` (sorted by pool id)."""
         return self.by_tenant.get(tenant_id, _EMPTY)
+
+    def tenant_mask(self, tenant_id: str) -> np.ndarray:
+        """Return a bool mask of the pools that list ``tenant_id``."""
+        key = ("tenant_mask", tenant_id)
+        mask = self._memo.get(key)
+        if mask is None:
+            mask = np.zeros(self.n, dtype=bool)
+            mask[self.visible(tenant_id)] = True
+            self._memo[key] = mask
+        return mask
 
     def selector_mask(self, selector: Items) -> np.ndarray:
         """Return a bool mask of the pools whose labels contain every selector item."""
@@ -318,217 +335,3 @@ def _arange(n: int) -> np.ndarray:
     if a is None:
         a = _ARANGE[n] = np.arange(n, dtype=np.intp)
     return a
-
-
-@dataclass(slots=True)
-class _AssumedEntry:
-    tenant_id: str
-    labels: Items
-    idx: np.ndarray
-    counts: np.ndarray
-    requests: np.ndarray
-
-
-class Assumed:
-    """The mutable overlay of one pass: usage and placements decided but not yet committed."""
-
-    __slots__ = ("snapshot", "usage", "used", "version", "_entries", "_by_tenant", "_domains")
-
-    def __init__(self, snapshot: Snapshot) -> None:
-        self.snapshot = snapshot
-        self.usage = np.zeros((snapshot.n, 3), dtype=np.int64)
-        #: Reserved plus assumed usage per pool (``snapshot.reserved + usage``), kept in step.
-        self.used = snapshot.reserved.copy()
-        self.version = 0
-        self._entries: dict[str, _AssumedEntry] = {}
-        self._by_tenant: dict[str, dict[str, _AssumedEntry]] = {}
-        # Per tenant and topology, the members of all its assumed placements per domain, kept
-        # up to date by add/remove once asked for (spreading reads them for every task).
-        self._domains: dict[str, dict[str, np.ndarray]] = {}
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __contains__(self, task_id: object) -> bool:
-        return task_id in self._entries
-
-    def add(self, spec: CompiledSpec, members: Sequence[tuple[str, int]]) -> None:
-        """Record a decided placement: its usage and its labels for later affinity checks."""
-        task_id = spec.task_id
-        if task_id is None:
-            raise ValueError("an assumed placement needs a task id")
-        if task_id in self._entries:
-            self.remove(task_id)
-        pos = self.snapshot.pos
-        idx = np.array([pos[p] for p, _ in members], dtype=np.intp)
-        counts = np.array([c for _, c in members], dtype=np.int64)
-        req = np.array(spec.requests, dtype=np.int64)
-        amounts = counts[:, None] * req
-        if len(idx) == 1:
-            self.usage[idx[0]] += amounts[0]
-            self.used[idx[0]] += amounts[0]
-        else:
-            np.add.at(self.usage, idx, amounts)
-            np.add.at(self.used, idx, amounts)
-        entry = _AssumedEntry(spec.tenant_id, spec.labels, idx, counts, req)
-        self._entries[task_id] = entry
-        self._by_tenant.setdefault(spec.tenant_id, {})[task_id] = entry
-        self._domains_update(entry, 1)
-        self.version += 1
-
-    def remove(self, task_id: str) -> None:
-        """Undo an assumed placement (its reservation lost a race or was not applied)."""
-        entry = self._entries.pop(task_id, None)
-        if entry is None:
-            return
-        amounts = entry.counts[:, None] * entry.requests
-        np.subtract.at(self.usage, entry.idx, amounts)
-        np.subtract.at(self.used, entry.idx, amounts)
-        del self._by_tenant[entry.tenant_id][task_id]
-        self._domains_update(entry, -1)
-        self.version += 1
-
-    def _domains_update(self, entry: _AssumedEntry, sign: int) -> None:
-        tracked = self._domains.get(entry.tenant_id)
-        if tracked:
-            for topology, per_domain in tracked.items():
-                dom, _ = self.snapshot.domains(topology)
-                np.add.at(per_domain, dom[entry.idx], sign * entry.counts)
-
-    def domain_counts(self, tenant_id: str, topology: str) -> np.ndarray | None:
-        """Return per ``topology`` domain the members of all the tenant's assumed placements
-        (indexed by ``Snapshot.domains`` codes), or None when there are none; read-only."""
-        if not self._by_tenant.get(tenant_id):
-            return None
-        tracked = self._domains.setdefault(tenant_id, {})
-        per_domain = tracked.get(topology)
-        if per_domain is None:
-            dom, nd = self.snapshot.domains(topology)
-            per_domain = np.zeros(nd, dtype=np.int64)
-            for e in self._by_tenant[tenant_id].values():
-                np.add.at(per_domain, dom[e.idx], e.counts)
-            tracked[topology] = per_domain
-        return per_domain
-
-    def placed_counts(self, tenant_id: str, selector: Items | None) -> np.ndarray | None:
-        """Return per-pool member counts of the tenant's assumed placements matching
-        ``selector`` (None: all), or None when there are none."""
-        entries = self._by_tenant.get(tenant_id)
-        if not entries:
-            return None
-        counts = None
-        for e in entries.values():
-            if selector is None or selector <= e.labels:
-                if counts is None:
-                    counts = np.zeros(self.snapshot.n, dtype=np.int64)
-                np.add.at(counts, e.idx, e.counts)
-        return counts
-
-
-# --- results ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ScoreComponent:
-    """One score plugin's weighted contribution to a pool's total, with a human reason."""
-
-    name: str
-    value: float
-    reason: str
-
-    def to_json(self) -> dict[str, Any]:
-        """Return the API shape ``{"name", "value", "reason"}``."""
-        return {"name": self.name, "value": round(self.value, 4), "reason": self.reason}
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """A feasible pool with its total score and components."""
-
-    pool_id: str
-    score: float
-    components: tuple[ScoreComponent, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        """Return the preview shape ``{"poolId", "score", "components"}``."""
-        return {
-            "poolId": self.pool_id,
-            "score": round(self.score, 4),
-            "components": [c.to_json() for c in self.components],
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """The decision: the first member's pool, its score, every member's pool, alternatives."""
-
-    pool_id: str
-    score: float
-    components: tuple[ScoreComponent, ...]
-    members: tuple[tuple[str, int], ...]
-    alternatives: tuple[Candidate, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        """Return the SPEC §6 placement shape."""
-        # Built inline (no per-item method calls): the reconciler stores one per placement.
-        return {
-            "poolId": self.pool_id,
-            "score": round(self.score, 4),
-            "components": [
-                {"name": c.name, "value": round(c.value, 4), "reason": c.reason}
-                for c in self.components
-            ],
-            "members": [{"poolId": p, "count": c} for p, c in self.members],
-            "alternatives": [
-                {"poolId": a.pool_id, "score": round(a.score, 4)} for a in self.alternatives
-            ],
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Rejection:
-    """A visible pool that failed a filter, with its reason codes."""
-
-    pool_id: str
-    reasons: tuple[str, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        """Return the preview shape ``{"poolId", "reasons"}``."""
-        return {"poolId": self.pool_id, "reasons": list(self.reasons)}
-
-
-@dataclass(frozen=True, slots=True)
-class NoPlacement:
-    """Why a task fits nowhere: headline code, a sentence, and rejected pools by code."""
-
-    code: Reason
-    message: str
-    rejections: Mapping[str, int] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        """Return the SPEC §6 pending reason shape ``{"code", "message", "rejections"}``."""
-        return {
-            "code": str(self.code),
-            "message": self.message,
-            "rejections": {str(k): int(v) for k, v in self.rejections.items()},
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Result:
-    """The outcome of ``select``: placement or reason, ranked candidates, rejections."""
-
-    placement: Placement | None
-    candidates: tuple[Candidate, ...] = ()
-    rejected: tuple[Rejection, ...] = ()
-    rejection_counts: Mapping[Reason, int] = field(default_factory=dict)
-    reason: NoPlacement | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """Return the preview shape ``{"placement", "candidates", "rejected", "reason"}``."""
-        return {
-            "placement": self.placement.to_json() if self.placement else None,
-            "candidates": [c.to_json() for c in self.candidates],
-            "rejected": [r.to_json() for r in self.rejected],
-            "reason": self.reason.to_json() if self.reason else None,
-        }

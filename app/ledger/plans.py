@@ -1,0 +1,105 @@
+"""Apply a pass's plan: leases, hand-backs and the ledger in one transaction, ledger last.
+
+A reconciler pass decides purely and produces a :class:`Plan`; :func:`plan_apply` is the one
+step that writes it (as Nomad's plan applier does). In one transaction, in the lock order
+every writer follows (task rows, then lease rows, then ledger rows in pool-id order):
+
+1. the granted tasks still ``CLAIMED`` by the pass become ``LEASED``, with their
+   reservations, one lease per pool and their events (:func:`~app.ledger.claims.tasks_lease`);
+2. the handed-back tasks go back to ``ADMITTED`` (:func:`~app.ledger.claims.tasks_unclaim`);
+3. last, each pool's amount is added only where ``reserved + amount <= total``
+   (:func:`~app.ledger.reservations.ledger_reserve_many`).
+
+When a pool refuses (another writer got there first), the whole transaction rolls back and
+the result names the pools that lost the race: nothing of the plan is written, so the
+ledger's reserved amounts still equal the sum of the live reservations. The caller re-reads
+those pools, walks or hands back the affected tasks, and applies a new plan.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+
+from app.db import Connection
+from app.ledger.claims import Grant, Unclaim, tasks_lease, tasks_unclaim
+from app.ledger.reservations import amounts_sum, ledger_reserve_many
+
+__all__ = ["ApplyResult", "Grant", "Plan", "Unclaim", "plan_apply"]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What a pass decided: placements to grant, and claimed tasks to hand back."""
+
+    grants: tuple[Grant, ...] = ()
+    unclaims: tuple[Unclaim, ...] = ()
+
+    def amounts(self) -> dict[str, tuple[int, int, int]]:
+        """Return what the grants add to each pool's ledger."""
+        return amounts_sum(
+            (p, c * g.requests[0], c * g.requests[1], c * g.requests[2])
+            for g in self.grants
+            for p, c, _ in g.members
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    """What :func:`plan_apply` wrote: the tasks leased and handed back, or the pools that lost.
+
+    When ``lost`` is not empty nothing was written (``leased`` and ``unclaimed`` are empty).
+    A planned task missing from ``leased``/``unclaimed`` of an applied plan was no longer
+    claimed by the pass (cancelled, or its claim expired and was taken again).
+    """
+
+    leased: frozenset[uuid.UUID] = frozenset()
+    unclaimed: frozenset[uuid.UUID] = frozenset()
+    lost: frozenset[str] = frozenset()
+
+    @property
+    def applied(self) -> bool:
+        """Return whether the plan was committed."""
+        return not self.lost
+
+
+class _Lost(Exception):
+    """Roll back the plan's transaction: these pools refused their amounts."""
+
+    def __init__(self, pools: frozenset[str]) -> None:
+        super().__init__(f"{len(pools)} pool(s) refused their amounts")
+        self.pools = pools
+
+
+async def plan_apply(
+    conn: Connection,
+    *,
+    plan: Plan,
+    owner: str,
+    now: datetime,
+    lease_ttl_seconds: float,
+) -> ApplyResult:
+    """Apply ``plan`` for the claim ``owner`` in one transaction; return what was applied.
+
+    Pass an autocommit connection (``db.connection()``): the transaction commits before this
+    returns, and a failure at COMMIT raises. Inside a caller's transaction it runs in a
+    savepoint. A lost race rolls everything back and is returned, never raised.
+    """
+    try:
+        async with conn.transaction():
+            leased = await tasks_lease(
+                conn, owner=owner, grants=plan.grants, now=now,
+                lease_ttl_seconds=lease_ttl_seconds,
+            )
+            unclaimed = await tasks_unclaim(conn, owner=owner, items=plan.unclaims, now=now)
+            # Only the tasks still claimed were leased: only their amounts are reserved.
+            amounts = Plan(tuple(g for g in plan.grants if g.task_id in leased)).amounts()
+            refused = frozenset(amounts) - await ledger_reserve_many(
+                conn, amounts=amounts, now=now
+            )
+            if refused:
+                raise _Lost(refused)
+    except _Lost as lost:
+        return ApplyResult(lost=lost.pools)
+    return ApplyResult(frozenset(leased), frozenset(unclaimed))

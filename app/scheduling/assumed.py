@@ -1,0 +1,125 @@
+"""The assumed-usage overlay of one pass: placements decided but not yet committed.
+
+A pass records each decision in its :class:`Assumed` so that the tasks after it see its usage
+(capacity) and its labels (affinity and spreading). The overlay belongs to one snapshot and is
+the only mutable state the core keeps; a reservation that loses its race is removed again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from app.scheduling.snapshot import Snapshot
+    from app.scheduling.spec import CompiledSpec, Items
+
+__all__ = ["Assumed"]
+
+
+@dataclass(slots=True)
+class _AssumedEntry:
+    tenant_id: str
+    labels: Items
+    idx: np.ndarray
+    counts: np.ndarray
+    requests: np.ndarray
+
+
+class Assumed:
+    """The mutable overlay of one pass: usage and placements decided but not yet committed."""
+
+    __slots__ = ("snapshot", "usage", "used", "version", "_entries", "_by_tenant", "_domains")
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+        self.usage = np.zeros((snapshot.n, 3), dtype=np.int64)
+        #: Reserved plus assumed usage per pool (``snapshot.reserved + usage``), kept in step.
+        self.used = snapshot.reserved.copy()
+        self.version = 0
+        self._entries: dict[str, _AssumedEntry] = {}
+        self._by_tenant: dict[str, dict[str, _AssumedEntry]] = {}
+        # Per tenant and topology, the members of all its assumed placements per domain, kept
+        # up to date by add/remove once asked for (spreading reads them for every task).
+        self._domains: dict[str, dict[str, np.ndarray]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self._entries
+
+    def add(self, spec: CompiledSpec, members: Sequence[tuple[str, int]]) -> None:
+        """Record a decided placement: its usage and its labels for later affinity checks."""
+        task_id = spec.task_id
+        if task_id is None:
+            raise ValueError("an assumed placement needs a task id")
+        if task_id in self._entries:
+            self.remove(task_id)
+        pos = self.snapshot.pos
+        idx = np.array([pos[p] for p, _ in members], dtype=np.intp)
+        counts = np.array([c for _, c in members], dtype=np.int64)
+        req = np.array(spec.requests, dtype=np.int64)
+        amounts = counts[:, None] * req
+        if len(idx) == 1:
+            self.usage[idx[0]] += amounts[0]
+            self.used[idx[0]] += amounts[0]
+        else:
+            np.add.at(self.usage, idx, amounts)
+            np.add.at(self.used, idx, amounts)
+        entry = _AssumedEntry(spec.tenant_id, spec.labels, idx, counts, req)
+        self._entries[task_id] = entry
+        self._by_tenant.setdefault(spec.tenant_id, {})[task_id] = entry
+        self._domains_update(entry, 1)
+        self.version += 1
+
+    def remove(self, task_id: str) -> None:
+        """Undo an assumed placement (its reservation lost a race or was not applied)."""
+        entry = self._entries.pop(task_id, None)
+        if entry is None:
+            return
+        amounts = entry.counts[:, None] * entry.requests
+        np.subtract.at(self.usage, entry.idx, amounts)
+        np.subtract.at(self.used, entry.idx, amounts)
+        del self._by_tenant[entry.tenant_id][task_id]
+        self._domains_update(entry, -1)
+        self.version += 1
+
+    def _domains_update(self, entry: _AssumedEntry, sign: int) -> None:
+        tracked = self._domains.get(entry.tenant_id)
+        if tracked:
+            for topology, per_domain in tracked.items():
+                dom, _ = self.snapshot.domains(topology)
+                np.add.at(per_domain, dom[entry.idx], sign * entry.counts)
+
+    def domain_counts(self, tenant_id: str, topology: str) -> np.ndarray | None:
+        """Return per ``topology`` domain the members of all the tenant's assumed placements
+        (indexed by ``Snapshot.domains`` codes), or None when there are none; read-only."""
+        if not self._by_tenant.get(tenant_id):
+            return None
+        tracked = self._domains.setdefault(tenant_id, {})
+        per_domain = tracked.get(topology)
+        if per_domain is None:
+            dom, nd = self.snapshot.domains(topology)
+            per_domain = np.zeros(nd, dtype=np.int64)
+            for e in self._by_tenant[tenant_id].values():
+                np.add.at(per_domain, dom[e.idx], e.counts)
+            tracked[topology] = per_domain
+        return per_domain
+
+    def placed_counts(self, tenant_id: str, selector: Items | None) -> np.ndarray | None:
+        """Return per-pool member counts of the tenant's assumed placements matching
+        ``selector`` (None: all), or None when there are none."""
+        entries = self._by_tenant.get(tenant_id)
+        if not entries:
+            return None
+        counts = None
+        for e in entries.values():
+            if selector is None or selector <= e.labels:
+                if counts is None:
+                    counts = np.zeros(self.snapshot.n, dtype=np.int64)
+                np.add.at(counts, e.idx, e.counts)
+        return counts

@@ -1,0 +1,102 @@
+"""The documents Berth stores and serves for the core's results, each built in one place.
+
+``select`` returns data (:mod:`app.scheduling.results`); the reconciler stores a task's
+placement and pending reason as JSON and the preview endpoint serves a whole result. Every
+such document is built here, from core data, in the SPEC §6 shapes: scores and component
+values rounded to 4 places, pools named by id, reasons by their codes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from app.scheduling.results import (
+        Candidate,
+        NoPlacement,
+        Placement,
+        Rejection,
+        Result,
+        ScoreComponent,
+    )
+
+__all__ = [
+    "candidate_document",
+    "component_document",
+    "no_placement_document",
+    "placement_document",
+    "preview_document",
+    "rejection_document",
+]
+
+
+def component_document(component: ScoreComponent) -> dict[str, Any]:
+    """Build a score component's document ``{"name", "value", "reason"}``."""
+    return {"name": component.name, "value": round(component.value, 4), "reason": component.reason}
+
+
+def placement_document(
+    candidate: Candidate | Placement,
+    *,
+    members: Iterable[tuple[str, int]],
+    alternatives: Iterable[Candidate],
+    walked_from: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Build the stored and served placement: the chosen pool with its score and components,
+    every member's pool, the alternatives, and ``walkedFrom`` only when the reservation walked
+    past better-ranked pools (those named in ``walked_from``, best first)."""
+    # Built inline (no per-item calls): the reconciler stores one per placement.
+    doc: dict[str, Any] = {
+        "poolId": candidate.pool_id,
+        "score": round(candidate.score, 4),
+        "components": [
+            {"name": c.name, "value": round(c.value, 4), "reason": c.reason}
+            for c in candidate.components
+        ],
+        "members": [{"poolId": p, "count": c} for p, c in members],
+        "alternatives": [{"poolId": a.pool_id, "score": round(a.score, 4)} for a in alternatives],
+    }
+    if walked_from:
+        doc["walkedFrom"] = list(walked_from)
+    return doc
+
+
+def no_placement_document(reason: NoPlacement) -> dict[str, Any]:
+    """Build the pending reason ``{"code", "message", "rejections"}`` of a task that fits
+    nowhere (rejections: pools per reason code)."""
+    return {
+        "code": str(reason.code),
+        "message": reason.message,
+        "rejections": {str(k): int(v) for k, v in reason.rejections.items()},
+    }
+
+
+def candidate_document(candidate: Candidate) -> dict[str, Any]:
+    """Build a ranked candidate's document ``{"poolId", "score", "components"}``."""
+    return {
+        "poolId": candidate.pool_id,
+        "score": round(candidate.score, 4),
+        "components": [component_document(c) for c in candidate.components],
+    }
+
+
+def rejection_document(rejection: Rejection) -> dict[str, Any]:
+    """Build a rejected pool's document ``{"poolId", "reasons"}``."""
+    return {"poolId": rejection.pool_id, "reasons": list(rejection.reasons)}
+
+
+def preview_document(result: Result) -> dict[str, Any]:
+    """Build the placement preview ``{"placement", "candidates", "rejected", "reason"}`` of a
+    whole result."""
+    placement = result.placement
+    return {
+        "placement": None
+        if placement is None
+        else placement_document(
+            placement, members=placement.members, alternatives=placement.alternatives
+        ),
+        "candidates": [candidate_document(c) for c in result.candidates],
+        "rejected": [rejection_document(r) for r in result.rejected],
+        "reason": None if result.reason is None else no_placement_document(result.reason),
+    }

@@ -1,0 +1,121 @@
+"""Tasks: submit, read, list, history and cancel, for the tenants a key acts for.
+
+Submission is one statement on an autocommit connection (the insert, its event and the
+wakeup are one atomic round trip), so it is committed when :func:`task_submit` returns.
+Cancel locks, changes and releases in one transaction that commits before
+:func:`task_cancel` returns. Reads use an autocommit connection.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+from app.auth import Principal
+from app.db import Database
+from app.ledger import tasks as ledger
+from app.ledger.leases import task_cancel as ledger_task_cancel
+from app.ledger.tasks import TaskEventRow, TaskNotFound, TaskRow
+from app.scheduling.spec import TaskSpec
+from app.services.idempotency import request_hash
+from app.services.tenancy import tenant_acting, tenants_reading
+
+__all__ = ["task_cancel", "task_events_page", "task_get", "task_submit", "tasks_page"]
+
+
+async def task_submit(
+    db: Database,
+    *,
+    principal: Principal,
+    tenant: str | None,
+    spec: TaskSpec,
+    idempotency_key: str | None,
+) -> TaskRow:
+    """Store a task for the tenant the key acts for; a keyed repeat returns the original.
+
+    The row's ``created`` says whether this call stored it (201) or found it (200).
+    """
+    tenant_id = tenant_acting(principal, tenant)
+    payload = spec.model_dump(mode="json", by_alias=True)
+    digest = None
+    if idempotency_key is not None:
+        digest = request_hash({"tenantId": tenant_id, "spec": payload})
+    async with db.connection() as conn:
+        return await ledger.task_submit(
+            conn,
+            tenant_id=tenant_id,
+            spec=payload,
+            idempotency_key=idempotency_key,
+            request_hash=digest,
+            now=datetime.now(UTC),
+        )
+
+
+async def task_get(
+    db: Database, *, principal: Principal, tenant: str | None, task_id: uuid.UUID
+) -> TaskRow:
+    """Return a task of the tenants the key reads for, or raise TaskNotFound."""
+    tenants = tenants_reading(principal, tenant)
+    async with db.connection() as conn:
+        row = await ledger.task_get(conn, task_id=task_id, tenant_ids=tenants)
+    if row is None:
+        raise TaskNotFound()
+    return row
+
+
+async def tasks_page(
+    db: Database,
+    *,
+    principal: Principal,
+    tenant: str | None,
+    after_seq: int,
+    state: str | None,
+    runtime_class: str | None,
+    limit: int,
+) -> tuple[list[TaskRow], int | None]:
+    """Return a page of the key's tasks in admission order and the seq to resume after."""
+    tenants = tenants_reading(principal, tenant)
+    async with db.connection() as conn:
+        return await ledger.task_list(
+            conn,
+            tenant_ids=tenants,
+            after_seq=after_seq,
+            state=state,
+            runtime_class=runtime_class,
+            limit=limit,
+        )
+
+
+async def task_events_page(
+    db: Database,
+    *,
+    principal: Principal,
+    tenant: str | None,
+    task_id: uuid.UUID,
+    after_id: int,
+    limit: int,
+) -> tuple[list[TaskEventRow], int | None]:
+    """Return a page of a visible task's transitions and the id to resume after."""
+    tenants = tenants_reading(principal, tenant)
+    async with db.connection() as conn:
+        if await ledger.task_get(conn, task_id=task_id, tenant_ids=tenants) is None:
+            raise TaskNotFound()
+        return await ledger.task_events_list(conn, task_id=task_id, after_id=after_id,
+                                             limit=limit)
+
+
+async def task_cancel(
+    db: Database, *, principal: Principal, tenant: str | None, task_id: uuid.UUID
+) -> TaskRow:
+    """Cancel a visible task (releasing a leased task's capacity), commit, return it."""
+    tenants = tenants_reading(principal, tenant)
+    async with db.transaction() as conn:
+        row = await ledger.task_get(conn, task_id=task_id, tenant_ids=tenants)
+        if row is None:
+            raise TaskNotFound()
+        await ledger_task_cancel(
+            conn, task_id=task_id, tenant_id=row.tenant_id, now=datetime.now(UTC)
+        )
+        row = await ledger.task_get(conn, task_id=task_id, tenant_ids=tenants)
+    assert row is not None
+    return row

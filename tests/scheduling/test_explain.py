@@ -1,0 +1,72 @@
+"""The stored and served documents: one builder per shape, the exact SPEC §6 fields."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.scheduling.explain import (
+    no_placement_document,
+    placement_document,
+    preview_document,
+)
+from app.scheduling.framework import select
+from app.scheduling.reasons import Reason
+from app.scheduling.results import Candidate, NoPlacement, ScoreComponent
+
+from .factories import pool, snapshot, spec
+
+HEAD = Candidate(
+    "p1", 87.654321, (ScoreComponent("least_loaded", 50.123456, "projected utilization 10%"),)
+)
+NEXT = [Candidate("p2", 80.000049), Candidate("p3", 12.5)]
+
+
+def test_placement_document_rounds_and_names_every_field():
+    doc = placement_document(HEAD, members=[("p1", 2), ("p2", 1)], alternatives=NEXT)
+    assert doc == {
+        "poolId": "p1",
+        "score": 87.6543,
+        "components": [
+            {"name": "least_loaded", "value": 50.1235, "reason": "projected utilization 10%"}
+        ],
+        "members": [{"poolId": "p1", "count": 2}, {"poolId": "p2", "count": 1}],
+        "alternatives": [{"poolId": "p2", "score": 80.0}, {"poolId": "p3", "score": 12.5}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("walked_from", "want"),
+    [
+        pytest.param((), None, id="not-walked"),
+        pytest.param(["p0"], ["p0"], id="walked-one"),
+        pytest.param(("p0", "p9"), ["p0", "p9"], id="walked-two"),
+    ],
+)
+def test_walked_from_appears_only_when_the_reservation_walked(walked_from, want):
+    doc = placement_document(
+        HEAD, members=[("p1", 1)], alternatives=(), walked_from=walked_from
+    )
+    assert doc.get("walkedFrom") == want
+    assert ("walkedFrom" in doc) == bool(want)
+
+
+def test_no_placement_document_renders_codes_as_strings():
+    reason = NoPlacement(Reason.INSUFFICIENT_CPU, "no pool fits: 2 pools lack cpu", {"x": 2})
+    assert no_placement_document(reason) == {
+        "code": "insufficient_cpu",
+        "message": "no pool fits: 2 pools lack cpu",
+        "rejections": {"x": 2},
+    }
+
+
+def test_preview_document_holds_the_placement_document_of_the_result():
+    pools = [pool("a"), pool("b", reserved=(1000, 0, 0)), pool("c", status="CORDONED")]
+    result = select(spec(), snapshot(pools), explain=True)
+    doc = preview_document(result)
+    placement = result.placement
+    assert doc["placement"] == placement_document(
+        placement, members=placement.members, alternatives=placement.alternatives
+    )
+    assert [c["poolId"] for c in doc["candidates"]] == ["a", "b"]
+    assert doc["rejected"] == [{"poolId": "c", "reasons": ["pool_not_active"]}]
+    assert doc["reason"] is None
