@@ -52,9 +52,10 @@ async def api_key_create(
     tenant_ids: Sequence[str] = (),
     runtime_instance_ids: Sequence[str] = (),
     bootstrap: bool = False,
+    key: str | None = None,
 ) -> str:
-    """Store a new key for ``subject`` and return the key itself (shown once, never stored)."""
-    key = key_generate()
+    """Store ``key`` (else a new random key) for ``subject`` as its hash; return the key."""
+    key = key or key_generate()
     await conn.execute(
         insert(api_keys).values(
             id=uuid.uuid4(),
@@ -70,11 +71,12 @@ async def api_key_create(
     return key
 
 
-async def api_key_bootstrap(conn: AsyncConnection) -> str | None:
+async def api_key_bootstrap(conn: AsyncConnection, *, key: str | None = None) -> str | None:
     """Create the bootstrap admin key on a database that has none, and return it; else None.
 
-    A unique partial index allows one bootstrap key ever, so two processes starting at once
-    on a new database cannot both print one.
+    The key is ``key`` when given (an operator's, e.g. from a Kubernetes Secret), else a new
+    random one. A unique partial index allows one bootstrap key ever, so two processes
+    starting at once on a new database cannot both create one.
     """
     exists = await conn.scalar(select(api_keys.c.id).where(api_keys.c.bootstrap).limit(1))
     if exists is not None:
@@ -82,7 +84,7 @@ async def api_key_bootstrap(conn: AsyncConnection) -> str | None:
     try:
         async with conn.begin_nested():
             return await api_key_create(conn, role="admin", subject="bootstrap-admin",
-                                        bootstrap=True)
+                                        bootstrap=True, key=key)
     except IntegrityError:
         return None
 
