@@ -121,6 +121,12 @@ def release_render(
     return Release(values=values or {}, manifests=manifests, notes=notes)
 
 
+def values_merged(values: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Return the chart's default values with ``values`` over them, as Helm coalesces them."""
+    with helm().Chart.load(CHART) as chart:
+        return chart.merge_values(values or {})
+
+
 def chart_lint(values: dict[str, Any] | None = None) -> list[str]:
     """Return the findings of `helm lint --strict` that are warnings or errors."""
     helm_python = helm()

@@ -28,6 +28,7 @@ from tests.deploy.release import (
     helm,
     manifest_validate,
     release_render,
+    values_merged,
 )
 
 RESOURCES = {
@@ -107,8 +108,7 @@ def _render(value_set: str) -> Release:
 
 def merged(value_set: str) -> dict[str, Any]:
     """Return the chart's defaults with the value set's overrides, as Helm coalesces them."""
-    with helm().Chart.load(CHART) as chart:
-        return chart.merge_values(VALUE_SETS[value_set])
+    return values_merged(VALUE_SETS[value_set])
 
 
 @cache
@@ -203,6 +203,19 @@ def test_kubernetes_schemas_ship_with_the_package_and_need_no_network(
     for manifest in _render("production").manifests:
         for version in KUBERNETES_VERSIONS:
             manifest_validate(manifest, version)
+
+
+def test_values_schema_is_draft_7_and_every_value_set_meets_it() -> None:
+    """Draft 7, which Helm 3's validator and Helm 4's both read; checked by a second validator."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    jsonschema.Draft7Validator.check_schema(schema)
+    validator = jsonschema.Draft7Validator(schema)
+    validator.validate(yaml.safe_load((CHART / "values.yaml").read_text()))
+    for value_set in VALUE_SETS:
+        validator.validate(merged(value_set))
+    refused = merged("defaults")
+    refused["config"]["BERTH_DATABASE_URL"] = "postgresql://berth@db/berth"
+    assert not validator.is_valid(refused)
 
 
 @pytest.mark.parametrize(
