@@ -326,8 +326,9 @@ def serve(
             _say(f"new database: stored the bootstrap admin API key of {key_file} (its hash)")
         elif given_key is not None and not given_live:
             _say(
-                f"warning: the key in {key_file} is not a key of this database, which already "
-                "had its bootstrap admin key; create keys with `berth keys create`"
+                f"warning: the key in {key_file} is not a live key of this database, whose "
+                "bootstrap admin key was stored before (and may be revoked since); "
+                "create keys with `berth keys create`"
             )
         bound_host, bound_port = sock.getsockname()[:2]
         shown_host = f"[{bound_host}]" if ":" in bound_host else bound_host

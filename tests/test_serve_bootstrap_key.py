@@ -98,7 +98,7 @@ def _serve_twice_with_key_files(tmp_path: Path, url: str) -> None:
         second.kill()
     assert keys_printed(second.stdout) == []
     assert other_key not in second.stdout + second.err.read_text()
-    assert f"warning: the key in {key_file} is not a key of this database" in second.stdout
+    assert f"warning: the key in {key_file} is not a live key of this database" in second.stdout
     assert asyncio.run(key_role(url, key)) == "admin"
     assert asyncio.run(key_role(url, other_key)) is None
     assert len(asyncio.run(api_key_rows(url))) == 1
