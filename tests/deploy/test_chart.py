@@ -503,3 +503,20 @@ def test_release_name_prefixes_every_object() -> None:
     assert all(m["metadata"]["name"].startswith("sched-berth-") for m in names)
     assert all(m["metadata"]["labels"]["app.kubernetes.io/instance"] == "sched" for m in names)
     assert "-n prod" in release.notes
+
+
+@pytest.mark.parametrize(
+    ("machine", "outcome"), [("s390x", "skip"), ("x86_64", "fail")], ids=["unsupported", "linux"]
+)
+def test_chart_tests_skip_only_where_helm_has_no_native_library(
+    monkeypatch: pytest.MonkeyPatch, machine: str, outcome: str
+) -> None:
+    import platform
+    import sys
+
+    monkeypatch.setitem(sys.modules, "helm_python", None)  # import now raises ImportError
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(platform, "machine", lambda: machine)
+    expected = pytest.skip.Exception if outcome == "skip" else AssertionError
+    with pytest.raises(expected, match="helm-python-sdk"):
+        helm()
