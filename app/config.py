@@ -58,6 +58,12 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=0, le=65535, description="Port `berth serve` listens on.")
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024, description="Larger bodies: 413.")
     log_level: str = Field(default="info", description="debug, info, warning or error.")
+    bootstrap_admin_key_file: Path | None = Field(
+        default=None,
+        description="File holding the bootstrap admin API key (e.g. a mounted Kubernetes "
+        "Secret): `berth serve` stores its hash on a database without one and prints no key. "
+        "Unset: a key is generated and printed once.",
+    )
 
     # --- scheduling -----------------------------------------------------------------------
     policy: Policy = Field(default=Policy.FIFO, description="fifo, priority or fair.")

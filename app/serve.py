@@ -9,6 +9,7 @@ service. ``berth reconcile`` composes a reconciler alone (:mod:`app.reconciler.p
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import socket
 import threading
@@ -70,14 +71,47 @@ def _socket_listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def _bootstrap_key_create(url: str, settings: Settings) -> str | None:
-    """Create the bootstrap admin key on a database without one and return it; else None."""
-    from app.ledger.keys import api_key_bootstrap
+#: A bootstrap key given in a file: Berth's prefix and 32 to 256 URL-safe characters (a key
+#: Berth generates has 43; ``berth_$(openssl rand -hex 32)`` has 64).
+_KEY_GIVEN = re.compile(r"berth_[A-Za-z0-9_-]{32,256}")
+
+
+def bootstrap_key_read(path: Path) -> str:
+    """Return the API key held in ``path``, or raise ConfigurationError (never showing it)."""
+    where = f"BERTH_BOOTSTRAP_ADMIN_KEY_FILE {path}"
+    try:
+        key = path.read_text(encoding="utf-8").strip()
+    except UnicodeDecodeError:
+        key = ""
+    except OSError as exc:
+        raise ConfigurationError(
+            f"cannot read {where} ({(exc.strerror or str(exc)).lower()}); "
+            "mount the Secret there or unset the variable"
+        ) from None
+    if not _KEY_GIVEN.fullmatch(key):
+        raise ConfigurationError(
+            f"{where} does not hold an API key: it must be `berth_` and 32 to 256 URL-safe "
+            "characters (A-Z a-z 0-9 - _), e.g. berth_$(openssl rand -hex 32)"
+        )
+    return key
+
+
+async def _bootstrap_key_create(
+    url: str, settings: Settings, *, key: str | None = None
+) -> tuple[str | None, bool]:
+    """Create the bootstrap admin key (``key``, else a random one) on a database without one.
+
+    Return the key created (None when the database already had its bootstrap key) and whether
+    ``key`` is a live key of the database afterwards.
+    """
+    from app.ledger.keys import api_key_bootstrap, api_key_get
 
     db = Database(url, max_size=1, connect_timeout_seconds=settings.db_connect_timeout_seconds)
     try:
         async with db.transaction() as conn:
-            return await api_key_bootstrap(conn)
+            created = await api_key_bootstrap(conn, key=key)
+            live = key is not None and await api_key_get(conn, key=key) is not None
+            return created, live
     finally:
         await db.close()
 
@@ -125,6 +159,8 @@ def serve(
     settings = get_settings().model_copy(update=overrides)
     if not 0 <= settings.port <= 65535:
         raise ConfigurationError(f"port {settings.port} is out of range 0..65535")
+    key_file = settings.bootstrap_admin_key_file
+    given_key = bootstrap_key_read(key_file) if key_file is not None else None
 
     sock = _socket_listen(settings.host, settings.port)
     interrupts = _Interrupts()
@@ -132,10 +168,18 @@ def serve(
     try:
         interrupts.install()
         url, server = database_resolve(settings, migrate=False)
-        key = asyncio.run(_bootstrap_key_create(url, settings))
-        if key is not None:
+        key, given_live = asyncio.run(_bootstrap_key_create(url, settings, key=given_key))
+        if given_key is None and key is not None:
             _say("new database: bootstrap admin API key (printed once, store it now):")
             print(key, flush=True)
+        elif key is not None:
+            _say(f"new database: stored the bootstrap admin API key of {key_file} (its hash)")
+        elif given_key is not None and not given_live:
+            _say(
+                f"warning: the key in {key_file} is not a live key of this database, whose "
+                "bootstrap admin key was stored before (and may be revoked since); "
+                "create keys with `berth keys create`"
+            )
         bound_host, bound_port = sock.getsockname()[:2]
         shown_host = f"[{bound_host}]" if ":" in bound_host else bound_host
         _say(f"listening on http://{shown_host}:{bound_port}")

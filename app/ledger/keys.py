@@ -74,9 +74,10 @@ async def api_key_create(
     tenant_ids: Sequence[str] = (),
     runtime_instance_ids: Sequence[str] = (),
     bootstrap: bool = False,
+    key: str | None = None,
 ) -> str:
-    """Store a new key for ``subject`` and return the key itself (shown once, never stored)."""
-    key = key_generate()
+    """Store ``key`` (else a new random key) for ``subject`` as its hash; return the key."""
+    key = key or key_generate()
     await conn.execute(
         _CREATE,
         uuid.uuid4(),
@@ -91,20 +92,21 @@ async def api_key_create(
     return key
 
 
-async def api_key_bootstrap(conn: Connection) -> str | None:
+async def api_key_bootstrap(conn: Connection, *, key: str | None = None) -> str | None:
     """Create the bootstrap admin key on a database that has none, and return it; else None.
 
-    A unique partial index allows one bootstrap key ever, so two processes starting at once
-    on a new database cannot both print one. The insert runs in a block of its own (a
-    savepoint inside the caller's transaction), so losing that race leaves the caller's
-    transaction usable.
+    The key is ``key`` when given (an operator's, e.g. from a Kubernetes Secret), else a new
+    random one. A unique partial index allows one bootstrap key ever, so two processes
+    starting at once on a new database cannot both create one. The insert runs in a block of
+    its own (a savepoint inside the caller's transaction), so losing that race leaves the
+    caller's transaction usable.
     """
     if await conn.fetchval(_BOOTSTRAP_EXISTS) is not None:
         return None
     try:
         async with conn.transaction():
             return await api_key_create(
-                conn, role="admin", subject="bootstrap-admin", bootstrap=True
+                conn, role="admin", subject="bootstrap-admin", bootstrap=True, key=key
             )
     except asyncpg.UniqueViolationError:
         return None

@@ -23,7 +23,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 
-{{/* Environment shared by every Berth container: the database URL and the extra settings. */}}
+{{/* Environment shared by every Berth container: the database URL (from its Secret only)
+     and the extra settings. */}}
 {{- define "berth.env" -}}
 - name: BERTH_DATABASE_URL
   valueFrom:
@@ -36,7 +37,42 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end -}}
 
-{{- define "berth.podExtras" -}}
+{{/* Pod metadata of one component: call with (dict "root" $ "component" "api"). */}}
+{{- define "berth.podMetadata" -}}
+labels:
+  {{- include "berth.selector" .root | nindent 2 }}
+  app.kubernetes.io/component: {{ .component }}
+  {{- with .root.Values.podLabels }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with .root.Values.podAnnotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Pod-level settings every Berth pod shares: no Kubernetes API token, non-root. */}}
+{{- define "berth.podCommon" -}}
+automountServiceAccountToken: false
+{{- with .Values.serviceAccountName }}
+serviceAccountName: {{ . }}
+{{- end }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+{{- end -}}
+
+{{/* The root filesystem is read-only: /tmp is the one writable place. */}}
+{{- define "berth.tmpVolume" -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: 64Mi
+{{- end -}}
+
+{{- define "berth.podPlacement" -}}
 {{- with .Values.nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
