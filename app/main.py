@@ -9,11 +9,11 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from prometheus_client import REGISTRY, CollectorRegistry
-from prometheus_fastapi_instrumentator import Instrumentator
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app import __version__
 from app.api.fast import fast_routes_install
+from app.api.http_metrics import http_metrics_install
 from app.api.limits import BodySizeLimit
 from app.api.openapi import openapi_install
 from app.api.problems import problem_response, problems_install
@@ -124,7 +124,5 @@ def create_app(settings: Settings | None = None, *, engine: AsyncEngine | None =
     # would otherwise record nothing); /metrics serves it together with Berth's own metrics.
     http_registry = CollectorRegistry(auto_describe=False)
     http_registry.register(_DefaultMetrics())
-    Instrumentator(excluded_handlers=["/metrics"], registry=http_registry).instrument(app).expose(
-        app, "/metrics", include_in_schema=False
-    )
+    http_metrics_install(app, registry=http_registry)
     return app
