@@ -18,6 +18,7 @@ from app.api.limits import BodySizeLimit
 from app.api.openapi import openapi_install
 from app.api.problems import problem_response, problems_install
 from app.api.router import api_router
+from app.api.shedding import InFlightLimit, KeyRateLimit
 from app.auth import KeyCache
 from app.config import Settings, get_settings
 from app.db import make_engine
@@ -120,9 +121,20 @@ def create_app(settings: Settings | None = None, *, engine: AsyncEngine | None =
             return problem_response(503, detail=why, type_uri="https://berth.dev/problems/unavailable")
         return JSONResponse({"status": "ready"})
 
+    # Load shedding (docs/operations.md#limits). Each added middleware wraps the ones before
+    # it, so a request meets them bottom-up: the key's rate limit, then the in-flight bound.
+    app.add_middleware(InFlightLimit, max_in_flight=settings.max_in_flight_requests)
+    if settings.rate_limit_requests_per_second > 0:
+        app.add_middleware(
+            KeyRateLimit,
+            rate_per_second=settings.rate_limit_requests_per_second,
+            burst=settings.rate_limit_burst_requests,
+        )
+
     # HTTP metrics live in a registry of this app (a second app in one process, as in tests,
     # would otherwise record nothing); /metrics serves it together with Berth's own metrics.
     http_registry = CollectorRegistry(auto_describe=False)
+    # Added last, the instrumentation sees every answer, the refusals above included.
     http_registry.register(_DefaultMetrics())
     http_metrics_install(app, registry=http_registry)
     return app
