@@ -74,6 +74,18 @@ class Settings(BaseSettings):
         description="Token bucket size: requests a key may send at once above the sustained "
         "rate (only with rate_limit_requests_per_second).",
     )
+    request_header_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="`berth serve` closes a connection whose request line and headers are "
+        "not complete this long after the connection (or its previous request) began.",
+    )
+    request_body_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="A request body not received in full this long after its headers is "
+        "answered 408 and the connection closed.",
+    )
     log_level: str = Field(default="info", description="debug, info, warning or error.")
 
     # --- scheduling -----------------------------------------------------------------------

@@ -19,6 +19,7 @@ from app.api.openapi import openapi_install
 from app.api.problems import problem_response, problems_install
 from app.api.router import api_router
 from app.api.shedding import InFlightLimit, KeyRateLimit
+from app.api.timeouts import BodyReadTimeout
 from app.auth import KeyCache
 from app.config import Settings, get_settings
 from app.db import make_engine
@@ -121,8 +122,10 @@ def create_app(settings: Settings | None = None, *, engine: AsyncEngine | None =
             return problem_response(503, detail=why, type_uri="https://berth.dev/problems/unavailable")
         return JSONResponse({"status": "ready"})
 
-    # Load shedding (docs/operations.md#limits). Each added middleware wraps the ones before
-    # it, so a request meets them bottom-up: the key's rate limit, then the in-flight bound.
+    # Load shedding and the body deadline (docs/operations.md#limits). Each added middleware
+    # wraps the ones before it, so a request meets them bottom-up: the key's rate limit, the
+    # in-flight bound, the body deadline, then the body size limit.
+    app.add_middleware(BodyReadTimeout, timeout_seconds=settings.request_body_timeout_seconds)
     app.add_middleware(InFlightLimit, max_in_flight=settings.max_in_flight_requests)
     if settings.rate_limit_requests_per_second > 0:
         app.add_middleware(

@@ -5,29 +5,17 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
 
 import httpx
 import pytest
 from prometheus_client import REGISTRY
 
 from app.api.shedding import KeyRateLimit, TokenBuckets
-from app.main import create_app
-from tests.api.conftest import BASE_URL, Keys, assert_problem, settings_for_tests
+from tests.api.configured import serving
+from tests.api.conftest import BASE_URL, Keys, assert_problem
 
 SPEC = {"runtimeClass": "gpu-small", "requests": {"cpuMillis": 500, "memoryMiB": 256}}
 ANSWER_WITHIN_SECONDS = 10  # generous: a refusal is immediate, a hang never answers
-
-
-@asynccontextmanager
-async def serving(database_url: str, **settings: Any) -> AsyncIterator[httpx.AsyncClient]:
-    """Yield a client of a Berth app with ``settings``, its lifespan running."""
-    app = create_app(settings_for_tests(database_url, **settings))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-        async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as client:
-            yield client
 
 
 class StalledBody:
