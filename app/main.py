@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 from prometheus_client import REGISTRY, CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -88,7 +89,9 @@ def create_app(settings: Settings | None = None, *, engine: AsyncEngine | None =
             if own_engine:
                 await app.state.engine.dispose()
 
-    app = FastAPI(
+    # FastAPIOffline: /docs and /redoc load Swagger UI and ReDoc from files the package ships
+    # (served under /static-offline-docs), never from a CDN, so they work offline.
+    app = FastAPIOffline(
         title="Berth",
         version=__version__,
         summary="Multi-tenant placement scheduler with a durable capacity ledger.",
@@ -96,6 +99,8 @@ def create_app(settings: Settings | None = None, *, engine: AsyncEngine | None =
         # Berth's observability is Prometheus (SPEC §7); FastAPI's native OpenTelemetry would
         # otherwise look up the global OTel providers on every request only to find none.
         telemetry={"tracing": False, "metrics": False, "logs": False},
+        # No "validate this document" badge: it would send the document's URL to swagger.io.
+        swagger_ui_parameters={"validatorUrl": None},
     )
     problems_install(app)
     app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_body_bytes)
@@ -137,7 +142,7 @@ def create_app(settings: Settings | None = None, *, engine: AsyncEngine | None =
     # HTTP metrics live in a registry of this app (a second app in one process, as in tests,
     # would otherwise record nothing); /metrics serves it together with Berth's own metrics.
     http_registry = CollectorRegistry(auto_describe=False)
-    # Added last, the instrumentation sees every answer, the refusals above included.
     http_registry.register(_DefaultMetrics())
+    # Added last, the instrumentation sees every answer, the refusals above included.
     http_metrics_install(app, registry=http_registry)
     return app
