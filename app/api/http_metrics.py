@@ -77,4 +77,4 @@ def http_metrics_install(app: FastAPI, *, registry: CollectorRegistry) -> None:
         registry=registry,
     )
     instrumentator.add(bounded_labels(app, record))
-    instrumentator.instrument(app).expose(app, "/metrics", include_in_schema=False)
+    instrumentator.instrument(app).expose(app, endpoint="/metrics", include_in_schema=False)
