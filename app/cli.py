@@ -17,28 +17,53 @@ from app.errors import ConfigurationError
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="run the API (and, unless disabled, a reconciler)")
+    p = sub.add_parser(
+        "serve",
+        help="run the API (and, unless disabled, a reconciler)",
+        description="Run the HTTP API and, unless BERTH_RECONCILER_ENABLED=false, a "
+        "reconciler in the same process. Without BERTH_DATABASE_URL, the embedded PostgreSQL "
+        "in the data directory is started and migrated first.",
+    )
     p.add_argument("--host", help="listen address (default BERTH_HOST or 127.0.0.1)")
     p.add_argument("--port", type=int, help="listen port (default BERTH_PORT or 8000)")
     p.add_argument("--data-dir", help="embedded PostgreSQL directory (default BERTH_DATA_DIR)")
 
 
 def _add_reconcile(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("reconcile", help="run a reconciler alone")
+    p = sub.add_parser(
+        "reconcile",
+        help="run a reconciler alone",
+        description="Run a reconciler alone, to scale reconcilers apart from the API.",
+    )
     p.add_argument(
         "--shard", help="static shard ownership INDEX/COUNT (default: dynamic, advisory locks)"
     )
 
 
 def _add_migrate(sub: argparse._SubParsersAction) -> None:
-    sub.add_parser("migrate", help="upgrade the database schema to head")
+    sub.add_parser(
+        "migrate",
+        help="upgrade the database schema to head",
+        description="Upgrade BERTH_DATABASE_URL (or the embedded database) to the newest "
+        "schema and print the revision it is at.",
+    )
 
 
 def _add_keys(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("keys", help="manage API keys")
+    p = sub.add_parser("keys", help="manage API keys", description="Manage API keys.")
     ksub = p.add_subparsers(dest="keys_command", required=True)
-    c = ksub.add_parser("create", help="create an API key; prints the key alone on its last line")
-    c.add_argument("--role", required=True, choices=["admin", "operator", "tenant", "runtime"])
+    c = ksub.add_parser(
+        "create",
+        help="create an API key; prints the key alone on its last line",
+        description="Create an API key and print it alone on the last line. Tenant keys need "
+        "at least one --tenant, runtime keys at least one --runtime-instance.",
+    )
+    c.add_argument(
+        "--role",
+        required=True,
+        choices=["admin", "operator", "tenant", "runtime"],
+        help="what the key may do",
+    )
     c.add_argument("--subject", required=True, help="who the key belongs to")
     c.add_argument("--tenant", action="append", default=[], help="tenant id (repeatable)")
     c.add_argument(
@@ -47,19 +72,35 @@ def _add_keys(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmarks (see docs/benchmarks.md)")
+    p = sub.add_parser(
+        "bench",
+        help="benchmarks (see docs/benchmarks.md)",
+        description="Run a benchmark; 'berth bench TARGET --help' lists its options. "
+        "docs/benchmarks.md explains what each measures.",
+    )
     p.add_argument("target", choices=["core", "e2e", "api", "drivers"], help="what to measure")
     p.add_argument("args", nargs=argparse.REMAINDER, help="options of that benchmark")
 
 
 def _add_openapi(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("openapi", help="print the OpenAPI document (no database needed)")
+    p = sub.add_parser(
+        "openapi",
+        help="print the OpenAPI document (no database needed)",
+        description="Print the OpenAPI document of the Berth API (built without a database), "
+        "or write it to a file; docs/openapi.json is its output.",
+    )
     p.add_argument("--output", help="write the document to this file instead of stdout")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Build the argument parser of the ``berth`` command."""
-    parser = argparse.ArgumentParser(prog="berth", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="berth",
+        description="Berth, a multi-tenant placement scheduler: run the API and reconcilers, "
+        "migrate the database, manage API keys, run benchmarks.",
+        epilog="Settings are BERTH_* environment variables (see README.md). "
+        "'berth COMMAND --help' describes a command.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (_add_serve, _add_reconcile, _add_migrate, _add_keys, _add_bench, _add_openapi):
         add(sub)

@@ -57,6 +57,36 @@ class Settings(BaseSettings):
     host: str = Field(default="127.0.0.1", description="Address `berth serve` listens on.")
     port: int = Field(default=8000, ge=0, le=65535, description="Port `berth serve` listens on.")
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024, description="Larger bodies: 413.")
+    max_in_flight_requests: int = Field(
+        default=256,
+        ge=1,
+        description="Requests one process works on at once; past it a request is answered "
+        "503 with Retry-After at once. /healthz, /readyz and /metrics are exempt.",
+    )
+    rate_limit_requests_per_second: float = Field(
+        default=0.0,
+        ge=0,
+        description="Sustained requests per second one API key may send to one process "
+        "(a token bucket); more is 429 with Retry-After. 0 turns the limit off.",
+    )
+    rate_limit_burst_requests: int = Field(
+        default=100,
+        ge=1,
+        description="Token bucket size: requests a key may send at once above the sustained "
+        "rate (only with rate_limit_requests_per_second).",
+    )
+    request_header_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="`berth serve` closes a connection whose request line and headers are "
+        "not complete this long after the connection (or its previous request) began.",
+    )
+    request_body_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="A request body not received in full this long after its headers is "
+        "answered 408 and the connection closed.",
+    )
     log_level: str = Field(default="info", description="debug, info, warning or error.")
     bootstrap_admin_key_file: Path | None = Field(
         default=None,

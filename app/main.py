@@ -13,14 +13,17 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 from prometheus_client import REGISTRY, CollectorRegistry
-from prometheus_fastapi_instrumentator import Instrumentator
 
 from app import __version__
+from app.api.http_metrics import http_metrics_install
 from app.api.limits import BodySizeLimit
 from app.api.openapi import openapi_install
 from app.api.problems import problem_response, problems_install
 from app.api.router import api_router
+from app.api.shedding import InFlightLimit, KeyRateLimit
+from app.api.timeouts import BodyReadTimeout
 from app.auth import KeyCache
 from app.config import Settings, get_settings
 from app.db import Database
@@ -90,7 +93,9 @@ def create_app(
             if own_db:
                 await app.state.db.close()
 
-    app = FastAPI(
+    # FastAPIOffline: /docs and /redoc load Swagger UI and ReDoc from files the package ships
+    # (served under /static-offline-docs), never from a CDN, so they work offline.
+    app = FastAPIOffline(
         title="Berth",
         version=__version__,
         summary="Multi-tenant placement scheduler with a durable capacity ledger.",
@@ -98,6 +103,8 @@ def create_app(
         # Berth's observability is Prometheus (SPEC §7); FastAPI's native OpenTelemetry would
         # otherwise look up the global OTel providers on every request only to find none.
         telemetry={"tracing": False, "metrics": False, "logs": False},
+        # No "validate this document" badge: it would send the document's URL to swagger.io.
+        swagger_ui_parameters={"validatorUrl": None},
     )
     problems_install(app)
     app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_body_bytes)
@@ -123,11 +130,22 @@ def create_app(
             return problem_response(503, detail=why, type_uri="https://berth.dev/problems/unavailable")
         return JSONResponse({"status": "ready"})
 
+    # Load shedding and the body deadline (docs/operations.md#limits). Each added middleware
+    # wraps the ones before it, so a request meets them bottom-up: the key's rate limit, the
+    # in-flight bound, the body deadline, then the body size limit.
+    app.add_middleware(BodyReadTimeout, timeout_seconds=settings.request_body_timeout_seconds)
+    app.add_middleware(InFlightLimit, max_in_flight=settings.max_in_flight_requests)
+    if settings.rate_limit_requests_per_second > 0:
+        app.add_middleware(
+            KeyRateLimit,
+            rate_per_second=settings.rate_limit_requests_per_second,
+            burst=settings.rate_limit_burst_requests,
+        )
+
     # HTTP metrics live in a registry of this app (a second app in one process, as in tests,
     # would otherwise record nothing); /metrics serves it together with Berth's own metrics.
     http_registry = CollectorRegistry(auto_describe=False)
     http_registry.register(_DefaultMetrics())
-    Instrumentator(excluded_handlers=["/metrics"], registry=http_registry).instrument(app).expose(
-        app, "/metrics", include_in_schema=False
-    )
+    # Added last, the instrumentation sees every answer, the refusals above included.
+    http_metrics_install(app, registry=http_registry)
     return app

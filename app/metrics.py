@@ -51,3 +51,15 @@ TRANSIENT_RETRIES = Counter(
     ["kind"],
 )
 SHARDS_OWNED = Gauge("berth_shards_owned", "Shard slots owned by this reconciler process.")
+
+#: Why a request was refused before Berth worked on it (see app/api/shedding.py and
+#: app/api/timeouts.py); every reason is counted from zero so that rates read well.
+SHED_REASONS = ("in_flight_limit", "rate_limit", "header_timeout", "header_too_large",
+                "body_timeout")
+REQUESTS_SHED = Counter(
+    "berth_http_requests_shed_total",
+    "HTTP requests refused to protect the process, by reason.",
+    ["reason"],
+)
+for _reason in SHED_REASONS:
+    REQUESTS_SHED.labels(_reason)

@@ -200,6 +200,7 @@ def serve(
 async def _serve(settings: Settings, sock: socket.socket, interrupts: _Interrupts) -> None:
     import uvicorn
 
+    from app.api.timeouts import head_limited_protocol
     from app.logs import logging_configure, uvicorn_log_config
     from app.main import create_app
     from app.reconciler.process import reconciler_background
@@ -213,6 +214,8 @@ async def _serve(settings: Settings, sock: socket.socket, interrupts: _Interrupt
         access_log=settings.log_level == "debug",
         timeout_graceful_shutdown=10,
         server_header=False,
+        # httptools, with a deadline and a size bound on each request head (app/api/timeouts.py)
+        http=head_limited_protocol(settings.request_header_timeout_seconds),
     )
     server = uvicorn.Server(config)
     interrupts.server = server

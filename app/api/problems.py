@@ -65,17 +65,23 @@ def validation_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"loc": _loc(e.get("loc", ())), "msg": str(e.get("msg", ""))} for e in errors]
 
 
-async def _berth_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, BerthError)
-    headers = exc.extra.pop("headers", None) if exc.extra else None
+def error_response(exc: BerthError) -> JSONResponse:
+    """Return the problem+json answer of ``exc`` (its ``extra["headers"]`` become headers)."""
+    extra = dict(exc.extra)
+    headers = extra.pop("headers", None)
     return problem_response(
         exc.status,
         title=exc.title,
         detail=exc.detail,
         type_uri=exc.type_uri,
         headers=headers,
-        **exc.extra,
+        **extra,
     )
+
+
+async def _berth_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, BerthError)
+    return error_response(exc)
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:

@@ -276,7 +276,10 @@ def _uvicorn(database_url: str, port: int, pool_size: int):  # type: ignore[no-u
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="berth bench api", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="berth bench api",
+        description="Measure the HTTP throughput of task submission and reads over loopback.",
+    )
     p.add_argument("--url", help="target a running server instead of starting one")
     p.add_argument("--key", help="tenant API key for --url")
     p.add_argument("--clients", type=int, default=32, help="concurrent connections (32)")

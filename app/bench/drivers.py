@@ -93,7 +93,11 @@ async def _measure(url: str, *, statements: int, rounds: int) -> dict[str, list[
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the driver benchmark and print one JSON line."""
-    p = argparse.ArgumentParser(prog="berth bench drivers", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="berth bench drivers",
+        description="Measure the client CPU of one statement through each way to PostgreSQL "
+        "(asyncpg pool, SQLAlchemy engine); prints one JSON line.",
+    )
     p.add_argument("--server-url", default=os.environ.get("BERTH_DATABASE_URL") or DEFAULT_SERVER,
                    help="PostgreSQL server to create the scratch database on")
     p.add_argument("--statements", type=int, default=3000, help="statements per way per round")

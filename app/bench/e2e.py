@@ -516,7 +516,10 @@ def _pg_settings(items: list[str]) -> tuple[tuple[str, str], ...]:
 
 def build_parser() -> argparse.ArgumentParser:
     """Build the argument parser of ``berth bench e2e``."""
-    p = argparse.ArgumentParser(prog="berth bench e2e", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="berth bench e2e",
+        description="Run reconcilers against a fresh database until every task is leased.",
+    )
     p.add_argument("--pools", type=int, default=1000, help="pools (default 1000)")
     p.add_argument("--tasks", type=int, default=20000, help="admitted tasks (default 20000)")
     p.add_argument("--reconcilers", type=int, default=2, help="reconciler processes (default 2)")

@@ -1,0 +1,158 @@
+"""Load shedding: a bound on the requests one process works on, and a rate limit per API key.
+
+Both are pure ASGI middleware that answer before routing, body parsing or any database work,
+so a refused request costs the process almost nothing:
+
+* :class:`InFlightLimit` — past ``BERTH_MAX_IN_FLIGHT_REQUESTS`` requests in progress, a new
+  one is answered 503 with ``Retry-After`` at once instead of queueing behind the others for
+  a database connection. The probes and the scrape (``/healthz``, ``/readyz``, ``/metrics``)
+  are exempt: an overloaded process is alive, and its metrics are what shows the overload.
+* :class:`KeyRateLimit` — a token bucket per API key (``BERTH_RATE_LIMIT_*``, off by
+  default): a key that spends its bucket gets 429 with ``Retry-After`` saying when the next
+  token arrives. Buckets are keyed by a sha256 digest of the ``Authorization`` header, never
+  the key itself, and at most :data:`BUCKETS_MAX` are kept (the least recently used go
+  first), so neither memory nor a dump of it holds a secret. Requests without a key are not
+  limited here: they are refused with 401 by the routes, and limiting clients by address is
+  the reverse proxy's job (docs/operations.md).
+
+Both limits are per process: N API replicas admit N times as much.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from app.api.problems import error_response
+from app.errors import BerthError
+from app.metrics import REQUESTS_SHED
+
+#: Paths never shed: liveness, readiness and the metrics scrape.
+EXEMPT_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+#: Most token buckets kept at once (a few hundred bytes each: a few MB at most).
+BUCKETS_MAX = 10_000
+
+_AUTHORIZATION = b"authorization"
+
+
+class Overloaded(BerthError):
+    """Berth is working on as many requests as it may at once; retry shortly."""
+
+    status = 503
+    title = "Service Unavailable"
+    type_slug = "overloaded"
+
+
+class RateLimited(BerthError):
+    """This API key sent more requests than its rate limit allows; retry later."""
+
+    status = 429
+    title = "Too Many Requests"
+    type_slug = "rate-limited"
+
+
+class InFlightLimit:
+    """ASGI middleware answering 503 while ``max_in_flight`` requests are in progress."""
+
+    def __init__(self, app: ASGIApp, *, max_in_flight: int) -> None:
+        self.app = app
+        self.max_in_flight = max_in_flight
+        self.in_flight = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass the request on, or answer 503 when the process is full."""
+        if scope["type"] != "http" or scope["path"] in EXEMPT_PATHS:
+            await self.app(scope, receive, send)
+            return
+        if self.in_flight >= self.max_in_flight:
+            REQUESTS_SHED.labels("in_flight_limit").inc()
+            refusal = Overloaded(
+                f"Berth is working on {self.max_in_flight} requests, its limit per process "
+                "(BERTH_MAX_IN_FLIGHT_REQUESTS); retry in a second",
+                extra={"headers": {"Retry-After": "1"}},
+            )
+            await error_response(refusal)(scope, receive, send)
+            return
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+
+class TokenBuckets:
+    """Token buckets by key: ``rate_per_second`` refill, ``burst`` capacity, bounded count."""
+
+    def __init__(
+        self, *, rate_per_second: float, burst: int, max_keys: int = BUCKETS_MAX
+    ) -> None:
+        if rate_per_second <= 0:
+            raise ValueError("rate_per_second must be positive")
+        self.rate = rate_per_second
+        self.burst = float(burst)
+        self.max_keys = max_keys
+        # key -> (tokens left, when they were counted); oldest use first.
+        self._buckets: OrderedDict[bytes, tuple[float, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def take(self, key: bytes, *, now: float) -> float:
+        """Take one token of ``key``'s bucket: return 0.0, or the seconds until one is there."""
+        tokens, counted_at = self._buckets.pop(key, (self.burst, now))
+        tokens = min(self.burst, tokens + max(0.0, now - counted_at) * self.rate)
+        if tokens >= 1.0:
+            tokens -= 1.0
+            wait = 0.0
+        else:
+            wait = (1.0 - tokens) / self.rate
+        self._buckets[key] = (tokens, now)
+        if len(self._buckets) > self.max_keys:
+            # A forgotten bucket comes back full: that only ever favours its key.
+            self._buckets.popitem(last=False)
+        return wait
+
+
+class KeyRateLimit:
+    """ASGI middleware answering 429 to an API key that has spent its token bucket."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        rate_per_second: float,
+        burst: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.app = app
+        self.buckets = TokenBuckets(rate_per_second=rate_per_second, burst=burst)
+        self.clock = clock
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass the request on, or answer 429 when its key has no token left."""
+        if scope["type"] != "http" or scope["path"] in EXEMPT_PATHS:
+            await self.app(scope, receive, send)
+            return
+        authorization = next(
+            (value for name, value in scope["headers"] if name == _AUTHORIZATION), None
+        )
+        if authorization:
+            digest = hashlib.sha256(authorization).digest()
+            wait = self.buckets.take(digest, now=self.clock())
+            if wait > 0:
+                REQUESTS_SHED.labels("rate_limit").inc()
+                seconds = max(1, math.ceil(wait))
+                refusal = RateLimited(
+                    f"this API key sent more than {self.buckets.rate:g} requests per second "
+                    f"(bursts of {self.buckets.burst:g}); retry in {seconds} s",
+                    extra={"headers": {"Retry-After": str(seconds)}},
+                )
+                await error_response(refusal)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
