@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import asyncpg
@@ -154,9 +154,16 @@ class Database:
         finally:
             await self._release(conn)
 
+    def connection(self) -> AbstractAsyncContextManager[Connection]:
+        """Return a context giving a connection in autocommit: each statement commits on its
+        own."""
+        if self._pool is not None:
+            # The pool's own acquire context: no generator wrapper on the hot read path.
+            return self._pool.acquire(timeout=self.connect_timeout_seconds)  # type: ignore[return-value]
+        return self._connection_opening()
+
     @asynccontextmanager
-    async def connection(self) -> AsyncIterator[Connection]:
-        """Yield a connection in autocommit: each statement commits on its own."""
+    async def _connection_opening(self) -> AsyncIterator[Connection]:
         conn = await self._acquire()
         try:
             yield conn

@@ -21,7 +21,7 @@ from app.api.http_metrics import http_metrics_install
 from app.api.limits import BodySizeLimit
 from app.api.openapi import openapi_install
 from app.api.problems import problem_response, problems_install
-from app.api.router import api_router
+from app.api.router import api_routes
 from app.api.shedding import InFlightLimit, KeyRateLimit
 from app.api.timeouts import BodyReadTimeout
 from app.auth import KeyCache
@@ -108,7 +108,7 @@ def create_app(
     )
     problems_install(app)
     app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_body_bytes)
-    app.include_router(api_router())
+    app.router.routes[0:0] = api_routes()
     openapi_install(app)
 
     @app.get("/healthz", tags=["health"], operation_id="getHealth", summary="Liveness")

@@ -17,7 +17,6 @@ the OpenAPI document is declared with ``openapi_extra`` (see :func:`header_param
 
 from __future__ import annotations
 
-import email.message
 import json
 from typing import Annotated, Any, TypeVar
 
@@ -52,15 +51,13 @@ class Body:
 
 
 def _json_content(content_type: str | None) -> bool:
-    """Return whether FastAPI would decode a body of ``content_type`` as JSON."""
+    """Return whether FastAPI would decode a body of ``content_type`` as JSON
+    (``application/json`` or ``application/*+json``, parameters and case aside)."""
     if not content_type:
         return False  # FastAPI's strict content type: no header, no JSON
-    message = email.message.Message()
-    message["content-type"] = content_type
-    if message.get_content_maintype() != "application":
-        return False
-    subtype = message.get_content_subtype()
-    return subtype == "json" or subtype.endswith("+json")
+    media = content_type.partition(";")[0].strip().lower()
+    maintype, _, subtype = media.partition("/")
+    return maintype == "application" and (subtype == "json" or subtype.endswith("+json"))
 
 
 async def body_read(request: Request, model: type[M]) -> Body:

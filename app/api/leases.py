@@ -21,7 +21,7 @@ from app.api.common import CamelModel, problems
 from app.auth import RuntimeDep
 from app.services import leases as service
 
-router = APIRouter(tags=["leases"])
+router = APIRouter(prefix="/v1", tags=["leases"])
 
 LeaseIdPath = Annotated[
     uuid.UUID, Path(alias="leaseId", description="The lease id (a UUID).")

@@ -15,7 +15,7 @@ from app.scheduling.explain import preview_document
 from app.scheduling.spec import TaskSpec
 from app.services.placements import placement_preview
 
-router = APIRouter(tags=["placements"])
+router = APIRouter(prefix="/v1", tags=["placements"])
 
 
 @router.post(

@@ -29,7 +29,7 @@ from app.errors import BadRequest
 from app.ledger.pools import PoolRecord
 from app.services import pools as service
 
-router = APIRouter()
+router = APIRouter(prefix="/v1")
 
 PoolIdPath = Annotated[
     str, Path(alias="poolId", max_length=63, description="The pool's id.", examples=["eu-gpu-1"])

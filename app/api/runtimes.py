@@ -19,7 +19,7 @@ from app.auth import RuntimeDep
 from app.errors import BadRequest
 from app.services import runtimes as service
 
-router = APIRouter(tags=["runtimes"])
+router = APIRouter(prefix="/v1", tags=["runtimes"])
 
 InstanceIdPath = Annotated[
     str,

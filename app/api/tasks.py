@@ -42,7 +42,7 @@ from app.ledger.tasks import TaskNotFound
 from app.scheduling.spec import TaskSpec
 from app.services import tasks as service
 
-router = APIRouter(tags=["tasks"])
+router = APIRouter(prefix="/v1", tags=["tasks"])
 
 TENANT_HEADER = "X-Berth-Tenant"
 TENANT_HEADER_MAX = 128

@@ -54,6 +54,15 @@ class HeadTooLarge(BerthError):
 # --- the body: ASGI middleware --------------------------------------------------------------
 
 
+def _has_body(scope: Scope) -> bool:
+    """Return whether the request announces a body (HTTP/1.1: Content-Length other than 0,
+    or Transfer-Encoding); a request without one has nothing to wait for."""
+    for name, value in scope["headers"]:
+        if name == b"transfer-encoding" or (name == b"content-length" and value != b"0"):
+            return True
+    return False
+
+
 class BodyReadTimeout:
     """ASGI middleware answering 408 when a request body is not in within ``timeout_seconds``.
 
@@ -69,7 +78,7 @@ class BodyReadTimeout:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Pass the request on with a ``receive()`` bounded until its body is complete."""
-        if scope["type"] != "http":
+        if scope["type"] != "http" or not _has_body(scope):
             await self.app(scope, receive, send)
             return
         deadline = asyncio.get_running_loop().time() + self.timeout_seconds
