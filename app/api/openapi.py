@@ -138,6 +138,11 @@ PROBLEM_SCHEMA: dict[str, Any] = {
 _METHODS = ("get", "put", "post", "delete", "patch")
 
 
+def _fastapi_default_422(response: dict[str, Any]) -> bool:
+    schema = response.get("content", {}).get("application/json", {}).get("schema", {})
+    return schema.get("$ref", "").endswith("/HTTPValidationError")
+
+
 def _complete_operation(op: dict[str, Any]) -> None:
     responses = op.setdefault("responses", {})
     wanted: list[int] = list(HTTP_LAYER_STATUSES)
@@ -147,6 +152,10 @@ def _complete_operation(op: dict[str, Any]) -> None:
         wanted += BODY_STATUSES
     if any(p.get("in") in ("query", "header") for p in op.get("parameters", ())):
         wanted.append(422)
+    elif 422 not in wanted and _fastapi_default_422(responses.get("422", {})):
+        # FastAPI declares 422 for any parameter; a path id that cannot exist is 404 in
+        # Berth, so an operation with only path parameters and no body never answers 422.
+        del responses["422"]
     declarations = problems(*wanted)
     for status, declaration in declarations.items():
         responses.setdefault(str(status), declaration)
