@@ -1,4 +1,5 @@
-"""JSON request bodies, read strictly: the media type (415), then the JSON itself (400).
+"""Requests read strictly: the body's media type (415), the JSON itself (400), the names of
+the query parameters (422).
 
 A request body reaches a model only as one well-formed JSON document in UTF-8, sent as
 ``application/json`` (or a type a route names, e.g. ``application/merge-patch+json``):
@@ -12,7 +13,7 @@ A request body reaches a model only as one well-formed JSON document in UTF-8, s
   :data:`DEPTH_MAX`, or an integer of more digits than Python converts (4,300);
 * what is left is a schema question, answered by the strict request models with **422**.
 
-:class:`StrictBodyRoute` applies this to every FastAPI route that declares a body, before
+:class:`StrictRoute` applies this to every FastAPI route that declares a body, before
 FastAPI decodes it (FastAPI then reuses the decoded value); the lean routes
 (:mod:`app.api.lean`) call :func:`json_body_read` themselves.
 """
@@ -24,8 +25,11 @@ import json
 import re
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
+from urllib.parse import parse_qsl
 
 from fastapi import Request, Response
+from fastapi.dependencies.models import Dependant
+from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 
 from app.errors import BerthError
@@ -34,7 +38,7 @@ __all__ = [
     "DEPTH_MAX",
     "JSON",
     "MalformedBody",
-    "StrictBodyRoute",
+    "StrictRoute",
     "UnsupportedMediaType",
     "json_body_read",
     "json_decode",
@@ -173,23 +177,51 @@ def _accepted_types(route: APIRoute) -> tuple[str, ...]:
     return tuple(declared) or (JSON,)
 
 
-class StrictBodyRoute(APIRoute):
-    """A route whose body, if it declares one, is read by :func:`json_body_read` first."""
+def _query_names(dependant: Dependant) -> frozenset[str]:
+    """Return the names of every query parameter ``dependant`` and its dependencies read."""
+    names = {field.alias for field in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _query_names(sub)
+    return frozenset(names)
+
+
+def query_names_check(query_string: bytes, declared: frozenset[str]) -> None:
+    """Raise the 422 of every query parameter name that is not in ``declared``."""
+    if not query_string:
+        return
+    names = {name for name, _ in parse_qsl(query_string.decode("latin-1"),
+                                           keep_blank_values=True)}
+    unknown = sorted(names - declared)
+    if unknown:
+        raise RequestValidationError([
+            {"type": "extra_forbidden", "loc": ("query", name),
+             "msg": "Unknown query parameter" + (
+                 f"; this operation takes {', '.join(sorted(declared))}" if declared else
+                 "; this operation takes none"),
+             "input": None}
+            for name in unknown
+        ])
+
+
+class StrictRoute(APIRoute):
+    """A route that refuses unknown query parameters and reads a declared body with
+    :func:`json_body_read` first."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        """Return FastAPI's handler, preceded by the strict read of a declared body."""
+        """Return FastAPI's handler, preceded by the strict checks."""
         handler = super().get_route_handler()
-        if self.body_field is None:
-            return handler
-        accepted = _accepted_types(self)
+        declared = _query_names(self.dependant)
+        accepted = _accepted_types(self) if self.body_field is not None else None
 
         async def strict_handler(request: Request) -> Response:
-            raw = await request.body()
-            if raw:
-                value = json_body_read(raw, request.headers.get("content-type"), accepted)
-                # Starlette's Request caches its decoded JSON here; FastAPI reads the body
-                # through request.json() and so validates this value, decoded once.
-                request._json = value
+            query_names_check(request.scope["query_string"], declared)
+            if accepted is not None:
+                raw = await request.body()
+                if raw:
+                    value = json_body_read(raw, request.headers.get("content-type"), accepted)
+                    # Starlette's Request caches its decoded JSON here; FastAPI reads the
+                    # body through request.json() and so validates this value, decoded once.
+                    request._json = value
             return await handler(request)
 
         return strict_handler

@@ -17,13 +17,13 @@ from fastapi import APIRouter, Header, Path, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BeforeValidator, ConfigDict, Field
 
-from app.api.bodies import StrictBodyRoute
+from app.api.bodies import StrictRoute
 from app.api.common import CamelModel, RequestModel, problems
 from app.auth import RuntimeDep
 from app.ledger.leases import LeaseNotFound
 from app.services import leases as service
 
-router = APIRouter(tags=["leases"], route_class=StrictBodyRoute)
+router = APIRouter(tags=["leases"], route_class=StrictRoute)
 
 def _lease_id_known(value: object) -> uuid.UUID:
     """Return ``value`` as a lease UUID, or raise 404: no lease has a malformed id."""

@@ -150,11 +150,12 @@ def _complete_operation(op: dict[str, Any]) -> None:
         wanted += [401, 403]
     if "requestBody" in op:
         wanted += BODY_STATUSES
-    if any(p.get("in") in ("query", "header") for p in op.get("parameters", ())):
-        wanted.append(422)
+    if op.get("security") or any(
+        p.get("in") in ("query", "header") for p in op.get("parameters", ())
+    ):
+        wanted.append(422)  # every v1 operation: an unknown query parameter is 422
     elif 422 not in wanted and _fastapi_default_422(responses.get("422", {})):
-        # FastAPI declares 422 for any parameter; a path id that cannot exist is 404 in
-        # Berth, so an operation with only path parameters and no body never answers 422.
+        # FastAPI declares 422 for any parameter; the probes take none that can be wrong.
         del responses["422"]
     declarations = problems(*wanted)
     for status, declaration in declarations.items():

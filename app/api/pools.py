@@ -13,7 +13,7 @@ from fastapi import APIRouter, Body, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator
 
-from app.api.bodies import StrictBodyRoute
+from app.api.bodies import StrictRoute
 from app.api.common import CursorQuery, LimitQuery, cursor_decode, cursor_encode, problems
 from app.api.pool_schemas import (
     POOL_ID_RE,
@@ -32,7 +32,7 @@ from app.errors import BadRequest
 from app.ledger.pools import PoolNotFound, PoolRecord
 from app.services import pools as service
 
-router = APIRouter(route_class=StrictBodyRoute)
+router = APIRouter(route_class=StrictRoute)
 
 def _pool_id_known(value: str) -> str:
     """Return ``value``, or raise 404: no pool can have an id outside the id pattern (a NUL,

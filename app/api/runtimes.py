@@ -13,14 +13,14 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Request
 from pydantic import Field
 
-from app.api.bodies import StrictBodyRoute
+from app.api.bodies import StrictRoute
 from app.api.common import CamelModel, CursorQuery, LimitQuery, cursor_decode, cursor_encode
 from app.api.common import problems as problem_responses
 from app.auth import RuntimeDep
 from app.errors import BadRequest
 from app.services import runtimes as service
 
-router = APIRouter(tags=["runtimes"], route_class=StrictBodyRoute)
+router = APIRouter(tags=["runtimes"], route_class=StrictRoute)
 
 InstanceIdPath = Annotated[
     str,

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 
-from app.api.bodies import StrictBodyRoute
+from app.api.bodies import StrictRoute
 from app.api.common import CursorQuery, LimitQuery, cursor_decode, cursor_encode, problems
 from app.api.lean import (
     body_read,
@@ -43,7 +43,7 @@ from app.ledger.tasks import TaskNotFound
 from app.scheduling.spec import TaskSpec
 from app.services import tasks as service
 
-router = APIRouter(tags=["tasks"], route_class=StrictBodyRoute)
+router = APIRouter(tags=["tasks"], route_class=StrictRoute)
 
 TENANT_HEADER = "X-Berth-Tenant"
 TENANT_HEADER_MAX = 128

@@ -288,3 +288,32 @@ async def test_every_answer_writes_timestamps_rfc3339_utc_with_z(
     wrong = [(where, value) for where, value in seen if not RFC3339_UTC.match(value)]
     assert not wrong, wrong
     assert ("/v1/pools.items[0].drainDeadline", "2030-01-01T12:00:00Z") in seen
+
+
+@pytest.mark.parametrize(
+    ("path", "key", "query"),
+    [
+        ("/v1/tasks", "tenant_a", "runtime_class=gpu-small"),
+        ("/v1/tasks", "tenant_a", "limit=5&stat=LEASED"),
+        ("/v1/pools", "admin", "runtime_class=gpu-small"),
+        ("/v1/pools/pool-s", "admin", "verbose=1"),
+        (f"/v1/tasks/{uuid.uuid4()}", "tenant_a", "x="),
+    ],
+)
+async def test_an_unknown_query_parameter_is_422_not_ignored(
+    client: httpx.AsyncClient, keys: Keys, ready: str, path: str, key: str, query: str
+) -> None:
+    answer = await client.get(f"{path}?{query}", headers=keys[key])
+    problem = assert_problem(answer, 422)
+    assert problem["errors"][0]["loc"][0] == "query", problem
+
+
+async def test_the_declared_query_parameters_still_work(
+    client: httpx.AsyncClient, keys: Keys, ready: str
+) -> None:
+    tasks = await client.get("/v1/tasks?runtimeClass=gpu-small&limit=5&state=ADMITTED",
+                             headers=keys.tenant_a)
+    pools = await client.get("/v1/pools?runtimeClass=gpu-small&limit=5&status=ACTIVE",
+                             headers=keys.admin)
+    assert (tasks.status_code, pools.status_code) == (200, 200), (tasks.text, pools.text)
+    assert [p["id"] for p in pools.json()["items"]] == [ready]

@@ -10,7 +10,7 @@ import orjson
 import pytest
 from fastapi import FastAPI, Header, Path
 
-from app.api.bodies import StrictBodyRoute
+from app.api.bodies import StrictRoute
 from app.api.task_schemas import Task, TaskEvent
 from app.auth import TenantDep
 from app.db import Database
@@ -304,10 +304,10 @@ def oracle_routes(app: FastAPI) -> None:
         return {"read": True}
 
     app.router.add_api_route(
-        "/oracle/tasks", create, methods=["POST"], route_class_override=StrictBodyRoute
+        "/oracle/tasks", create, methods=["POST"], route_class_override=StrictRoute
     )
     app.router.add_api_route(
-        "/oracle/tasks/{taskId}", get, methods=["GET"], route_class_override=StrictBodyRoute
+        "/oracle/tasks/{taskId}", get, methods=["GET"], route_class_override=StrictRoute
     )
 
 
