@@ -127,7 +127,12 @@ def create_app(
         """Answer 200 when the database is reachable and its schema at head, else 503."""
         why = await readiness(app.state.db)
         if why is not None:
-            return problem_response(503, detail=why, type_uri="https://berth.dev/problems/unavailable")
+            return problem_response(
+                503,
+                detail=why,
+                type_uri="https://berth.dev/problems/unavailable",
+                headers={"Retry-After": "1"},
+            )
         return JSONResponse({"status": "ready"})
 
     # Load shedding and the body deadline (docs/operations.md#limits). Each added middleware

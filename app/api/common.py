@@ -16,9 +16,22 @@ T = TypeVar("T")
 
 
 class CamelModel(BaseModel):
-    """A response/request model whose JSON names are camelCase."""
+    """A response model whose JSON names are camelCase (built in Python by field name)."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class RequestModel(BaseModel):
+    """A request body, read strictly (SPEC §6): camelCase names only, no unknown fields and
+    no coercion — the document says integer, so `"500"`, `500.0` and `true` are 422."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        validate_by_alias=True,
+        validate_by_name=False,
+        extra="forbid",
+        strict=True,
+    )
 
 
 class Page(CamelModel, Generic[T]):
@@ -54,18 +67,46 @@ PROBLEM = {
 }
 
 
+#: Answers the HTTP layer can give to any operation, before or around its route:
+#: read timeouts (408), a key's rate limit (429), an oversized request head (431), and the
+#: in-flight bound or an unreachable database (503). Every operation declares them.
+HTTP_LAYER_STATUSES = (408, 429, 431, 503)
+
+#: Answers any operation that takes a body can give: not JSON (400), too large (413), not
+#: ``application/json`` (415), against the schema (422).
+BODY_STATUSES = (400, 413, 415, 422)
+
+_RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Seconds to wait before retrying.",
+        "required": True,
+        "schema": {"type": "integer", "minimum": 1},
+    }
+}
+
+_DESCRIPTIONS = {
+    400: "Bad request: the body is not JSON (a syntax error, not UTF-8, a repeated key, "
+    "nesting too deep), or a cursor or header value Berth cannot use",
+    401: "Missing or invalid API key",
+    403: "The key's role may not do this",
+    404: "Not found (or not visible to this caller)",
+    408: "The request was not received in full in time; the connection is closed",
+    409: "Conflict with the current state",
+    412: "If-Match does not match the current ETag",
+    413: "Request body too large",
+    415: "The body is not of a media type the operation accepts (`application/json`)",
+    422: "Invalid content: the body or a parameter breaks the schema (types are strict)",
+    429: "Too many requests from this API key; retry after `Retry-After` seconds",
+    431: "The request line and headers are too large; the connection is closed",
+    503: "Overloaded, or the database is unreachable; retry after `Retry-After` seconds",
+}
+
+
 def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """Return the ``responses=`` declaration of problem+json answers for ``statuses``."""
-    descriptions = {
-        400: "Bad request",
-        401: "Missing or invalid API key",
-        403: "The key's role may not do this",
-        404: "Not found (or not visible to this caller)",
-        409: "Conflict with the current state",
-        412: "If-Match does not match the current ETag",
-        413: "Request body too large",
-        422: "Invalid content",
-        429: "Too many requests",
-        503: "Not ready",
-    }
-    return {s: {"description": descriptions[s], **PROBLEM} for s in statuses}
+    declared: dict[int | str, dict[str, Any]] = {}
+    for status in statuses:
+        declared[status] = {"description": _DESCRIPTIONS[status], **PROBLEM}
+        if status in (429, 503):
+            declared[status]["headers"] = _RETRY_AFTER
+    return declared

@@ -5,24 +5,26 @@ the body) costs about three times the work of a task submit or read. The hot rou
 (createTask, getTask) take only the ``Request`` and use these functions instead; they give
 the same answers, in the same order, as the ``Depends`` routes would:
 
-1. the body is read and decoded as JSON (not JSON: 422 ``json_invalid`` before anything else;
-   undecodable: 400), exactly as FastAPI does;
+1. the body is read strictly, as every route with a body reads it (:mod:`app.api.bodies`):
+   another media type is 415 and a body that is not JSON 400, before anything else;
 2. the key and role are checked (:func:`app.auth.principal_from_request`: 401, 403);
 3. path and header parameters, then the body, are validated; every error is reported in one
    422, with FastAPI's ``loc`` and messages.
 
-The plain case pays one ``model_validate_json`` and a few header lookups. The contract for
-the OpenAPI document is declared with ``openapi_extra`` (see :func:`header_parameter`).
+The plain case pays one JSON decode, one strict ``model_validate`` and a few header lookups.
+The contract for the OpenAPI document is declared with ``openapi_extra`` (see
+:func:`header_parameter`).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, TypeVar
 
-from fastapi import HTTPException, Request
+from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+
+from app.api.bodies import json_body_read
 
 __all__ = [
     "Body",
@@ -36,62 +38,31 @@ __all__ = [
 
 M = TypeVar("M", bound=BaseModel)
 
-#: No body at all (FastAPI's ``Undefined``): the body field is missing.
-_MISSING: Any = object()
-
-
 class Body:
-    """A request body as read: the model when it validated at once, else the value to check."""
+    """A request body as read: the model when it validated, else its errors (or none sent)."""
 
-    __slots__ = ("model", "value")
+    __slots__ = ("errors", "model")
 
-    def __init__(self, model: BaseModel | None, value: Any = _MISSING) -> None:
+    def __init__(self, model: BaseModel | None, errors: list[Any] | None = None) -> None:
         self.model = model
-        self.value = value
-
-
-def _json_content(content_type: str | None) -> bool:
-    """Return whether FastAPI would decode a body of ``content_type`` as JSON
-    (``application/json`` or ``application/*+json``, parameters and case aside)."""
-    if not content_type:
-        return False  # FastAPI's strict content type: no header, no JSON
-    media = content_type.partition(";")[0].strip().lower()
-    maintype, _, subtype = media.partition("/")
-    return maintype == "application" and (subtype == "json" or subtype.endswith("+json"))
+        self.errors = errors
 
 
 async def body_read(request: Request, model: type[M]) -> Body:
-    """Read the body: validated as ``model`` in the plain case, else decoded as FastAPI does.
+    """Read the body strictly (:mod:`app.api.bodies`) and validate it as ``model``.
 
-    Raises the 422 of a body that is not JSON and the 400 of one that cannot be decoded,
-    before the key is checked (FastAPI's order).
+    Raises the 415 of a body that is not ``application/json`` and the 400 of one that is not
+    JSON, before the key is checked (FastAPI's order); schema errors wait in the ``Body``.
     """
     raw = await request.body()
     if not raw:
         return Body(None)
-    if not _json_content(request.headers.get("content-type")):
-        return Body(None, raw)
+    value = json_body_read(raw, request.headers.get("content-type"))
     try:
-        return Body(model.model_validate_json(raw))
-    except ValidationError:
-        pass  # the slow path below gives FastAPI's exact errors
-    try:
-        return Body(None, json.loads(raw))
-    except json.JSONDecodeError as e:
-        raise RequestValidationError(
-            [
-                {
-                    "type": "json_invalid",
-                    "loc": ("body", e.pos),
-                    "msg": "JSON decode error",
-                    "input": {},
-                    "ctx": {"error": e.msg},
-                }
-            ],
-            body=e.doc,
-        ) from e
-    except Exception as e:
-        raise HTTPException(status_code=400, detail="There was an error parsing the body") from e
+        # from_attributes as FastAPI validates (the same messages for a body that is no object)
+        return Body(model.model_validate(value, from_attributes=True))
+    except ValidationError as e:
+        return Body(None, e.errors(include_url=False))
 
 
 def _located(errors: list[Any], prefix: tuple[Any, ...]) -> list[dict[str, Any]]:
@@ -102,15 +73,12 @@ def body_validate(body: Body, model: type[M], errors: list[dict[str, Any]]) -> M
     """Return the body as ``model``, or add its validation errors to ``errors``."""
     if body.model is not None:
         return body.model  # type: ignore[return-value]
-    if body.value is _MISSING:
+    if body.errors is None:
         errors.append({"type": "missing", "loc": ("body",), "msg": "Field required",
                        "input": None})
         return None
-    try:
-        return model.model_validate(body.value, from_attributes=True)
-    except ValidationError as e:
-        errors.extend(_located(e.errors(include_url=False), ("body",)))
-        return None
+    errors.extend(_located(body.errors, ("body",)))
+    return None
 
 
 _ADAPTERS: dict[tuple[int, int], TypeAdapter[str]] = {}
@@ -165,7 +133,7 @@ def header_parameter(
     }
 
 
-def path_parameter(name: str, description: str, *, max_length: int) -> dict[str, Any]:
+def path_parameter(name: str, description: str) -> dict[str, Any]:
     """Return the OpenAPI declaration of a string path parameter (as FastAPI writes it)."""
     return {
         "name": name,
@@ -173,7 +141,6 @@ def path_parameter(name: str, description: str, *, max_length: int) -> dict[str,
         "required": True,
         "schema": {
             "type": "string",
-            "maxLength": max_length,
             "description": description,
             "title": name.capitalize(),
         },

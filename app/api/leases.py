@@ -15,16 +15,28 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Path, Request, Response
 from fastapi.responses import JSONResponse
-from pydantic import ConfigDict, Field
+from pydantic import BeforeValidator, ConfigDict, Field
 
-from app.api.common import CamelModel, problems
+from app.api.bodies import StrictRoute
+from app.api.common import CamelModel, RequestModel, problems
 from app.auth import RuntimeDep
+from app.ledger.leases import LeaseNotFound
 from app.services import leases as service
 
-router = APIRouter(prefix="/v1", tags=["leases"])
+router = APIRouter(prefix="/v1", tags=["leases"], route_class=StrictRoute)
+
+def _lease_id_known(value: object) -> uuid.UUID:
+    """Return ``value`` as a lease UUID, or raise 404: no lease has a malformed id."""
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise LeaseNotFound() from None
+
 
 LeaseIdPath = Annotated[
-    uuid.UUID, Path(alias="leaseId", description="The lease id (a UUID).")
+    uuid.UUID,
+    Path(alias="leaseId", description="The lease id (a UUID); any other value answers 404."),
+    BeforeValidator(_lease_id_known),
 ]
 IdempotencyKeyHeader = Annotated[
     str | None,
@@ -38,7 +50,7 @@ IdempotencyKeyHeader = Annotated[
 ]
 
 
-class LeaseCompletion(CamelModel):
+class LeaseCompletion(RequestModel):
     """The outcome of a leased task, with the lease's fencing epoch."""
 
     model_config = ConfigDict(

@@ -3,8 +3,9 @@
 On top of what FastAPI derives from the routes this adds the ``Problem`` schema (RFC 9457)
 and declares every error as ``application/problem+json`` (FastAPI's own 422 schema is
 replaced, since Berth never answers with it), the bearer security scheme, tag descriptions
-and servers; every secured operation declares 401 and 403, every operation with a body 400
-(not JSON), 413 and 422. Regenerate the committed copy with::
+and servers; every operation declares what the HTTP layer may answer (408, 429, 431, 503),
+every secured one 401 and 403, every one with a body 400 (not JSON), 413, 415 (not
+``application/json``) and 422. Regenerate the committed copy with::
 
     berth openapi --output docs/openapi.json
 """
@@ -17,7 +18,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from app.api.common import PROBLEM, problems
+from app.api.common import BODY_STATUSES, HTTP_LAYER_STATUSES, PROBLEM, problems
 
 SECURITY_SCHEME = "HTTPBearer"
 
@@ -66,9 +67,20 @@ submitting it.
 `tenant` or `runtime` — and the tenants or runtime instances it acts for. A tenant key
 acting for several tenants names one in `X-Berth-Tenant` when it submits.
 
+**Bodies** are `application/json` in UTF-8 (`updatePool` also takes
+`application/merge-patch+json`): another media type is 415; a body that is not JSON — a
+syntax error, bytes that are not UTF-8, a repeated object key, nesting deeper than 64 — is
+400; a body against the schema is 422. **Types are strict**: where the schema says integer,
+`"500"`, `500.0` and `true` are 422, never converted; names are camelCase only (an unknown
+or snake_case name is 422). A path id that cannot exist is 404.
+
+**Timestamps** in every answer are RFC 3339 in UTC with a `Z`.
+
 **Errors** are RFC 9457 `application/problem+json` (`type`, `title`, `status`, `detail`,
-and `errors` [{`loc`, `msg`}] for validation). Lists are cursor-paginated: pass the
-`nextCursor` of a page as `cursor` for the next one.
+and `errors` [{`loc`, `msg`}] for validation). Besides its own, any operation may answer
+408 (request not received in time), 429 (the key's rate limit, with `Retry-After`), 431
+(request head too large) and 503 (overloaded or database unreachable, with `Retry-After`).
+Lists are cursor-paginated: pass the `nextCursor` of a page as `cursor` for the next one.
 """
 
 PROBLEM_SCHEMA: dict[str, Any] = {
@@ -126,22 +138,36 @@ PROBLEM_SCHEMA: dict[str, Any] = {
 _METHODS = ("get", "put", "post", "delete", "patch")
 
 
+def _fastapi_default_422(response: dict[str, Any]) -> bool:
+    schema = response.get("content", {}).get("application/json", {}).get("schema", {})
+    return schema.get("$ref", "").endswith("/HTTPValidationError")
+
+
 def _complete_operation(op: dict[str, Any]) -> None:
     responses = op.setdefault("responses", {})
-    wanted: list[int] = []
+    wanted: list[int] = list(HTTP_LAYER_STATUSES)
     if op.get("security"):
         wanted += [401, 403]
     if "requestBody" in op:
-        wanted += [400, 413, 422]  # 400: a body that is not JSON at all
-    if op.get("parameters"):
-        wanted.append(422)
-    for status, declaration in problems(*wanted).items():
+        wanted += BODY_STATUSES
+    if op.get("security") or any(
+        p.get("in") in ("query", "header") for p in op.get("parameters", ())
+    ):
+        wanted.append(422)  # every v1 operation: an unknown query parameter is 422
+    elif 422 not in wanted and _fastapi_default_422(responses.get("422", {})):
+        # FastAPI declares 422 for any parameter; the probes take none that can be wrong.
+        del responses["422"]
+    declarations = problems(*wanted)
+    for status, declaration in declarations.items():
         responses.setdefault(str(status), declaration)
     for status, response in responses.items():
         if status.startswith(("4", "5")):
             # FastAPI declares its default 422 as application/json HTTPValidationError;
-            # Berth answers every error as a Problem.
+            # Berth answers every error as a Problem, with the standard description.
             response["content"] = PROBLEM["content"]
+            if int(status) in declarations:
+                response.update(declarations[int(status)])
+    op["responses"] = dict(sorted(responses.items()))
 
 
 def openapi_build(app: FastAPI) -> dict[str, Any]:

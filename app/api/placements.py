@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
+from app.api.bodies import StrictRoute
 from app.api.common import problems
 from app.api.task_schemas import FastJSONResponse, PlacementPreview
 from app.api.tasks import TenantHeader
@@ -15,7 +16,7 @@ from app.scheduling.explain import preview_document
 from app.scheduling.spec import TaskSpec
 from app.services.placements import placement_preview
 
-router = APIRouter(prefix="/v1", tags=["placements"])
+router = APIRouter(prefix="/v1", tags=["placements"], route_class=StrictRoute)
 
 
 @router.post(

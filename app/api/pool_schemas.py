@@ -3,25 +3,29 @@
 from __future__ import annotations
 
 import math
+import re
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import (
     AwareDatetime,
+    BeforeValidator,
     ConfigDict,
     Field,
+    Strict,
     StringConstraints,
     field_validator,
     model_validator,
 )
 
-from app.api.common import CamelModel, Page
+from app.api.common import CamelModel, Page, RequestModel
 from app.ledger.pools import PoolRecord, PoolViewer
 from app.scheduling.spec import LabelKey, LabelValue, RuntimeClass
 from app.services.pools import MAX_LABELS
 
 POOL_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+POOL_ID_RE = re.compile(POOL_ID_PATTERN)
 MAX_LIST = 256
 MAX_TOTAL = 10**12
 
@@ -29,6 +33,22 @@ PoolId = Annotated[str, StringConstraints(pattern=POOL_ID_PATTERN)]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 OptionalName = Annotated[str, StringConstraints(max_length=128)]
 Reason = Annotated[str, StringConstraints(min_length=1, max_length=512)]
+
+_RFC3339 = re.compile(
+    r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
+)
+
+
+def _rfc3339_text(value: Any) -> Any:
+    """Let only RFC 3339 text through to the datetime parser (no Unix times, no dates)."""
+    if isinstance(value, str) and _RFC3339.match(value):
+        return value
+    raise ValueError("must be an RFC 3339 date-time with an offset, e.g. 2030-01-01T12:00:00Z")
+
+
+#: A date-time in a request: RFC 3339 text with an offset, nothing else (strict models parse
+#: no text at all into a datetime, so this one field is lax behind its own check).
+Rfc3339 = Annotated[AwareDatetime, Strict(False), BeforeValidator(_rfc3339_text)]
 
 
 class PoolStatus(StrEnum):
@@ -39,7 +59,7 @@ class PoolStatus(StrEnum):
     DRAINING = "DRAINING"
 
 
-class Capacity(CamelModel):
+class Capacity(RequestModel):
     """Ledger amounts of one pool: CPU millicores, memory MiB and LLM slots."""
 
     model_config = ConfigDict(
@@ -78,7 +98,7 @@ def _cost_weight_finite(value: float | None) -> float | None:
     return value
 
 
-class PoolCreate(CamelModel):
+class PoolCreate(RequestModel):
     """A new pool: identity, who may use and operate it, and its placement keys."""
 
     model_config = ConfigDict(
@@ -136,7 +156,7 @@ class PoolCreate(CamelModel):
         return self.model_dump(exclude={"id"})
 
 
-class PoolPatch(CamelModel):
+class PoolPatch(RequestModel):
     """A JSON merge patch (RFC 7396) of a pool: absent fields stay; in ``labels`` a null value
     removes that label. Status and capacity have their own operations."""
 
@@ -179,7 +199,7 @@ class PoolPatch(CamelModel):
         return dict(self.labels or {})
 
 
-class StatusChange(CamelModel):
+class StatusChange(RequestModel):
     """Optional body of cordon and activate: why the status changes."""
 
     model_config = ConfigDict(json_schema_extra={"examples": [{"reason": "kernel upgrade"}]})
@@ -187,7 +207,7 @@ class StatusChange(CamelModel):
     reason: Reason | None = None
 
 
-class DrainRequest(CamelModel):
+class DrainRequest(RequestModel):
     """Optional body of drain: why, and when remaining leases are revoked (RFC 3339, future)."""
 
     model_config = ConfigDict(
@@ -197,7 +217,7 @@ class DrainRequest(CamelModel):
     )
 
     reason: Reason | None = None
-    deadline: AwareDatetime | None = Field(
+    deadline: Rfc3339 | None = Field(
         default=None,
         description="When it passes, remaining leases are revoked and their tasks requeued.",
     )

@@ -11,9 +11,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import AfterValidator
 
+from app.api.bodies import StrictRoute
 from app.api.common import CursorQuery, LimitQuery, cursor_decode, cursor_encode, problems
 from app.api.pool_schemas import (
+    POOL_ID_RE,
     Capacity,
     DrainRequest,
     Pool,
@@ -26,13 +29,27 @@ from app.api.pool_schemas import (
 )
 from app.auth import AdminDep, Principal, PrincipalDep
 from app.errors import BadRequest
-from app.ledger.pools import PoolRecord
+from app.ledger.pools import PoolNotFound, PoolRecord
 from app.services import pools as service
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", route_class=StrictRoute)
+
+def _pool_id_known(value: str) -> str:
+    """Return ``value``, or raise 404: no pool can have an id outside the id pattern (a NUL,
+    an upper-case letter, 64 characters), so such a path names nothing (SPEC §6)."""
+    if not POOL_ID_RE.fullmatch(value):
+        raise PoolNotFound()
+    return value
+
 
 PoolIdPath = Annotated[
-    str, Path(alias="poolId", max_length=63, description="The pool's id.", examples=["eu-gpu-1"])
+    str,
+    Path(
+        alias="poolId",
+        description="The pool's id; a value that cannot be a pool id answers 404.",
+        examples=["eu-gpu-1"],
+    ),
+    AfterValidator(_pool_id_known),
 ]
 IdempotencyKeyHeader = Annotated[
     str | None,
@@ -141,7 +158,7 @@ async def list_pools(
     tags=["pools"],
     summary="Get a pool",
     response_model=Pool,
-    responses=problems(401, 404, 422),
+    responses=problems(401, 404),
 )
 async def get_pool(
     pool_id: PoolIdPath, principal: PrincipalDep, request: Request, response: Response
@@ -164,7 +181,8 @@ async def get_pool(
             "content": {
                 "application/merge-patch+json": {
                     "schema": {"$ref": "#/components/schemas/PoolPatch"}
-                }
+                },
+                "application/json": {"schema": {"$ref": "#/components/schemas/PoolPatch"}},
             }
         }
     },
@@ -199,7 +217,7 @@ async def update_pool(
     summary="Delete a pool",
     status_code=204,
     response_class=Response,
-    responses=problems(401, 403, 404, 409, 422),
+    responses=problems(401, 403, 404, 409),
 )
 async def delete_pool(pool_id: PoolIdPath, principal: AdminDep, request: Request) -> Response:
     """Delete a pool, its ledger and its lease history; 409 while any lease or reservation

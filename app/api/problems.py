@@ -109,9 +109,12 @@ _BAD_TEXT_SQLSTATES = frozenset({"22021", "22P05"})
 
 
 #: SQLSTATE classes and codes that mean "the database cannot serve us right now": connection
-#: exceptions (08), too many connections (53300), shutdown (57P01..57P03), and transaction
-#: rollbacks a retry resolves (40001 serialization failure, 40P01 deadlock).
-_UNAVAILABLE_SQLSTATES = frozenset({"53300", "57P01", "57P02", "57P03", "40001", "40P01"})
+#: exceptions (08), too many connections (53300), shutdown (57P01..57P03), a write that
+#: reached a standby during a failover (25006), and transaction rollbacks a retry resolves
+#: (40001 serialization failure, 40P01 deadlock).
+_UNAVAILABLE_SQLSTATES = frozenset(
+    {"53300", "57P01", "57P02", "57P03", "25006", "40001", "40P01"}
+)
 
 
 def database_unavailable(exc: BaseException) -> bool:
@@ -202,4 +205,10 @@ def problems_install(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(asyncpg.PostgresError, _database_error)
     app.add_exception_handler(asyncpg.InterfaceError, _database_error)
+    # A refused, reset or timed-out connection to PostgreSQL is an OSError or TimeoutError.
+    # Handled here, inside the middleware stack, the 503 is the app's answer; left to the
+    # catch-all (Starlette's outermost middleware) it would also be re-raised to the server,
+    # which logs a traceback per request for as long as the database is away.
+    app.add_exception_handler(OSError, _unexpected)
+    app.add_exception_handler(TimeoutError, _unexpected)
     app.add_exception_handler(Exception, _unexpected)

@@ -13,21 +13,21 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Request
 from pydantic import Field
 
+from app.api.bodies import StrictRoute
 from app.api.common import CamelModel, CursorQuery, LimitQuery, cursor_decode, cursor_encode
 from app.api.common import problems as problem_responses
 from app.auth import RuntimeDep
 from app.errors import BadRequest
 from app.services import runtimes as service
 
-router = APIRouter(prefix="/v1", tags=["runtimes"])
+router = APIRouter(prefix="/v1", tags=["runtimes"], route_class=StrictRoute)
 
 InstanceIdPath = Annotated[
     str,
     Path(
         alias="instanceId",
-        min_length=1,
-        max_length=128,
-        description="The runtime instance id (a pool's runtimeInstanceId).",
+        description="The runtime instance id (a pool's runtimeInstanceId); an instance the "
+        "key does not act for answers 403, whatever its id.",
         examples=["rt-eu-1"],
     ),
 ]
@@ -95,7 +95,7 @@ class RuntimeLeasePage(CamelModel):
     operation_id="heartbeatRuntime",
     summary="Report a runtime instance alive and renew its leases",
     response_model=Heartbeat,
-    responses=problem_responses(401, 403, 422),
+    responses=problem_responses(401, 403),
 )
 async def heartbeat_runtime(
     instance_id: InstanceIdPath, principal: RuntimeDep, request: Request

@@ -206,13 +206,17 @@ class PlacementPreview(CamelModel):
 
 
 class FastJSONResponse(Response):
-    """A JSON response serialized by orjson from plain values (no response model pass)."""
+    """A JSON response serialized by orjson from plain values (no response model pass).
+
+    Datetimes are written RFC 3339 with ``Z`` for UTC, as pydantic writes them in the other
+    answers (SPEC §6: one timestamp format); the ledger's datetimes are all UTC.
+    """
 
     media_type = "application/json"
 
     def render(self, content: Any) -> bytes:
         """Return ``content`` as JSON bytes."""
-        return orjson.dumps(content)
+        return orjson.dumps(content, option=orjson.OPT_UTC_Z)
 
 
 # --- row -> JSON -----------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 
+from app.api.bodies import StrictRoute
 from app.api.common import CursorQuery, LimitQuery, cursor_decode, cursor_encode, problems
 from app.api.lean import (
     body_read,
@@ -42,7 +43,7 @@ from app.ledger.tasks import TaskNotFound
 from app.scheduling.spec import TaskSpec
 from app.services import tasks as service
 
-router = APIRouter(prefix="/v1", tags=["tasks"])
+router = APIRouter(prefix="/v1", tags=["tasks"], route_class=StrictRoute)
 
 TENANT_HEADER = "X-Berth-Tenant"
 TENANT_HEADER_MAX = 128
@@ -53,17 +54,14 @@ IDEMPOTENCY_DESCRIPTION = (
     "Repeat a submission safely: the same key and body return the original "
     "task (200); the same key with another body is 409."
 )
-TASK_ID_MAX = 64
-TASK_ID_DESCRIPTION = "The task id (a UUID)."
+TASK_ID_DESCRIPTION = "The task id (a UUID); any other value answers 404."
 
 TenantHeader = Annotated[
     str | None,
     Header(alias=TENANT_HEADER, max_length=TENANT_HEADER_MAX,
            description=TENANT_HEADER_DESCRIPTION),
 ]
-TaskIdPath = Annotated[
-    str, Path(alias="taskId", max_length=TASK_ID_MAX, description=TASK_ID_DESCRIPTION)
-]
+TaskIdPath = Annotated[str, Path(alias="taskId", description=TASK_ID_DESCRIPTION)]
 
 _SECURITY = [{"HTTPBearer": []}]
 _TENANT_PARAMETER = header_parameter(
@@ -206,7 +204,7 @@ async def list_tasks(
     openapi_extra={
         "security": _SECURITY,
         "parameters": [
-            path_parameter("taskId", TASK_ID_DESCRIPTION, max_length=TASK_ID_MAX),
+            path_parameter("taskId", TASK_ID_DESCRIPTION),
             _TENANT_PARAMETER,
         ],
     },
@@ -215,14 +213,11 @@ async def get_task(request: Request) -> Response:
     """Return a task: state, pending reason or placement with alternatives, lease, attempts."""
     principal = role_check(await principal_from_request(request), TENANT)
     errors: list[dict[str, Any]] = []
-    task_id = string_read(
-        request.path_params["taskId"], ("path", "taskId"), errors, max_length=TASK_ID_MAX
-    )
     tenant = _tenant_header(request, errors)
     validation_raise(errors)
-    assert task_id is not None
+    task_id = task_id_parse(request.path_params["taskId"])
     row = await service.task_get(
-        request.app.state.db, principal=principal, tenant=tenant, task_id=task_id_parse(task_id)
+        request.app.state.db, principal=principal, tenant=tenant, task_id=task_id
     )
     return FastJSONResponse(task_json(row))
 

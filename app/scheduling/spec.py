@@ -42,11 +42,15 @@ Topology = Literal["pool", "failureDomain", "region"]
 
 
 class _Model(BaseModel):
+    # Strict, by camelCase name only (SPEC §6): a spec is a request body, and a stored one
+    # was written by model_dump(by_alias=True), so it reads back the same way.
     model_config = ConfigDict(
         alias_generator=to_camel,
-        populate_by_name=True,
+        validate_by_alias=True,
+        validate_by_name=False,
         extra="forbid",
         frozen=True,
+        strict=True,
     )
 
 

@@ -32,6 +32,9 @@ CHECKS = [
     oa_checks.content_type_conformance,
     oa_checks.response_headers_conformance,
     oa_checks.response_schema_conformance,
+    # A request the document rules out (a string for an integer, a missing field, an unknown
+    # one) must be refused with a 4xx, never accepted: the strict types, checked by fuzzing.
+    oa_checks.negative_data_rejection,
 ]
 
 

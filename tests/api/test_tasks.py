@@ -10,6 +10,7 @@ import orjson
 import pytest
 from fastapi import FastAPI, Header, Path
 
+from app.api.bodies import StrictRoute
 from app.api.task_schemas import Task, TaskEvent
 from app.auth import TenantDep
 from app.db import Database
@@ -100,14 +101,13 @@ async def test_invalid_specs_are_422_problems_and_never_stored(client, keys, bod
     assert listed.json()["items"] == []
 
 
-async def test_malformed_json_is_a_4xx_problem(client, keys):
+async def test_malformed_json_is_a_400_problem(client, keys):
     r = await client.post(
         "/v1/tasks",
         content=b"{not json",
         headers={**keys.tenant_a, "content-type": "application/json"},
     )
-    assert r.status_code == 422
-    assert r.headers["content-type"].startswith("application/problem+json")
+    assert assert_problem(r, 400)["type"] == "https://berth.dev/problems/malformed-body"
 
 
 @pytest.mark.parametrize("role", ["admin", "operator_x", "runtime_1"])
@@ -286,7 +286,7 @@ async def test_uncached_and_cached_keys_read_alike(client, keys, db: Database):
 
 _TenantHeader = Annotated[str | None, Header(alias="X-Berth-Tenant", max_length=128)]
 _KeyHeader = Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, max_length=255)]
-_TaskId = Annotated[str, Path(alias="taskId", max_length=64)]
+_TaskId = Annotated[str, Path(alias="taskId")]
 
 
 def oracle_routes(app: FastAPI) -> None:
@@ -303,8 +303,12 @@ def oracle_routes(app: FastAPI) -> None:
         tenants_reading(principal, tenant)
         return {"read": True}
 
-    app.router.add_api_route("/oracle/tasks", create, methods=["POST"])
-    app.router.add_api_route("/oracle/tasks/{taskId}", get, methods=["GET"])
+    app.router.add_api_route(
+        "/oracle/tasks", create, methods=["POST"], route_class_override=StrictRoute
+    )
+    app.router.add_api_route(
+        "/oracle/tasks/{taskId}", get, methods=["GET"], route_class_override=StrictRoute
+    )
 
 
 async def test_refusals_are_those_of_a_regular_route_and_store_nothing(
@@ -319,8 +323,8 @@ async def test_refusals_are_those_of_a_regular_route_and_store_nothing(
         ({"Authorization": "Bearer not-a-key", "Content-Type": "application/json"}, body, 401),
         ({"Authorization": "Basic abc", "Content-Type": "application/json"}, body, 401),
         ({**keys.admin, "Content-Type": "application/json"}, body, 403),  # not a tenant key
-        ({**keys.tenant_a}, body, 422),  # no content type
-        ({**keys.tenant_a, "Content-Type": "text/plain"}, body, 422),
+        ({**keys.tenant_a}, body, 415),  # no content type
+        ({**keys.tenant_a, "Content-Type": "text/plain"}, body, 415),
         ({**both, "Content-Type": "application/json"}, body, 400),  # which tenant?
         ({**plain, "X-Berth-Tenant": "tenant-b"}, body, 400),  # not its tenant
         ({**plain, "X-Berth-Tenant": "t" * 129}, body, 422),
@@ -328,12 +332,16 @@ async def test_refusals_are_those_of_a_regular_route_and_store_nothing(
         ({**plain, "Idempotency-Key": ""}, body, 422),
         ({**plain, "X-Berth-Tenant": "t" * 129}, orjson.dumps({**SPEC, "x": 1}), 422),
         (plain, b"", 422),
-        (plain, b"{not json", 422),
-        ({"Content-Type": "application/json"}, b"{not json", 422),  # not JSON before no key
+        (plain, b"{not json", 400),
+        ({"Content-Type": "application/json"}, b"{not json", 400),  # not JSON before no key
+        ({"Content-Type": "text/plain"}, body, 415),  # not JSON before no key
         (plain, b"\xff\xfe{", 400),
+        (plain, b'{"runtimeClass": "a", "runtimeClass": "b"}', 400),
         (plain, orjson.dumps({**SPEC, "unknown": 1}), 422),
+        (plain, orjson.dumps({**SPEC, "requests": {"cpuMillis": "500"}}), 422),
         (plain, b"[]", 422),
-        ({**keys.tenant_a, "Content-Type": "application/vnd.berth+json"}, body, 201),
+        ({**keys.tenant_a, "Content-Type": "application/vnd.berth+json"}, body, 415),
+        ({**keys.tenant_a, "Content-Type": "application/json; charset=UTF-8"}, body, 201),
     ]
     for headers, content, status in cases:
         answer = await client.post("/v1/tasks", content=content, headers=headers)
@@ -347,7 +355,7 @@ async def test_refusals_are_those_of_a_regular_route_and_store_nothing(
             assert oracle.status_code == 200, oracle.text
     for task_id, headers, status in [
         ("not-a-uuid", keys.tenant_a, 404),
-        ("0" * 65, keys.tenant_a, 422),
+        ("0" * 65, keys.tenant_a, 404),
         ("0" * 65, {**keys.tenant_a, "X-Berth-Tenant": "t" * 129}, 422),
         ("7d1c6f3e-0c1a-4c1e-9a57-3a2b1c0d9e8f", keys.admin, 403),
         ("7d1c6f3e-0c1a-4c1e-9a57-3a2b1c0d9e8f", {}, 401),
