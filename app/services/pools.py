@@ -218,8 +218,10 @@ async def change_pool_status(
         digest = request_hash(
             {"poolId": pool_id, "body": {k: v for k, v in body.items() if v is not None}}
         )
+        assert principal.key_id is not None
         idempotency = Idempotency(
-            subject=principal.subject, operation=operation, key=idempotency_key, request_hash=digest
+            key_id=principal.key_id, operation=operation, key=idempotency_key,
+            request_hash=digest,
         )
 
     async with db.transaction() as conn:
