@@ -3,26 +3,39 @@
 A key belongs to a subject with one role (admin, operator, tenant, runtime) and the tenant
 ids / runtime instance ids it acts for. Keys are stored as sha256 hashes and looked up by
 prefix, then their hashes are compared in constant time. Verified keys are cached in
-memory for a few seconds so that the hot API path does not pay a query per request.
+memory for :data:`KEY_CACHE_SECONDS` so that the hot API path does not pay a query per
+request: a key revoked through another process (or with SQL) keeps working in a process that
+cached it for at most that long; the process that revokes it forgets it at once
+(:meth:`KeyCache.forget`). A key's last use is recorded on a cache miss, at most once a minute
+(:func:`app.ledger.keys.api_key_used`), and never fails the request.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from app.db import Connection
 from app.errors import Forbidden, Unauthorized
-from app.ledger.keys import ApiKeyRecord, api_key_get, key_hash
+from app.ledger.keys import LAST_USED_PRECISION, ApiKeyRecord, api_key_get, api_key_used, key_hash
 
 ADMIN, OPERATOR, TENANT, RUNTIME = "admin", "operator", "tenant", "runtime"
 
 bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer <key>`.")
 
-_CACHE_TTL_SECONDS = 5.0
+#: How long a process trusts a verified key without asking the database again: the most a
+#: revoked key keeps working in another API process (docs/api.md#keys).
+KEY_CACHE_SECONDS = 5.0
+
+log = logging.getLogger("berth.auth")
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,11 +46,14 @@ class Principal:
     role: str
     tenant_ids: frozenset[str]
     runtime_instance_ids: frozenset[str]
+    #: The API key's id: what idempotency records are scoped by.
+    key_id: uuid.UUID | None = None
 
     @classmethod
     def from_record(cls, record: ApiKeyRecord) -> Principal:
         """Build a principal from a stored key record."""
         return cls(
+            key_id=record.id,
             subject=record.subject,
             role=record.role,
             tenant_ids=frozenset(record.tenant_ids),
@@ -53,10 +69,20 @@ class Principal:
 
 
 class KeyCache:
-    """Verified keys by hash, for a few seconds; a revoked key stops working within that TTL."""
+    """Verified keys by hash, for ``ttl_seconds``; a revoked key stops working within that TTL.
 
-    def __init__(self, ttl_seconds: float = _CACHE_TTL_SECONDS) -> None:
+    ``clock`` (monotonic seconds) is injectable so that tests can pass the TTL without
+    sleeping.
+    """
+
+    def __init__(
+        self,
+        ttl_seconds: float = KEY_CACHE_SECONDS,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.ttl = ttl_seconds
+        self.clock = clock
         self._entries: dict[str, tuple[float, Principal]] = {}
 
     def get(self, digest: str, now: float) -> Principal | None:
@@ -71,6 +97,12 @@ class KeyCache:
         if len(self._entries) > 10_000:
             self._entries.clear()
         self._entries[digest] = (now + self.ttl, principal)
+
+    def forget(self, key_id: uuid.UUID) -> None:
+        """Drop the cached principal of the key ``key_id`` (it was just revoked here)."""
+        for digest, (_, principal) in list(self._entries.items()):
+            if principal.key_id == key_id:
+                del self._entries[digest]
 
 
 def bearer_key(authorization: str | None) -> str | None:
@@ -98,19 +130,35 @@ async def principal_from_request(request: Request) -> Principal:
         raise Unauthorized(extra={"headers": {"WWW-Authenticate": "Bearer"}})
     digest = key_hash(key)
     cache: KeyCache = request.app.state.key_cache
-    now = time.monotonic()
+    now = cache.clock()
     principal = cache.get(digest, now)
     if principal is not None:
         return principal
     async with request.app.state.db.connection() as conn:
         record = await api_key_get(conn, key=key)
-    if record is None:
-        raise Unauthorized(
-            "the API key is not valid", extra={"headers": {"WWW-Authenticate": "Bearer"}}
-        )
+        if record is None:
+            raise Unauthorized(
+                "the API key is not valid", extra={"headers": {"WWW-Authenticate": "Bearer"}}
+            )
+        await _last_use_record(conn, record)
     principal = Principal.from_record(record)
     cache.put(digest, principal, now)
     return principal
+
+
+async def _last_use_record(conn: Connection, record: ApiKeyRecord) -> None:
+    """Record the key's use when the recorded one is older than LAST_USED_PRECISION.
+
+    Bookkeeping only: a failure is logged and the request goes on.
+    """
+    at = datetime.now(UTC)
+    if record.last_used_at is not None and at - record.last_used_at < LAST_USED_PRECISION:
+        return
+    try:
+        await api_key_used(conn, key_id=record.id, now=at)
+    except Exception as exc:
+        log.warning("could not record a key's last use",
+                    extra={"key_id": str(record.id), "error": type(exc).__name__})
 
 
 def role_check(principal: Principal, *roles: str) -> Principal:

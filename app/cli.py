@@ -26,7 +26,19 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--host", help="listen address (default BERTH_HOST or 127.0.0.1)")
     p.add_argument("--port", type=int, help="listen port (default BERTH_PORT or 8000)")
-    p.add_argument("--data-dir", help="embedded PostgreSQL directory (default BERTH_DATA_DIR)")
+    _data_dir(p, "created (and migrated) when it holds no database yet")
+
+
+def _data_dir(parser: argparse.ArgumentParser, when_missing: str) -> None:
+    parser.add_argument(
+        "--data-dir",
+        help=f"directory of the embedded PostgreSQL, used without BERTH_DATABASE_URL (default "
+        f"BERTH_DATA_DIR, else ./.berth); {when_missing}",
+    )
+
+
+#: What keys and reconcile do with a data directory that holds no database.
+_REFUSED = "refused with an error when it holds no database yet"
 
 
 def _add_reconcile(sub: argparse._SubParsersAction) -> None:
@@ -38,15 +50,17 @@ def _add_reconcile(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--shard", help="static shard ownership INDEX/COUNT (default: dynamic, advisory locks)"
     )
+    _data_dir(p, _REFUSED)
 
 
 def _add_migrate(sub: argparse._SubParsersAction) -> None:
-    sub.add_parser(
+    p = sub.add_parser(
         "migrate",
         help="upgrade the database schema to head",
         description="Upgrade BERTH_DATABASE_URL (or the embedded database) to the newest "
         "schema and print the revision it is at.",
     )
+    _data_dir(p, "created (and said so) when it holds no database yet")
 
 
 def _add_keys(sub: argparse._SubParsersAction) -> None:
@@ -69,6 +83,24 @@ def _add_keys(sub: argparse._SubParsersAction) -> None:
     c.add_argument(
         "--runtime-instance", action="append", default=[], help="runtime instance id (repeatable)"
     )
+    _data_dir(c, _REFUSED)
+    ls = ksub.add_parser(
+        "list",
+        help="list API keys (never their secrets)",
+        description="List API keys oldest first: id, prefix, role, subject, scope, creation, "
+        "last use (recorded at most once a minute) and revocation.",
+    )
+    ls.add_argument("--active", action="store_true", help="leave out revoked keys")
+    _data_dir(ls, _REFUSED)
+    r = ksub.add_parser(
+        "revoke",
+        help="revoke an API key by id",
+        description="Revoke an API key by its id (the first column of 'berth keys list'). "
+        "Running servers refuse it within their key cache window (5 seconds). The last live "
+        "admin key cannot be revoked.",
+    )
+    r.add_argument("key_id", metavar="KEY_ID", help="the key's id")
+    _data_dir(r, _REFUSED)
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
@@ -115,19 +147,24 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "reconcile":
         from app.reconciler.process import run_reconciler
 
-        return run_reconciler(shard=args.shard)
+        return run_reconciler(shard=args.shard, data_dir=args.data_dir)
     if args.command == "migrate":
         from app.serve import migrate
 
-        return migrate()
+        return migrate(data_dir=args.data_dir)
     if args.command == "keys":
-        from app.keys_cli import create_key
+        from app import keys_cli
 
-        return create_key(
+        if args.keys_command == "list":
+            return keys_cli.list_keys(include_revoked=not args.active, data_dir=args.data_dir)
+        if args.keys_command == "revoke":
+            return keys_cli.revoke_key(key_id=args.key_id, data_dir=args.data_dir)
+        return keys_cli.create_key(
             role=args.role,
             subject=args.subject,
             tenants=args.tenant,
             runtime_instances=args.runtime_instance,
+            data_dir=args.data_dir,
         )
     if args.command == "openapi":
         from app.document import openapi_write

@@ -87,6 +87,19 @@ class Settings(BaseSettings):
         description="A request body not received in full this long after its headers is "
         "answered 408 and the connection closed.",
     )
+    max_queued_tasks_per_tenant: int = Field(
+        default=100_000,
+        ge=0,
+        description="Queued (ADMITTED) tasks one tenant may have; past it createTask answers "
+        "429 with Retry-After. Under concurrent submissions of one tenant it may be exceeded "
+        "by at most the submissions in flight at that moment (docs/api.md). 0 turns it off.",
+    )
+    idempotency_retention_hours: float = Field(
+        default=24.0,
+        gt=0,
+        description="How long an Idempotency-Key's stored answer is replayed; older records "
+        "are deleted by the reconciler leader's sweeper.",
+    )
     log_level: str = Field(default="info", description="debug, info, warning or error.")
     bootstrap_admin_key_file: Path | None = Field(
         default=None,

@@ -193,6 +193,11 @@ class EmbeddedPostgres:
     # --- public ---------------------------------------------------------------------------
 
     @property
+    def initialised(self) -> bool:
+        """Return whether the data directory holds a database already (initdb has run)."""
+        return (self.pgdata / "PG_VERSION").exists()
+
+    @property
     def running(self) -> bool:
         """Return whether this handle was started and not stopped."""
         return self._socket_dir is not None

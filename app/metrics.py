@@ -45,6 +45,10 @@ LEASES_EXPIRED = Counter(
     "Leases recovered, by cause (expired, revoked by a drain deadline).",
     ["cause"],
 )
+IDEMPOTENCY_RECORDS_EXPIRED = Counter(
+    "berth_idempotency_records_expired_total",
+    "Idempotency records deleted by the sweeper after BERTH_IDEMPOTENCY_RETENTION_HOURS.",
+)
 TRANSIENT_RETRIES = Counter(
     "berth_transient_retries_total",
     "Transaction retries after a transient failure, by kind.",

@@ -19,7 +19,7 @@ from app.config import Settings, get_settings
 from app.db import Database
 from app.embedded import EmbeddedPostgres
 from app.errors import ConfigurationError
-from app.startup import database_describe, database_resolve, schema_revision
+from app.startup import database_describe, database_resolve, schema_revision, settings_for
 
 
 def _say(line: str) -> None:
@@ -29,10 +29,21 @@ def _say(line: str) -> None:
 # --- berth migrate ------------------------------------------------------------------------
 
 
-def migrate() -> int:
-    """Upgrade BERTH_DATABASE_URL (or the embedded database) to head and print the revision."""
-    settings = get_settings()
+def migrate(data_dir: str | Path | None = None) -> int:
+    """Upgrade BERTH_DATABASE_URL (or the embedded database) to head and print the revision.
+
+    A data directory without a database gets a new one, and the output says so: migrate is
+    how an installation prepares its database before the first ``berth serve``.
+    """
+    settings = settings_for(get_settings(), data_dir)
+    created = None
+    if settings.database_url is None:
+        embedded = EmbeddedPostgres(settings.data_dir)
+        created = None if embedded.initialised else embedded.data_dir
     url, server = database_resolve(settings, migrate=True)
+    if created is not None:
+        _say(f"created a new embedded database in {created} (it has no API keys yet: "
+             "`berth serve` prints the bootstrap admin key)")
     try:
         current = asyncio.run(
             schema_revision(url, connect_timeout_seconds=settings.db_connect_timeout_seconds)
@@ -154,9 +165,7 @@ def serve(
         overrides["host"] = host
     if port is not None:
         overrides["port"] = port
-    if data_dir is not None:
-        overrides["data_dir"] = Path(data_dir)
-    settings = get_settings().model_copy(update=overrides)
+    settings = settings_for(get_settings(), data_dir).model_copy(update=overrides)
     if not 0 <= settings.port <= 65535:
         raise ConfigurationError(f"port {settings.port} is out of range 0..65535")
     key_file = settings.bootstrap_admin_key_file

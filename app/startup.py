@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from pathlib import Path
 
 from app.config import Settings
 from app.db import Database, describe_url
@@ -120,13 +121,29 @@ async def database_migrate(url: str, *, connect_timeout_seconds: float = 5.0) ->
     return current
 
 
-def database_resolve(settings: Settings, *, migrate: bool) -> tuple[str, EmbeddedPostgres | None]:
+class EmbeddedDatabaseMissing(ConfigurationError):
+    """The data directory holds no embedded database, and this command does not create one."""
+
+
+def settings_for(settings: Settings, data_dir: str | Path | None) -> Settings:
+    """Return ``settings`` with ``--data-dir`` (when given) in place of BERTH_DATA_DIR."""
+    if data_dir is None:
+        return settings
+    return settings.model_copy(update={"data_dir": Path(data_dir)})
+
+
+def database_resolve(
+    settings: Settings, *, migrate: bool, create: bool = True
+) -> tuple[str, EmbeddedPostgres | None]:
     """Return the database URL to use and the embedded server behind it (None for a URL).
 
     The embedded server is started (or reused) and always migrated to head: it is Berth's
-    own. A ``BERTH_DATABASE_URL`` database is upgraded when ``migrate`` is true, else only
-    checked: unreachable or not at head raises ConfigurationError with one line. The caller
-    owns the returned server and must ``stop()`` it. Call this outside any running event loop.
+    own. Without ``create``, a data directory that holds no database yet is refused with one
+    line naming the directory and the fix, instead of quietly making a new empty database
+    that no server uses (``berth keys``, ``berth reconcile``). A ``BERTH_DATABASE_URL``
+    database is upgraded when ``migrate`` is true, else only checked: unreachable or not at
+    head raises ConfigurationError with one line. The caller owns the returned server and
+    must ``stop()`` it. Call this outside any running event loop.
     """
     timeout = settings.db_connect_timeout_seconds
     if settings.database_url:
@@ -136,6 +153,11 @@ def database_resolve(settings: Settings, *, migrate: bool) -> tuple[str, Embedde
             asyncio.run(database_check(settings.database_url, connect_timeout_seconds=timeout))
         return settings.database_url, None
     server = EmbeddedPostgres(settings.data_dir)
+    if not create and not server.initialised:
+        raise EmbeddedDatabaseMissing(
+            f"no embedded database in {server.data_dir}: pass --data-dir (or set "
+            "BERTH_DATA_DIR) to the directory `berth serve` uses, or set BERTH_DATABASE_URL"
+        )
     try:
         url = server.start()
         asyncio.run(database_migrate(url, connect_timeout_seconds=timeout))

@@ -52,18 +52,73 @@ async def test_keys_create_prints_a_key_that_authenticates(
 
 
 @pytest.mark.slow
-def test_keys_create_on_the_embedded_default(tmp_path: Path) -> None:
-    result = berth_run(
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["keys", "create", "--role", "admin", "--subject", "ops"], id="keys-create"),
+        pytest.param(["keys", "list"], id="keys-list"),
+        pytest.param(["keys", "revoke", "00000000-0000-4000-8000-000000000000"],
+                     id="keys-revoke"),
+        pytest.param(["reconcile"], id="reconcile"),
+    ],
+)
+def test_keys_and_reconcile_refuse_a_missing_embedded_database(
+    argv: list[str], tmp_path: Path
+) -> None:
+    # Run from a directory without a database: the old behaviour made a new empty one in
+    # ./.berth and printed a key that the running server answered 401 to.
+    result = berth_run(*argv, cwd=tmp_path)
+    data_dir = tmp_path / ".berth"
+    line = assert_one_line(result, f"no embedded database in {data_dir}", "--data-dir")
+    assert "BERTH_DATA_DIR" in line
+    assert not (data_dir / "pgdata").exists(), "nothing is created"
+    elsewhere = tmp_path / "elsewhere"
+    named = berth_run(*argv, "--data-dir", str(elsewhere), cwd=tmp_path)
+    assert_one_line(named, f"no embedded database in {elsewhere}")
+    assert not (elsewhere / "pgdata").exists()
+
+
+@pytest.mark.slow
+def test_keys_manage_the_embedded_database_named_by_data_dir(tmp_path: Path) -> None:
+    data_dir = tmp_path / "berth-data"
+    workdir = tmp_path / "somewhere-else"
+    workdir.mkdir()
+    migrated = berth_run("migrate", "--data-dir", str(data_dir), cwd=workdir)
+    assert migrated.returncode == 0, migrated.stderr
+    assert f"created a new embedded database in {data_dir}" in migrated.stdout
+
+    created = berth_run(
         "keys", "create", "--role", "runtime", "--subject", "rt", "--runtime-instance", "rt-1",
-        cwd=tmp_path,
+        "--data-dir", str(data_dir), cwd=workdir,
     )
-    assert result.returncode == 0, result.stderr
-    key = result.stdout.splitlines()[-1]
-    data_dir = tmp_path / ".berth"  # the default data directory, in the working directory
-    assert postgres_processes(data_dir / "pgdata") == []
+    assert created.returncode == 0, created.stderr
+    key = created.stdout.splitlines()[-1]
+    # BERTH_DATA_DIR names the same directory as --data-dir.
+    admin = berth_run("keys", "create", "--role", "admin", "--subject", "ops", cwd=workdir,
+                      BERTH_DATA_DIR=str(data_dir))
+    assert admin.returncode == 0, admin.stderr
+    assert not (workdir / ".berth").exists(), "nothing is created in the working directory"
+
+    listed = berth_run("keys", "list", "--data-dir", str(data_dir), cwd=workdir)
+    assert listed.returncode == 0, listed.stderr
+    assert key not in listed.stdout, "a list never shows a secret"
+    rows = {line.split()[0]: line for line in listed.stdout.splitlines()[1:]}
+    runtime_id = next(i for i, line in rows.items() if " runtime " in line)
+    assert "instances=rt-1" in rows[runtime_id]
+    assert key[:14] in rows[runtime_id], "the prefix tells keys apart"
+
+    revoked = berth_run("keys", "revoke", runtime_id, "--data-dir", str(data_dir), cwd=workdir)
+    assert revoked.returncode == 0, revoked.stderr
+    assert f"revoked runtime key {runtime_id}" in revoked.stdout
+    active = berth_run("keys", "list", "--active", "--data-dir", str(data_dir), cwd=workdir)
+    assert runtime_id not in active.stdout and " admin " in active.stdout
     with EmbeddedPostgres(data_dir) as server:
-        assert asyncio.run(key_role(server.url, key)) == "runtime"
+        assert asyncio.run(key_role(server.url, key)) is None, "a revoked key is not valid"
     assert postgres_processes(data_dir / "pgdata") == []
+
+    admin_id = next(i for i, line in rows.items() if " admin " in line)
+    last = berth_run("keys", "revoke", admin_id, "--data-dir", str(data_dir), cwd=workdir)
+    assert_one_line(last, "last live admin key")
 
 
 @pytest.mark.parametrize(

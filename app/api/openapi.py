@@ -52,6 +52,11 @@ TAGS: list[dict[str, str]] = [
         "name": "leases",
         "description": "Leases held by runtimes: completion releases the reserved capacity.",
     },
+    {
+        "name": "keys",
+        "description": "API keys (admin only): list, create (the secret is shown once) and "
+        "revoke.",
+    },
     {"name": "health", "description": "Liveness and readiness probes (no key needed)."},
 ]
 

@@ -6,7 +6,7 @@ import math
 import re
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AwareDatetime,
@@ -226,7 +226,10 @@ class DrainRequest(RequestModel):
 class DrainProgress(CamelModel):
     """How far a drain has got."""
 
-    leases_left: int = Field(description="Live leases still on the pool.")
+    leases_left: int = Field(
+        description="Live leases still on the pool (only the caller's own when usageScope is "
+        "own)."
+    )
 
 
 class Pool(CamelModel):
@@ -251,13 +254,25 @@ class Pool(CamelModel):
     drain_progress: DrainProgress | None = Field(description="Set while the pool is DRAINING.")
     ready: bool
     capacity: Capacity | None = Field(description="Ledger totals; null until registered.")
-    reserved: Capacity | None
-    available: Capacity | None
+    reserved: Capacity | None = Field(
+        description="Reserved capacity: the pool's total for an admin, the pool's operators "
+        "and its runtime; only the caller's own tenants' share for anyone else (usageScope)."
+    )
+    available: Capacity | None = Field(
+        description="The pool's free capacity (capacity minus everything reserved), for every "
+        "caller."
+    )
+    usage_scope: Literal["pool", "own"] = Field(
+        description="Whether reserved and activeLeases are the pool's totals (pool) or only "
+        "the caller's own tenants' (own)."
+    )
     healthy: bool = Field(
         description="ready, heartbeat fresh and ledger registered: the pool can take work."
     )
     last_heartbeat_at: datetime | None
-    active_leases: int
+    active_leases: int = Field(
+        description="Live leases on the pool: all of them, or the caller's own (usageScope)."
+    )
     version: int
     etag: str
     created_at: datetime
@@ -298,6 +313,7 @@ class Pool(CamelModel):
             healthy=record.healthy(now=now, freshness_seconds=freshness_seconds),
             last_heartbeat_at=record.last_heartbeat_at,
             active_leases=record.active_leases,
+            usage_scope=record.usage_scope,  # type: ignore[arg-type]
             version=record.version,
             etag=etag_of(record.version),
             created_at=record.created_at,

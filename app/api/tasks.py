@@ -108,7 +108,7 @@ def _tenant_header(request: Request, errors: list[dict[str, Any]]) -> str | None
             "headers": {"Location": {"description": "URL of the task.",
                                      "schema": {"type": "string"}}},
         },
-        **problems(400, 401, 403, 409, 413, 422),
+        **problems(400, 401, 403, 409, 413, 422, 429),
     },
     openapi_extra={
         "security": _SECURITY,
@@ -127,7 +127,8 @@ async def create_task(request: Request) -> Response:
     """Submit a task for placement; it is stored as ADMITTED and reconcilers are woken.
 
     Unknown fields are 422. With `Idempotency-Key`, a repeat of the same body returns the
-    original task with 200 instead of creating another.
+    original task with 200 instead of creating another. 429 (with `Retry-After`) when the
+    tenant has as many queued tasks as `BERTH_MAX_QUEUED_TASKS_PER_TENANT` allows.
     """
     body = await body_read(request, TaskSpec)
     principal = role_check(await principal_from_request(request), TENANT)
@@ -146,6 +147,7 @@ async def create_task(request: Request) -> Response:
         tenant=tenant,
         spec=spec,
         idempotency_key=idempotency_key,
+        max_queued=request.app.state.settings.max_queued_tasks_per_tenant,
     )
     return FastJSONResponse(
         task_json(row),

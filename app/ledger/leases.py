@@ -164,6 +164,15 @@ _TASK_FINISH = (
 )
 
 
+async def lease_check_owner(
+    conn: Connection, *, lease_id: uuid.UUID, instance_ids: frozenset[str]
+) -> None:
+    """Raise LeaseNotFound unless the lease exists and belongs to one of ``instance_ids``."""
+    lease = await conn.fetchrow(_LEASE_GET, lease_id)
+    if lease is None or lease[1] not in instance_ids:
+        raise LeaseNotFound(f"lease {lease_id} does not exist")
+
+
 async def lease_complete(
     conn: Connection,
     *,

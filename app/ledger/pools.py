@@ -10,6 +10,11 @@ Visibility (SPEC §2, §6) is one SQL predicate, ``_VISIBLE``, filled from a
 an operator the pools it operates or that list one of its tenants, a runtime the pools of
 its own instances.
 
+What a pool shows of its use depends on the reader too (decided in
+:mod:`app.services.pools`): the pool's totals to an admin, its operators and its runtime;
+to a tenant only its own share (:func:`pools_tenant_usage`), next to the pool's free
+capacity, so that tenants sharing a pool cannot watch each other's activity.
+
 Concurrency: writes lock the pool (or ledger) row first and read after the lock, so a
 capacity change never races a reservation and a delete never races a new lease; optimistic
 edits compare ``version`` inside the UPDATE itself.
@@ -17,8 +22,8 @@ edits compare ``version`` inside the UPDATE itself.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -36,6 +41,7 @@ __all__ = [
     "PoolRecord",
     "PoolVersionMismatch",
     "PoolViewer",
+    "TenantUsage",
     "pool_capacity_put",
     "pool_create",
     "pool_delete",
@@ -43,6 +49,7 @@ __all__ = [
     "pool_status_set",
     "pool_update",
     "pools_list",
+    "pools_tenant_usage",
 ]
 
 #: Pool columns a caller may set at creation and change with PATCH.
@@ -193,16 +200,19 @@ class PoolRecord:
     reserved: tuple[int, int, int] | None
     last_heartbeat_at: datetime | None
     active_leases: int
+    #: Total minus reserved per dimension (None without a ledger): the pool's free capacity,
+    #: whoever reads it.
+    available: tuple[int, int, int] | None = None
+    #: "pool" when ``reserved`` and ``active_leases`` are the pool's totals, "own" when they
+    #: are only the reading tenants' (see :func:`pools_tenant_usage`).
+    usage_scope: str = "pool"
 
-    @property
-    def available(self) -> tuple[int, int, int] | None:
-        """Return total minus reserved per dimension, or None without a ledger."""
-        if self.capacity is None or self.reserved is None:
-            return None
-        return (
-            self.capacity[0] - self.reserved[0],
-            self.capacity[1] - self.reserved[1],
-            self.capacity[2] - self.reserved[2],
+    def usage_own(self, usage: TenantUsage) -> PoolRecord:
+        """Return this pool with ``reserved`` and ``active_leases`` narrowed to ``usage``
+        (the free capacity stays the pool's)."""
+        reserved = usage.reserved if self.reserved is not None else None
+        return replace(
+            self, reserved=reserved, active_leases=usage.active_leases, usage_scope="own"
         )
 
     def healthy(self, *, now: datetime, freshness_seconds: float) -> bool:
@@ -215,8 +225,28 @@ class PoolRecord:
         )
 
 
+def _free(
+    capacity: tuple[int, int, int] | None, reserved: tuple[int, int, int] | None
+) -> tuple[int, int, int] | None:
+    if capacity is None or reserved is None:
+        return None
+    return (capacity[0] - reserved[0], capacity[1] - reserved[1], capacity[2] - reserved[2])
+
+
+@dataclass(frozen=True, slots=True)
+class TenantUsage:
+    """What some tenants hold on one pool: reserved amounts and live leases."""
+
+    reserved: tuple[int, int, int] = (0, 0, 0)
+    active_leases: int = 0
+
+
 def _record(row: Any) -> PoolRecord:
     has_ledger = row["cpu_total"] is not None
+    capacity = (row["cpu_total"], row["memory_total"], row["llm_total"]) if has_ledger else None
+    reserved = (
+        (row["cpu_reserved"], row["memory_reserved"], row["llm_reserved"]) if has_ledger else None
+    )
     return PoolRecord(
         id=row["id"],
         tenant_ids=tuple(row["tenant_ids"]),
@@ -236,14 +266,11 @@ def _record(row: Any) -> PoolRecord:
         version=row["version"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
-        capacity=(row["cpu_total"], row["memory_total"], row["llm_total"])
-        if has_ledger
-        else None,
-        reserved=(row["cpu_reserved"], row["memory_reserved"], row["llm_reserved"])
-        if has_ledger
-        else None,
+        capacity=capacity,
+        reserved=reserved,
         last_heartbeat_at=row["last_heartbeat_at"],
         active_leases=row["active_leases"],
+        available=_free(capacity, reserved),
     )
 
 
@@ -273,6 +300,37 @@ async def pools_list(
     records = [_record(r) for r in rows[:limit]]
     more = len(rows) > limit
     return records, (records[-1].id if more and records else None)
+
+
+_TENANT_USAGE = """
+    SELECT p.pool_id,
+           coalesce(r.cpu, 0), coalesce(r.memory, 0), coalesce(r.llm, 0), coalesce(l.n, 0)
+    FROM unnest($1::text[]) AS p(pool_id)
+    LEFT JOIN LATERAL (
+        SELECT sum(v.cpu) AS cpu, sum(v.memory) AS memory, sum(v.llm) AS llm
+        FROM reservations v JOIN tasks t ON t.id = v.task_id
+        WHERE v.pool_id = p.pool_id AND t.tenant_id = ANY ($2::text[])
+    ) r ON true
+    LEFT JOIN LATERAL (
+        SELECT count(*) AS n
+        FROM leases s JOIN tasks t ON t.id = s.task_id
+        WHERE s.pool_id = p.pool_id AND s.state = 'ACTIVE' AND t.tenant_id = ANY ($2::text[])
+    ) l ON true
+"""
+
+
+async def pools_tenant_usage(
+    conn: Connection, *, pool_ids: Sequence[str], tenant_ids: Collection[str]
+) -> dict[str, TenantUsage]:
+    """Return what the tenants ``tenant_ids`` hold on each of ``pool_ids``: their
+    reservations (leased and being placed) and their live leases, by pool."""
+    if not pool_ids:
+        return {}
+    rows = await conn.fetch(_TENANT_USAGE, list(pool_ids), sorted(tenant_ids))
+    return {
+        r[0]: TenantUsage(reserved=(int(r[1]), int(r[2]), int(r[3])), active_leases=int(r[4]))
+        for r in rows
+    }
 
 
 async def _pool_require(conn: Connection, *, pool_id: str) -> PoolRecord:

@@ -26,6 +26,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     PrimaryKeyConstraint,
+    SmallInteger,
     Table,
     Text,
     text,
@@ -263,6 +264,8 @@ api_keys = Table(
     Column("bootstrap", Boolean, nullable=False, server_default="false"),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
     Column("revoked_at", DateTime(timezone=True)),
+    # Recorded at most once a minute per key (revision 0005), not on every request.
+    Column("last_used_at", DateTime(timezone=True)),
     CheckConstraint(_in("role", ROLES), name="role_legal"),
 )
 Index("ix_api_keys_prefix", api_keys.c.prefix)
@@ -270,15 +273,29 @@ Index("ix_api_keys_prefix", api_keys.c.prefix)
 Index("ix_api_keys_bootstrap", api_keys.c.bootstrap, unique=True,
       postgresql_where=text("bootstrap"))
 
+# One record per (API key, operation, Idempotency-Key) (revision 0005): two keys of one
+# subject never replay each other's answers. Records older than the retention are swept.
 idempotency_records = Table(
     "idempotency_records",
     metadata,
-    Column("subject", Text, nullable=False),
+    Column("key_id", UUID(as_uuid=True), nullable=False),
     Column("key", Text, nullable=False),
     Column("operation", Text, nullable=False),
     Column("request_hash", Text, nullable=False),
     Column("status_code", Integer, nullable=False),
     Column("response", JSONB, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
-    PrimaryKeyConstraint("subject", "operation", "key", name="pk_idempotency_records"),
+    PrimaryKeyConstraint("key_id", "operation", "key", name="pk_idempotency_records"),
+)
+Index("ix_idempotency_records_created_at", idempotency_records.c.created_at)
+
+# Queued (ADMITTED or CLAIMED) tasks per tenant, in stripes summed by createTask to enforce
+# the per-tenant cap; statement triggers on ``tasks`` keep it exact (revision 0005).
+tenant_queue_counts = Table(
+    "tenant_queue_counts",
+    metadata,
+    Column("tenant_id", Text, nullable=False),
+    Column("stripe", SmallInteger, nullable=False),
+    Column("queued", BigInteger, nullable=False),
+    PrimaryKeyConstraint("tenant_id", "stripe", name="pk_tenant_queue_counts"),
 )

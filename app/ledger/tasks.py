@@ -4,7 +4,16 @@ Submission is one statement: a CTE inserts the task, appends its ``ADMITTED`` ev
 notifies reconcilers (``pg_notify`` is delivered only when the transaction commits). On an
 autocommit connection that statement is its own transaction. The idempotency race is settled
 by the unique index on (tenant, idempotency key): the insert does nothing on a conflict and
-the caller re-reads the winner. Every read is tenant-scoped: a task of another tenant is
+the caller re-reads the winner.
+
+The per-tenant cap on queued tasks (``BERTH_MAX_QUEUED_TASKS_PER_TENANT``) is checked inside
+that same statement, without scanning the queue: ``tenant_queue_counts`` holds each tenant's
+queued (ADMITTED or CLAIMED) tasks in at most 16 stripes, kept exact by statement triggers on
+``tasks`` (revision 0005), and the insert happens only while their sum is below the cap. The
+sum is read from the statement's snapshot, so submissions of one tenant that run at the same
+moment do not see each other: the cap can be exceeded by at most the number of that tenant's
+submissions in flight at once (each holds a database connection, so at most the API's
+connection pools together). Every read is tenant-scoped: a task of another tenant is
 indistinguishable from a task that does not exist.
 
 Rows come back as :class:`TaskRow` (plain values, JSON columns already decoded by the
@@ -23,17 +32,19 @@ from typing import Any
 import orjson
 
 from app.db import Connection
-from app.errors import NotFound, Unprocessable
+from app.errors import BerthError, NotFound, Unprocessable
 from app.ledger.idempotency import IdempotencyKeyReused
 from app.ledger.wakeups import CHANNEL, WakeSource
 from app.shards import shard_of
 
 __all__ = [
     "LeaseView",
+    "QUEUE_FULL_RETRY_AFTER_SECONDS",
     "SpecHasNul",
     "TaskEventRow",
     "TaskNotFound",
     "TaskRow",
+    "TenantQueueFull",
     "task_events_list",
     "task_get",
     "task_list",
@@ -45,6 +56,19 @@ class TaskNotFound(NotFound):
     """The task does not exist (or belongs to another tenant)."""
 
     type_slug = "task-not-found"
+
+
+#: Retry-After of a submission refused by the per-tenant cap: queues drain at the pace of
+#: placements, so an immediate retry would only be refused again.
+QUEUE_FULL_RETRY_AFTER_SECONDS = 10
+
+
+class TenantQueueFull(BerthError):
+    """The tenant has as many queued tasks as BERTH_MAX_QUEUED_TASKS_PER_TENANT allows."""
+
+    status = 429
+    title = "Too Many Requests"
+    type_slug = "tenant-queue-full"
 
 
 class SpecHasNul(Unprocessable):
@@ -120,6 +144,27 @@ _SUBMIT = f"""
     SELECT ins.seq, pg_notify('{CHANNEL}', '{WakeSource.SUBMITTED.value}') FROM ins
 """
 
+#: The same statement, inserting only while the tenant has fewer than $12 queued tasks.
+#: (Parameters carry their types: in a SELECT they are not inferred from the columns.)
+_SUBMIT_CAPPED = f"""
+    WITH gate AS (
+        SELECT coalesce(sum(queued), 0) AS queued FROM tenant_queue_counts WHERE tenant_id = $2
+    ), ins AS (
+        INSERT INTO tasks (id, tenant_id, shard, state, priority, runtime_class, spec, labels,
+                           max_attempts, idempotency_key, request_hash,
+                           created_at, admitted_at, updated_at)
+        SELECT $1::uuid, $2::text, $3::int, 'ADMITTED', $4::int, $5::text, $6::jsonb,
+               $7::jsonb, $8::int, $9::text, $10::text, $11::timestamptz, $11, $11
+        FROM gate WHERE gate.queued < $12::bigint
+        ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+        RETURNING id, seq
+    ), ev AS (
+        INSERT INTO task_events (task_id, at, from_state, to_state, reason)
+        SELECT id, $11, NULL, 'ADMITTED', 'submitted' FROM ins
+    )
+    SELECT ins.seq, pg_notify('{CHANNEL}', '{WakeSource.SUBMITTED.value}') FROM ins
+"""
+
 # The id is read as text: asyncpg's own UUID type is not one orjson serializes.
 _COLUMNS = """
     t.id::text, t.seq, t.tenant_id, t.state, t.priority, t.runtime_class, t.spec,
@@ -186,13 +231,16 @@ async def task_submit(
     idempotency_key: str | None,
     request_hash: str | None,
     now: datetime,
+    max_queued: int = 0,
 ) -> TaskRow:
     """Store a validated spec (camelCase JSON) as an ADMITTED task and notify reconcilers.
 
     With an ``idempotency_key`` already used by the tenant, return the original task
     (``created=False``) when ``request_hash`` is the same, else raise
-    :class:`IdempotencyKeyReused`. One statement does the insert, the event and the
-    notification: on an autocommit connection it is its own transaction.
+    :class:`IdempotencyKeyReused`. With ``max_queued`` (0: no cap), raise
+    :class:`TenantQueueFull` when the tenant has that many queued tasks already (a repeat
+    of a stored submission still returns it). One statement does the check, the insert, the
+    event and the notification: on an autocommit connection it is its own transaction.
     """
     spec_json = orjson.dumps(spec, option=orjson.OPT_SORT_KEYS)
     if b"\\u0000" in spec_json and _NUL.search(spec_json):
@@ -204,8 +252,9 @@ async def task_submit(
     priority = int(spec.get("priority", 0))
     max_attempts = int(spec.get("maxAttempts", 3))
     runtime_class = spec["runtimeClass"]
+    args: tuple[Any, ...] = (max_queued,) if max_queued > 0 else ()
     seq = await conn.fetchval(
-        _SUBMIT,
+        _SUBMIT_CAPPED if args else _SUBMIT,
         task_id,
         tenant_id,
         shard_of(tenant_id),
@@ -217,6 +266,7 @@ async def task_submit(
         idempotency_key,
         digest,
         now,
+        *args,
     )
     if seq is not None:
         return TaskRow(
@@ -239,8 +289,20 @@ async def task_submit(
             finished_at=None,
             created=True,
         )
-    # The key is taken: by a committed task, or by one whose transaction we just waited for.
-    existing = await conn.fetchrow(_BY_KEY, tenant_id, idempotency_key)
+    # Refused by the cap, or the key is taken: by a committed task, or by one whose
+    # transaction we just waited for.
+    existing = None
+    if idempotency_key is not None:
+        existing = await conn.fetchrow(_BY_KEY, tenant_id, idempotency_key)
+    if existing is None and max_queued > 0:
+        raise TenantQueueFull(
+            f"tenant {tenant_id!r} has {max_queued} queued tasks, the most "
+            f"BERTH_MAX_QUEUED_TASKS_PER_TENANT allows; retry when some have started",
+            extra={
+                "maxQueuedTasks": max_queued,
+                "headers": {"Retry-After": str(QUEUE_FULL_RETRY_AFTER_SECONDS)},
+            },
+        )
     if existing is None:  # pragma: no cover - the unique index guarantees a winner exists
         raise IdempotencyKeyReused("the Idempotency-Key is in use by a concurrent request")
     if existing["request_hash"] != digest:

@@ -45,6 +45,15 @@ class ReconcilerConfig:
     recovery_seconds: float = 1.0
     #: Leases recovered per recovery transaction.
     recovery_batch: int = 500
+    #: Idempotency records older than this are deleted by the leader's sweeper.
+    idempotency_retention_seconds: float = 24 * 3600.0
+    #: How often the leader sweeps expired idempotency records.
+    sweep_seconds: float = 60.0
+    #: Records deleted per sweep transaction.
+    sweep_batch: int = 1000
+    #: Most sweep transactions in one round, so a large backlog never stalls the loop; the
+    #: next round carries on.
+    sweep_batches_max: int = 50
     #: Order of the claimed tasks: fifo, priority or fair.
     policy: str = "fifo"
     #: Placement strategy: spread or binpack.
@@ -71,6 +80,7 @@ class ReconcilerConfig:
             "policy": str(settings.policy),
             "strategy": str(settings.strategy),
             "priority_aging_seconds": settings.priority_aging_seconds,
+            "idempotency_retention_seconds": settings.idempotency_retention_hours * 3600.0,
             # Enough ranked candidates for every walk the limit allows.
             "top_k": max(TOP_K_DEFAULT, settings.reservation_walk_limit + 1),
         }

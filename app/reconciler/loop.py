@@ -10,7 +10,8 @@ directly). ``Reconciler.run(stop)`` is the loop:
   until a wakeup, the tick (which also unparks: the safety net for a missed notification),
   a rebalance of dynamic ownership, or a recovery round;
 * the leader recovers expired leases and revokes the leases of pools whose drain deadline
-  passed;
+  passed, and (every ``sweep_seconds``) deletes idempotency records older than the
+  retention, in batches of ``sweep_batch`` rows, each batch its own transaction;
 * a failing pass is logged loudly and the loop carries on after a pause; its claims expire.
 
 Stopping finishes the current pass and releases the locks; cancelling the task abandons
@@ -28,15 +29,16 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from app.db import Connection, Database
 from app.ledger.claims import tasks_unpark
+from app.ledger.idempotency import idempotency_records_expire
 from app.ledger.leases import pool_leases_revoke
 from app.ledger.recovery import leases_expired_recover, pools_drain_overdue
 from app.ledger.snapshot import SnapshotCache
 from app.ledger.wakeups import WakeSource
-from app.metrics import LEASES_EXPIRED, WAKEUPS
+from app.metrics import IDEMPOTENCY_RECORDS_EXPIRED, LEASES_EXPIRED, WAKEUPS
 from app.reconciler.config import ReconcilerConfig
 from app.reconciler.listener import WakeupListener
 from app.reconciler.ownership import DynamicOwnership, StaticOwnership
@@ -161,6 +163,31 @@ class Reconciler:
 
         return await self.ownership.as_leader(recover) or 0
 
+    async def sweep_once(self, *, now: datetime | None = None) -> int:
+        """As leader, delete idempotency records older than the retention; return how many.
+
+        Batches of ``sweep_batch`` rows, each its own transaction on the leadership session,
+        at most ``sweep_batches_max`` of them; a replica that is not the leader deletes
+        nothing.
+        """
+        cfg = self.config
+        before = (now or datetime.now(UTC)) - timedelta(seconds=cfg.idempotency_retention_seconds)
+
+        async def sweep(conn: Connection) -> int:
+            return await idempotency_records_expire(conn, before=before, limit=cfg.sweep_batch)
+
+        total = 0
+        for _ in range(cfg.sweep_batches_max):
+            deleted = await self.ownership.as_leader(sweep) or 0
+            total += deleted
+            if deleted < cfg.sweep_batch:
+                break
+        if total:
+            IDEMPOTENCY_RECORDS_EXPIRED.inc(total)
+            log.info("expired idempotency records deleted",
+                     extra={"owner": self.owner_id, "deleted": total})
+        return total
+
     def wakeup(self, source: WakeSource) -> None:
         """Count a wakeup and trigger a pass; any source but ``submitted`` unparks first."""
         WAKEUPS.labels(source=source.value).inc()
@@ -181,6 +208,7 @@ class Reconciler:
         next_tick = clock() + cfg.tick_seconds
         next_rebalance = clock() + cfg.rebalance_seconds
         next_recovery = clock()
+        next_sweep = clock()
         stopper = asyncio.ensure_future(stop.wait())
         try:
             while not stop.is_set():
@@ -205,6 +233,15 @@ class Reconciler:
                     except Exception:
                         log.exception("lease recovery failed; the next round tries again",
                                       extra={"owner": self.owner_id})
+                if t >= next_sweep:
+                    next_sweep = t + cfg.sweep_seconds
+                    try:
+                        await self.sweep_once()
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception:
+                        log.exception("idempotency sweep failed; the next round tries again",
+                                      extra={"owner": self.owner_id})
                 try:
                     # Clear first: a wakeup that arrives from here on triggers another pass.
                     self._wake.clear()
@@ -226,7 +263,7 @@ class Reconciler:
                     continue
                 if full or self._wake.is_set() or self._unpark:
                     continue
-                wait = min(next_tick, next_rebalance, next_recovery) - clock()
+                wait = min(next_tick, next_rebalance, next_recovery, next_sweep) - clock()
                 if wait > 0:
                     waker = asyncio.ensure_future(self._wake.wait())
                     await asyncio.wait({waker, stopper}, timeout=wait,

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import signal
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from app.config import Settings, get_settings
 from app.db import Database
@@ -24,7 +25,7 @@ from app.logs import logging_configure
 from app.reconciler.config import ReconcilerConfig
 from app.reconciler.loop import Reconciler
 from app.shards import shard_parse, shard_slots_static
-from app.startup import database_resolve
+from app.startup import database_resolve, settings_for
 
 log = logging.getLogger("berth.reconciler")
 
@@ -93,12 +94,16 @@ async def _run(settings: Settings, url: str, slots: frozenset[int] | None) -> No
         await db.close()
 
 
-def run_reconciler(shard: str | None = None) -> int:
-    """Run a reconciler until SIGTERM/SIGINT; ``shard`` INDEX/COUNT (else dynamic); return 0."""
-    settings = get_settings()
+def run_reconciler(shard: str | None = None, data_dir: str | Path | None = None) -> int:
+    """Run a reconciler until SIGTERM/SIGINT; ``shard`` INDEX/COUNT (else dynamic); return 0.
+
+    The embedded database in ``data_dir`` must exist (``berth serve`` or ``berth migrate``
+    makes it): a reconciler on a new empty database would schedule nothing, silently.
+    """
+    settings = settings_for(get_settings(), data_dir)
     logging_configure(settings.log_level)
     slots = slots_from_shard(shard if shard is not None else settings.shard)
-    url, server = database_resolve(settings, migrate=False)
+    url, server = database_resolve(settings, migrate=False, create=False)
     try:
         _metrics_serve(settings.reconciler_metrics_port)
         asyncio.run(_run(settings, url, slots))

@@ -1,14 +1,21 @@
 """Idempotency-Key handling for every write that supports it, in one place.
 
 Inside the operation's transaction: claim the key (a placeholder row), perform the operation,
-store its answer; the COMMIT makes both durable together. A repeat with the same request
-replays the stored answer (marked ``replayed``); the same key with another request is 409.
+store its answer; the COMMIT makes both durable together. Records belong to the API key that
+sent the request (its id, not its subject), so one key never replays another's answer; and
+the service authorizes a request before it looks for a stored answer, so a replay is
+authorized exactly like a first request. Records expire after
+``BERTH_IDEMPOTENCY_RETENTION_HOURS`` (the reconciler leader sweeps them).
+
+A repeat with the same request replays the stored answer (marked ``replayed``); the same key
+with another request is 409.
 See :mod:`app.ledger.idempotency` for how concurrent duplicates settle.
 """
 
 from __future__ import annotations
 
 import hashlib
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,9 +35,9 @@ def request_hash(payload: Any) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Idempotency:
-    """An Idempotency-Key as one caller sent it for one operation and request."""
+    """An Idempotency-Key as one API key sent it for one operation and request."""
 
-    subject: str
+    key_id: uuid.UUID
     operation: str
     key: str
     request_hash: str
@@ -60,7 +67,7 @@ async def idempotent(
         return await perform()
     stored = await idempotency_claim(
         conn,
-        subject=idempotency.subject,
+        key_id=idempotency.key_id,
         operation=idempotency.operation,
         key=idempotency.key,
         request_hash=idempotency.request_hash,
@@ -75,7 +82,7 @@ async def idempotent(
         body = {**body, "__headers__": answer.headers}
     await idempotency_store(
         conn,
-        subject=idempotency.subject,
+        key_id=idempotency.key_id,
         operation=idempotency.operation,
         key=idempotency.key,
         status_code=answer.status,

@@ -1,7 +1,9 @@
 """Lease completion: a runtime reports its task's outcome, fenced by the lease's epoch.
 
 The completion, its idempotency record and the capacity release commit together in one
-transaction, before :func:`lease_complete` returns.
+transaction, before :func:`lease_complete` returns. The lease must belong to one of the
+key's runtime instances before anything else happens, a stored answer's replay included:
+a replay is authorized exactly like a first request.
 """
 
 from __future__ import annotations
@@ -35,14 +37,18 @@ async def lease_complete(
     idempotency = None
     if idempotency_key is not None:
         body = {"outcome": outcome, "epoch": epoch, "message": message}
+        assert principal.key_id is not None
         idempotency = Idempotency(
-            subject=principal.subject,
+            key_id=principal.key_id,
             operation=OPERATION,
             key=idempotency_key,
             request_hash=request_hash({"leaseId": str(lease_id), "body": body}),
         )
 
     async with db.transaction() as conn:
+        await ledger.lease_check_owner(
+            conn, lease_id=lease_id, instance_ids=principal.runtime_instance_ids
+        )
 
         async def perform() -> Answer:
             result = await ledger.lease_complete(

@@ -24,8 +24,8 @@ from typing import Any
 
 from pydantic_core import to_jsonable_python
 
-from app.auth import ADMIN, OPERATOR, Principal
-from app.db import Database
+from app.auth import ADMIN, OPERATOR, RUNTIME, Principal
+from app.db import Connection, Database
 from app.errors import Forbidden, Unprocessable
 from app.ledger.pools import (
     PoolNotFound,
@@ -39,6 +39,7 @@ from app.ledger.pools import (
     pool_status_set,
     pool_update,
     pools_list,
+    pools_tenant_usage,
 )
 from app.services.idempotency import Answer, Idempotency, idempotent, request_hash
 
@@ -78,6 +79,24 @@ def _operable(record: PoolRecord, viewer: PoolViewer) -> bool:
     return viewer.role == ADMIN or (viewer.role == OPERATOR and viewer.subject in record.operators)
 
 
+def usage_total_visible(record: PoolRecord, viewer: PoolViewer) -> bool:
+    """Return whether ``viewer`` reads the pool's total usage (else only its tenants')."""
+    return _operable(record, viewer) or (
+        viewer.role == RUNTIME and record.runtime_instance_id in viewer.runtime_instance_ids
+    )
+
+
+async def _usage_scoped(
+    conn: Connection, records: list[PoolRecord], viewer: PoolViewer
+) -> list[PoolRecord]:
+    """Return ``records`` with the usage ``viewer`` may read: totals, or its tenants' own."""
+    own = [r.id for r in records if not usage_total_visible(r, viewer)]
+    if not own:
+        return records
+    usage = await pools_tenant_usage(conn, pool_ids=own, tenant_ids=viewer.tenant_ids)
+    return [r if r.id not in usage else r.usage_own(usage[r.id]) for r in records]
+
+
 async def create_pool(
     db: Database, *, principal: Principal, pool_id: str, fields: Mapping[str, Any], now: datetime
 ) -> PoolRecord:
@@ -99,24 +118,28 @@ async def list_pools(
 ) -> tuple[list[PoolRecord], str | None]:
     """Return one page of the pools visible to ``principal`` and the id the next page
     starts after (None on the last page)."""
+    viewer = pool_viewer(principal)
     async with db.connection() as conn:
-        return await pools_list(
+        records, last = await pools_list(
             conn,
-            viewer=pool_viewer(principal),
+            viewer=viewer,
             limit=limit,
             after=after,
             status=status,
             runtime_class=runtime_class,
         )
+        return await _usage_scoped(conn, records, viewer), last
 
 
 async def get_pool(db: Database, *, principal: Principal, pool_id: str) -> PoolRecord:
     """Return the pool ``pool_id``; 404 when it does not exist or ``principal`` cannot see
     it."""
+    viewer = pool_viewer(principal)
     async with db.connection() as conn:
-        record = await pool_get(conn, pool_id=pool_id, viewer=pool_viewer(principal))
-    if record is None:
-        raise PoolNotFound()
+        record = await pool_get(conn, pool_id=pool_id, viewer=viewer)
+        if record is None:
+            raise PoolNotFound()
+        (record,) = await _usage_scoped(conn, [record], viewer)
     return record
 
 
@@ -218,8 +241,10 @@ async def change_pool_status(
         digest = request_hash(
             {"poolId": pool_id, "body": {k: v for k, v in body.items() if v is not None}}
         )
+        assert principal.key_id is not None
         idempotency = Idempotency(
-            subject=principal.subject, operation=operation, key=idempotency_key, request_hash=digest
+            key_id=principal.key_id, operation=operation, key=idempotency_key,
+            request_hash=digest,
         )
 
     async with db.transaction() as conn:

@@ -30,10 +30,12 @@ async def task_submit(
     tenant: str | None,
     spec: TaskSpec,
     idempotency_key: str | None,
+    max_queued: int = 0,
 ) -> TaskRow:
     """Store a task for the tenant the key acts for; a keyed repeat returns the original.
 
-    The row's ``created`` says whether this call stored it (201) or found it (200).
+    The row's ``created`` says whether this call stored it (201) or found it (200); 429 when
+    the tenant has ``max_queued`` queued tasks already (0: no cap).
     """
     tenant_id = tenant_acting(principal, tenant)
     payload = spec.model_dump(mode="json", by_alias=True)
@@ -48,6 +50,7 @@ async def task_submit(
             idempotency_key=idempotency_key,
             request_hash=digest,
             now=datetime.now(UTC),
+            max_queued=max_queued,
         )
 
 

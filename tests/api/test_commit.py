@@ -35,7 +35,7 @@ pytestmark = pytest.mark.slow
 #: Tables a write endpoint can touch; each gets the commit-time fault trigger.
 WRITTEN_TABLES = (
     "pools", "ledgers", "runtime_instances", "tasks", "task_events", "leases",
-    "reservations", "idempotency_records",
+    "reservations", "idempotency_records", "api_keys", "tenant_queue_counts",
 )
 #: How long each written row holds up its COMMIT in "slow" mode.
 SLOW_ROW_SECONDS = 0.05
@@ -226,6 +226,22 @@ async def _with_lease(live: Live) -> dict[str, Any]:
     return {"task": task, "lease": view["lease"]["id"], "epoch": view["lease"]["epoch"]}
 
 
+NEW_KEY = {"role": "operator", "subject": "commit-test-ops"}
+
+
+async def _with_key(live: Live) -> dict[str, Any]:
+    await live.fault(None)
+    r = await live.http.post("/v1/keys", json=NEW_KEY, headers=live.admin)
+    assert r.status_code == 201, r.text
+    return {"key": r.json()["id"]}
+
+
+async def _visible_key(live: Live, check: Callable[[dict[str, Any] | None], bool]) -> bool:
+    r = await live.http.get("/v1/keys", headers=live.admin)
+    found = [k for k in r.json()["items"] if k["subject"] == NEW_KEY["subject"]]
+    return r.status_code == 200 and check(found[0] if found else None)
+
+
 async def _pool_json(live: Live) -> dict[str, Any] | None:
     r = await live.http.get("/v1/pools/p1", headers=live.admin)
     return r.json() if r.status_code == 200 else None
@@ -293,6 +309,16 @@ WRITES = [
         lambda live, ctx: _visible_tasks(
             live, lambda items: [t["state"] for t in items] == ["SUCCEEDED"]
         ),
+    ),
+    Write(
+        "createKey", _nothing,
+        lambda live, _: live.http.post("/v1/keys", json=NEW_KEY, headers=live.admin),
+        lambda live, _: _visible_key(live, lambda k: k is not None),
+    ),
+    Write(
+        "revokeKey", _with_key,
+        lambda live, ctx: live.http.delete(f"/v1/keys/{ctx['key']}", headers=live.admin),
+        lambda live, _: _visible_key(live, lambda k: k is not None and k["revokedAt"] is not None),
     ),
     Write(
         "heartbeatRuntime", _nothing,

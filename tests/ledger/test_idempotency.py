@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import pytest
 
@@ -15,7 +16,8 @@ from app.ledger.idempotency import (
 )
 from app.services.idempotency import request_hash
 
-RECORD = {"subject": "ops", "operation": "cordonPool", "key": "k1"}
+KEY_OPS, KEY_ADM = uuid.uuid4(), uuid.uuid4()
+RECORD = {"key_id": KEY_OPS, "operation": "cordonPool", "key": "k1"}
 
 
 async def claim(conn: Connection, payload: object) -> StoredResponse | None:
@@ -59,11 +61,12 @@ async def test_first_claim_owns_the_key_then_replays_and_refuses(db: Database) -
     assert replay == StoredResponse(status_code=200, body={"status": "CORDONED"})
 
 
-async def test_keys_are_scoped_by_subject_and_operation(db: Database) -> None:
+async def test_keys_are_scoped_by_api_key_and_operation(db: Database) -> None:
     async with db.transaction() as conn:
-        for subject, operation in (("ops", "cordonPool"), ("ops", "drainPool"), ("adm", "x")):
+        for key_id, operation in ((KEY_OPS, "cordonPool"), (KEY_OPS, "drainPool"),
+                                  (KEY_ADM, "cordonPool")):
             owned = await idempotency_claim(
-                conn, subject=subject, operation=operation, key="k1", request_hash="h"
+                conn, key_id=key_id, operation=operation, key="k1", request_hash="h"
             )
             assert owned is None
 
