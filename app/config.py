@@ -129,7 +129,17 @@ class Settings(BaseSettings):
     retry_attempts: int = Field(default=5, ge=1, description="Tries of a transient DB failure.")
     retry_base_delay_ms: float = Field(default=20.0, gt=0, description="First retry backoff.")
     tick_seconds: float = Field(
-        default=5.0, gt=0, description="Safety-net period between passes without any wakeup."
+        default=5.0,
+        gt=0,
+        description="Period of a reconciler pass without any wakeup (re-takes expired "
+        "claims; unparks nothing).",
+    )
+    park_sweep_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="Safety sweep: every parked task is re-examined about this often "
+        "(jittered by ±25 %), in case a wakeup was missed; a task still pending for the same "
+        "reason writes no event.",
     )
     reconciler_metrics_port: int | None = Field(
         default=None,

@@ -129,7 +129,9 @@ def select(
         bad = codes != PASS
         counts += np.bincount(codes[bad], minlength=_N_REASONS)
         if f.NAME == names.CAPACITY:
+            # Only pools whose totals could hold a member can be helped by released capacity.
             near = idx[bad]
+            near = near[(snapshot.cap[near] >= cycle.req).all(axis=1)]
         if code_at is not None:
             code_at[idx[bad]] = codes[bad]
         idx = idx[~bad]
