@@ -107,6 +107,18 @@ class Settings(BaseSettings):
     heartbeat_freshness_seconds: float = Field(
         default=15.0, gt=0, description="A runtime is healthy while its last heartbeat is newer."
     )
+    queue_count_limit: int = Field(
+        default=10000,
+        ge=1,
+        description="Most rows one queue-position read of getTask counts; past it the "
+        "position and competing counts are lower bounds (`queue.exact` false).",
+    )
+    eta_window_seconds: float = Field(
+        default=900.0,
+        gt=0,
+        description="Window over which lease completions on a task's candidate pools are "
+        "counted for its estimated start time.",
+    )
 
     # --- reconciler -----------------------------------------------------------------------
     reconciler_enabled: bool = Field(

@@ -212,7 +212,8 @@ async def list_tasks(
     },
 )
 async def get_task(request: Request) -> Response:
-    """Return a task: state, pending reason or placement with alternatives, lease, attempts."""
+    """Return a task: state, pending reason or placement with alternatives, lease, attempts,
+    and while ADMITTED its queue position and estimated start."""
     principal = role_check(await principal_from_request(request), TENANT)
     errors: list[dict[str, Any]] = []
     task_id = string_read(
@@ -221,10 +222,11 @@ async def get_task(request: Request) -> Response:
     tenant = _tenant_header(request, errors)
     validation_raise(errors)
     assert task_id is not None
-    row = await service.task_get(
-        request.app.state.db, principal=principal, tenant=tenant, task_id=task_id_parse(task_id)
+    row, queue = await service.task_get(
+        request.app.state.db, principal=principal, tenant=tenant,
+        task_id=task_id_parse(task_id), settings=request.app.state.settings,
     )
-    return FastJSONResponse(task_json(row))
+    return FastJSONResponse(task_json(row, queue))
 
 
 @router.get(
