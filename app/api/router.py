@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.api import leases, placements, pools, runtimes, tasks
+from app.api import leases, placements, pools, queue, runtimes, tasks
 
 
 def api_router() -> APIRouter:
     """Return one router holding every v1 route."""
     router = APIRouter(prefix="/v1")
-    for module in (pools, tasks, placements, runtimes, leases):
+    for module in (pools, tasks, placements, queue, runtimes, leases):
         router.include_router(module.router)
     return router

@@ -19,6 +19,7 @@ __all__ = [
     "pools_completions_count",
     "pools_largest_totals",
     "pools_operated",
+    "queue_pending_by_code",
     "queue_pending_counts",
     "task_queue_position",
 ]
@@ -98,9 +99,13 @@ async def task_queue_position(
     elif policy == "fair":
         rows = await conn.fetch(_FAIR, runtime_class, limit, seq)
         own = sum(int(r[2]) for r in rows if r[0] == tenant_id)
-        # Dominant-resource fairness between tenants of equal shares is a round robin: in
-        # each round every other tenant with tasks left goes once (counted as going first).
-        ahead = own + sum(min(int(r[1]), own + 1) for r in rows if r[0] != tenant_id)
+        # Dominant-resource fairness between tenants of equal shares is a round robin in
+        # tenant-id order (the policy's tie-break): before the task's turn, every other
+        # tenant has had ``own`` turns, one more if its id sorts first.
+        ahead = own + sum(
+            min(int(r[1]), own + (1 if r[0] < tenant_id else 0))
+            for r in rows if r[0] != tenant_id
+        )
     else:
         ahead = int(await conn.fetchval(_FIFO, runtime_class, seq, limit))
     exact = exact and ahead < limit
@@ -188,3 +193,20 @@ async def pools_operated(conn: Connection, *, subject: str) -> list[str]:
     """Return the ids of the pools ``subject`` operates."""
     return [r[0] for r in await conn.fetch(
         "SELECT id FROM pools WHERE $1 = ANY(operators) ORDER BY id", subject)]
+
+
+# $1 slots.
+_BY_CODE = (
+    "SELECT coalesce(pending_reason ->> 'code', 'unexamined'), count(*), "
+    "count(*) FILTER (WHERE parked) FROM tasks "
+    "WHERE state IN ('ADMITTED', 'CLAIMED') AND shard = ANY($1::int[]) GROUP BY 1"
+)
+
+
+async def queue_pending_by_code(
+    conn: Connection, *, slots: Collection[int]
+) -> list[tuple[str, int, int]]:
+    """Return (pending code, waiting tasks, parked tasks) of the waiting tasks of ``slots``."""
+    if not slots:
+        return []
+    return [(r[0], int(r[1]), int(r[2])) for r in await conn.fetch(_BY_CODE, sorted(slots))]

@@ -37,19 +37,31 @@ from datetime import UTC, datetime
 from app.db import Connection, Database
 from app.ledger.claims import tasks_unpark, tasks_wake
 from app.ledger.leases import pool_leases_revoke
+from app.ledger.queue import queue_pending_by_code
 from app.ledger.recovery import leases_expired_recover, pools_drain_overdue
 from app.ledger.snapshot import SnapshotCache
 from app.ledger.wakeups import WakeSource, Wakeup, wakeup_keys
-from app.metrics import LEASES_EXPIRED, WAKEUPS
+from app.metrics import (
+    LEASES_EXPIRED,
+    PENDING_EXTRA_CODES,
+    TASKS_PARKED,
+    TASKS_PENDING,
+    WAKEUPS,
+)
 from app.reconciler.config import ReconcilerConfig
 from app.reconciler.listener import WakeupListener
 from app.reconciler.ownership import DynamicOwnership, StaticOwnership
 from app.reconciler.passes import PassContext, PassResult, pass_run
+from app.scheduling.reasons import REASONS
 
 log = logging.getLogger("berth.reconciler")
 
 #: Pass results kept in ``Reconciler.results``.
 RESULTS_KEPT = 64
+#: How often a reconciler refreshes the pending and parked gauges of its owned slots.
+QUEUE_GAUGES_SECONDS = 15.0
+#: The fixed label set of the pending gauge.
+PENDING_LABELS = (*(str(r) for r in REASONS), *PENDING_EXTRA_CODES)
 #: Pause after a pass failed with a non-transient error before the loop tries again.
 FAILURE_PAUSE_SECONDS = 1.0
 
@@ -235,6 +247,19 @@ class Reconciler:
 
         return await self.ownership.as_leader(recover) or 0
 
+    async def queue_gauges_refresh(self) -> None:
+        """Set the pending-by-reason and parked gauges from the owned slots' waiting tasks."""
+        async with self.db.connection() as conn:
+            rows = await queue_pending_by_code(conn, slots=self.ownership.slots)
+        counts = dict.fromkeys(PENDING_LABELS, 0)
+        parked = 0
+        for code, n, p in rows:
+            counts[code if code in counts else "other"] += n
+            parked += p
+        for code, n in counts.items():
+            TASKS_PENDING.labels(reason=code).set(n)
+        TASKS_PARKED.set(parked)
+
     def wakeup(self, wakeup: Wakeup | WakeSource) -> None:
         """Count a wakeup and trigger a pass; any source but ``submitted`` first unparks the
         parked tasks it could help (a bare source: all of them)."""
@@ -258,6 +283,7 @@ class Reconciler:
         next_sweep = clock() + sweep_delay(cfg.park_sweep_seconds, self._rng)
         next_rebalance = clock() + cfg.rebalance_seconds
         next_recovery = clock()
+        next_gauges = clock()
         stopper = asyncio.ensure_future(stop.wait())
         try:
             while not stop.is_set():
@@ -277,6 +303,14 @@ class Reconciler:
                     self.wakeup(Wakeup(WakeSource.SWEEP))
                     next_sweep = t + sweep_delay(cfg.park_sweep_seconds, self._rng)
                 full = False
+                if t >= next_gauges:
+                    next_gauges = t + QUEUE_GAUGES_SECONDS
+                    try:
+                        await self.queue_gauges_refresh()
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception:
+                        log.exception("queue gauges not refreshed", extra={"owner": self.owner_id})
                 if t >= next_recovery:
                     next_recovery = t + cfg.recovery_seconds
                     try:
@@ -303,7 +337,8 @@ class Reconciler:
                     continue
                 if full or self._wake.is_set():
                     continue
-                wait = min(next_tick, next_rebalance, next_recovery, next_sweep) - clock()
+                wait = min(next_tick, next_rebalance, next_recovery, next_sweep,
+                           next_gauges) - clock()
                 if wait > 0:
                     waker = asyncio.ensure_future(self._wake.wait())
                     await asyncio.wait({waker, stopper}, timeout=wait,

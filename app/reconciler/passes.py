@@ -54,6 +54,7 @@ from app.metrics import (
     RESERVATION_CONFLICTS,
     TASKS_CLAIMED,
     TASKS_LEASED,
+    TASKS_REEXAMINED,
 )
 from app.reconciler.config import ReconcilerConfig
 from app.reconciler.retry import transient_retry
@@ -224,6 +225,7 @@ async def pass_run(ctx: PassContext, *, pass_id: str, now: datetime) -> PassResu
     result.reexamined = sum(1 for t in claimed if t.pending_code is not None)
     # Re-examinations are not claims in the metric's sense: it grows with new work only.
     TASKS_CLAIMED.inc(len(claimed) - result.reexamined)
+    TASKS_REEXAMINED.inc(result.reexamined)
 
     specs: dict[uuid.UUID, CompiledSpec] = {}
     unclaims: list[Unclaim] = []

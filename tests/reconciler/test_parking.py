@@ -14,8 +14,9 @@ from app.config import SHARD_SLOTS, Settings
 from app.db import Database
 from app.ledger.leases import lease_complete
 from app.ledger.pools import pool_capacity_put
-from app.metrics import TASKS_CLAIMED, WAKEUPS
+from app.metrics import TASKS_CLAIMED, TASKS_PARKED, TASKS_PENDING, WAKEUPS
 from app.reconciler import Reconciler, ReconcilerConfig
+from app.reconciler.loop import PENDING_LABELS
 from tests.factories import ledger_violations, pool_add, spec_make, task_get, tasks_add
 
 pytestmark = pytest.mark.slow
@@ -195,6 +196,13 @@ async def test_a_changed_reason_appends_one_event_and_the_sweep_re_examines_sile
     async with db.connection() as conn:
         row = await task_get(conn, task)
     assert row["attempts"] == 0 and row["pending_stage"] == 4
+    # The gauges count waiting tasks by their headline code (fixed labels only).
+    await reconciler.queue_gauges_refresh()
+    assert TASKS_PENDING.labels(reason="insufficient_cpu")._value.get() == 1
+    assert TASKS_PENDING.labels(reason="runtime_unhealthy")._value.get() == 0
+    assert TASKS_PARKED._value.get() == 1
+    assert {s.labels["reason"] for s in TASKS_PENDING.collect()[0].samples} == set(
+        PENDING_LABELS)
 
 
 async def test_a_placement_unparks_the_tasks_waiting_for_an_affinity_match(
