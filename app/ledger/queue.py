@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from app.db import Connection
 
@@ -51,28 +51,39 @@ _COMPETING_COUNT = (
 )
 # Priority with aging: j is ahead of i when priority_j + wait_j / A > priority_i + wait_i / A,
 # i.e. admitted_j < admitted_i + (priority_j - priority_i) * A (admission order on a tie).
-# A loose index scan lists the priorities present; each is one range count.
-# $1 class, $2 seq, $3 limit, $4 priority, $5 admitted_at, $6 aging seconds.
-_PRIORITY = (
+# A loose index scan lists the priorities present (highest first, at most $2); each is then
+# one bounded range count. $1 class, $2 most priorities.
+_PRIORITIES = (
     "WITH RECURSIVE ps AS ("
     f"(SELECT priority FROM tasks WHERE runtime_class = $1 AND {_COMPETING} "
     "ORDER BY priority DESC LIMIT 1) "
     "UNION ALL SELECT (SELECT priority FROM tasks WHERE runtime_class = $1 "
     f"AND {_COMPETING} AND priority < ps.priority ORDER BY priority DESC LIMIT 1) "
     "FROM ps WHERE ps.priority IS NOT NULL) "
-    "SELECT coalesce(sum(c.n), 0) FROM ps CROSS JOIN LATERAL ("
-    "SELECT count(*) AS n FROM (SELECT 1 FROM tasks WHERE runtime_class = $1 "
-    f"AND {_COMPETING} AND priority = ps.priority AND ("
-    "admitted_at < $5::timestamptz + make_interval(secs => (ps.priority - $4) * $6::float8) "
-    "OR (ps.priority = $4 AND admitted_at = $5::timestamptz AND seq < $2)) LIMIT $3) x) c "
-    "WHERE ps.priority IS NOT NULL"
+    "SELECT priority FROM ps WHERE priority IS NOT NULL LIMIT $2"
 )
-# Fair: per tenant, its competing tasks and those older than the task, among the oldest
-# ``limit`` rows of the class. $1 class, $2 limit, $3 seq.
-_FAIR = (
-    "SELECT tenant_id, count(*), count(*) FILTER (WHERE seq < $3) FROM ("
-    f"SELECT tenant_id, seq FROM tasks WHERE runtime_class = $1 AND {_COMPETING} "
-    "ORDER BY seq LIMIT $2) y GROUP BY tenant_id"
+# $1 class, $2 priority, $3 admitted bound, $4 limit, $5 the task's seq and admission (ties).
+_PRIORITY_AHEAD = (
+    f"SELECT count(*) FROM (SELECT 1 FROM tasks WHERE runtime_class = $1 AND {_COMPETING} "
+    "AND priority = $2 AND (admitted_at < $3 OR (admitted_at = $3 AND seq < $5)) "
+    "LIMIT $4) x"
+)
+#: Most distinct priorities (or tenants, under fair) one position read visits.
+GROUPS_MAX = 256
+# Fair: the tenants present in the class (loose index scan). $1 class, $2 most tenants.
+_TENANTS = (
+    "WITH RECURSIVE ts AS ("
+    f"(SELECT tenant_id FROM tasks WHERE runtime_class = $1 AND {_COMPETING} "
+    "ORDER BY tenant_id LIMIT 1) "
+    "UNION ALL SELECT (SELECT tenant_id FROM tasks WHERE runtime_class = $1 "
+    f"AND {_COMPETING} AND tenant_id > ts.tenant_id ORDER BY tenant_id LIMIT 1) "
+    "FROM ts WHERE ts.tenant_id IS NOT NULL) "
+    "SELECT tenant_id FROM ts WHERE tenant_id IS NOT NULL LIMIT $2"
+)
+# A tenant's competing tasks older than seq $3, at most $4. $1 class, $2 tenant.
+_TENANT_AHEAD = (
+    f"SELECT count(*) FROM (SELECT 1 FROM tasks WHERE runtime_class = $1 AND {_COMPETING} "
+    "AND tenant_id = $2 AND seq < $3 LIMIT $4) x"
 )
 
 
@@ -93,19 +104,30 @@ async def task_queue_position(
     competing = int(await conn.fetchval(_COMPETING_COUNT, runtime_class, limit))
     exact = competing < limit
     if policy == "priority":
-        ahead = int(await conn.fetchval(
-            _PRIORITY, runtime_class, seq, limit, priority, admitted_at, float(aging_seconds)
-        ))
+        # Each priority's count is bounded by what is left of ``limit``: at most ``limit``
+        # rows in all.
+        ahead = 0
+        for (p,) in await conn.fetch(_PRIORITIES, runtime_class, GROUPS_MAX):
+            if ahead >= limit:
+                break
+            bound = admitted_at + timedelta(seconds=(p - priority) * float(aging_seconds))
+            ahead += int(await conn.fetchval(
+                _PRIORITY_AHEAD, runtime_class, p, bound, limit - ahead, seq))
     elif policy == "fair":
-        rows = await conn.fetch(_FAIR, runtime_class, limit, seq)
-        own = sum(int(r[2]) for r in rows if r[0] == tenant_id)
         # Dominant-resource fairness between tenants of equal shares is a round robin in
         # tenant-id order (the policy's tie-break): before the task's turn, every other
         # tenant has had ``own`` turns, one more if its id sorts first.
-        ahead = own + sum(
-            min(int(r[1]), own + (1 if r[0] < tenant_id else 0))
-            for r in rows if r[0] != tenant_id
-        )
+        own = int(await conn.fetchval(_TENANT_AHEAD, runtime_class, tenant_id, seq, limit))
+        ahead = own
+        for (other,) in await conn.fetch(_TENANTS, runtime_class, GROUPS_MAX):
+            if other == tenant_id:
+                continue
+            if ahead >= limit:
+                break
+            turns = min(own + (1 if other < tenant_id else 0), limit - ahead)
+            if turns > 0:
+                ahead += int(await conn.fetchval(
+                    _TENANT_AHEAD, runtime_class, other, 2**62, turns))
     else:
         ahead = int(await conn.fetchval(_FIFO, runtime_class, seq, limit))
     exact = exact and ahead < limit

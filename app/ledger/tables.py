@@ -193,9 +193,10 @@ Index(
 COMPETING = (
     "state IN ('ADMITTED', 'CLAIMED') AND (pending_stage IS NULL OR pending_stage >= 4)"
 )
+Index("ix_tasks_queue_seq", tasks.c.runtime_class, tasks.c.seq, postgresql_where=text(COMPETING))
 Index(
-    "ix_tasks_queue_seq", tasks.c.runtime_class, tasks.c.seq,
-    postgresql_include=["tenant_id", "priority"], postgresql_where=text(COMPETING),
+    "ix_tasks_queue_tenant", tasks.c.runtime_class, tasks.c.tenant_id, tasks.c.seq,
+    postgresql_where=text(COMPETING),
 )
 Index(
     "ix_tasks_queue_priority", tasks.c.runtime_class, tasks.c.priority, tasks.c.admitted_at,
