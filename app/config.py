@@ -110,8 +110,14 @@ class Settings(BaseSettings):
     queue_count_limit: int = Field(
         default=10000,
         ge=1,
-        description="Most rows one queue-position read of getTask counts; past it the "
-        "position and competing counts are lower bounds (`queue.exact` false).",
+        description="Most competing tasks of a runtime class read for queue positions; past "
+        "it `queue.position` and `queue.competing` are lower bounds (`queue.exact` false).",
+    )
+    queue_snapshot_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        description="An API process reads a runtime class's competing queue at most this "
+        "often for getTask's queue positions (positions may be this old).",
     )
     eta_window_seconds: float = Field(
         default=900.0,

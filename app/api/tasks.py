@@ -225,6 +225,7 @@ async def get_task(request: Request) -> Response:
     row, queue = await service.task_get(
         request.app.state.db, principal=principal, tenant=tenant,
         task_id=task_id_parse(task_id), settings=request.app.state.settings,
+        queue_cache=request.app.state.queue_cache,
     )
     return FastJSONResponse(task_json(row, queue))
 

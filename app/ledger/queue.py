@@ -1,27 +1,27 @@
-"""Queue SQL: a waiting task's position and the facts behind its ETA, and what is pending.
+"""Queue SQL: the competing queue of a runtime class, the facts behind an ETA, and what is
+pending.
 
-Every read is bounded. Position counts read ranges of the competing-queue indexes of the
-task's runtime class (``ix_tasks_queue_seq``, ``ix_tasks_queue_priority``: tasks waiting that
-released capacity could help) and stop after ``limit`` rows, so a read never scans the whole
-queue; when a count reaches the limit it is reported as a lower bound (``exact`` False).
+Every read is bounded: the class queue reads one range of ``ix_tasks_queue_seq`` (waiting
+tasks that released capacity could help) up to ``limit`` rows, the completions read at most
+``limit`` recent leases, and the pending counts are grouped in the database.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from app.db import Connection
 
 __all__ = [
-    "QueuePosition",
+    "QueueEntry",
     "pools_completions_count",
     "pools_largest_totals",
     "pools_operated",
     "queue_pending_by_code",
+    "queue_class_read",
     "queue_pending_counts",
-    "task_queue_position",
 ]
 
 _COMPETING = (
@@ -30,117 +30,42 @@ _COMPETING = (
 
 
 @dataclass(frozen=True, slots=True)
-class QueuePosition:
-    """Tasks ahead of a task under the policy, tasks competing with it, and whether both
-    counts are exact (False: at least these many)."""
+class QueueEntry:
+    """One competing task of a runtime class, with what every policy orders by."""
 
-    ahead: int
-    competing: int
-    exact: bool
+    seq: int
+    tenant_id: str
+    priority: int
+    admitted_at: datetime
 
 
-# $1 class, $2 seq, $3 limit.
-_FIFO = (
-    f"SELECT count(*) FROM (SELECT 1 FROM tasks WHERE runtime_class = $1 AND {_COMPETING} "
-    "AND seq < $2 LIMIT $3) x"
-)
-# $1 class, $2 limit.
-_COMPETING_COUNT = (
-    f"SELECT count(*) FROM (SELECT 1 FROM tasks WHERE runtime_class = $1 AND {_COMPETING} "
-    "LIMIT $2) x"
-)
-# Priority with aging: j is ahead of i when priority_j + wait_j / A > priority_i + wait_i / A,
-# i.e. admitted_j < admitted_i + (priority_j - priority_i) * A (admission order on a tie).
-# A loose index scan lists the priorities present (highest first, at most $2); each is then
-# one bounded range count. $1 class, $2 most priorities.
-_PRIORITIES = (
-    "WITH RECURSIVE ps AS ("
-    f"(SELECT priority FROM tasks WHERE runtime_class = $1 AND {_COMPETING} "
-    "ORDER BY priority DESC LIMIT 1) "
-    "UNION ALL SELECT (SELECT priority FROM tasks WHERE runtime_class = $1 "
-    f"AND {_COMPETING} AND priority < ps.priority ORDER BY priority DESC LIMIT 1) "
-    "FROM ps WHERE ps.priority IS NOT NULL) "
-    "SELECT priority FROM ps WHERE priority IS NOT NULL LIMIT $2"
-)
-# $1 class, $2 priority, $3 admitted bound, $4 limit, $5 the task's seq and admission (ties).
-_PRIORITY_AHEAD = (
-    f"SELECT count(*) FROM (SELECT 1 FROM tasks WHERE runtime_class = $1 AND {_COMPETING} "
-    "AND priority = $2 AND (admitted_at < $3 OR (admitted_at = $3 AND seq < $5)) "
-    "LIMIT $4) x"
-)
-#: Most distinct priorities (or tenants, under fair) one position read visits.
-GROUPS_MAX = 256
-# Fair: the tenants present in the class (loose index scan). $1 class, $2 most tenants.
-_TENANTS = (
-    "WITH RECURSIVE ts AS ("
-    f"(SELECT tenant_id FROM tasks WHERE runtime_class = $1 AND {_COMPETING} "
-    "ORDER BY tenant_id LIMIT 1) "
-    "UNION ALL SELECT (SELECT tenant_id FROM tasks WHERE runtime_class = $1 "
-    f"AND {_COMPETING} AND tenant_id > ts.tenant_id ORDER BY tenant_id LIMIT 1) "
-    "FROM ts WHERE ts.tenant_id IS NOT NULL) "
-    "SELECT tenant_id FROM ts WHERE tenant_id IS NOT NULL LIMIT $2"
-)
-# A tenant's competing tasks older than seq $3, at most $4. $1 class, $2 tenant.
-_TENANT_AHEAD = (
-    f"SELECT count(*) FROM (SELECT 1 FROM tasks WHERE runtime_class = $1 AND {_COMPETING} "
-    "AND tenant_id = $2 AND seq < $3 LIMIT $4) x"
+# $1 class, $2 limit: the oldest competing tasks of the class, in admission order (one range
+# of ix_tasks_queue_seq).
+_CLASS_QUEUE = (
+    "SELECT seq, tenant_id, priority, admitted_at FROM tasks "
+    f"WHERE runtime_class = $1 AND {_COMPETING} ORDER BY seq LIMIT $2"
 )
 
 
-async def task_queue_position(
-    conn: Connection,
-    *,
-    runtime_class: str,
-    tenant_id: str,
-    seq: int,
-    priority: int,
-    admitted_at: datetime,
-    policy: str,
-    aging_seconds: float,
-    limit: int,
-) -> QueuePosition:
-    """Return where the task stands under ``policy`` among the competing tasks of its
-    runtime class, counting at most ``limit`` rows per read."""
-    competing = int(await conn.fetchval(_COMPETING_COUNT, runtime_class, limit))
-    exact = competing < limit
-    if policy == "priority":
-        # Each priority's count is bounded by what is left of ``limit``: at most ``limit``
-        # rows in all.
-        ahead = 0
-        for (p,) in await conn.fetch(_PRIORITIES, runtime_class, GROUPS_MAX):
-            if ahead >= limit:
-                break
-            bound = admitted_at + timedelta(seconds=(p - priority) * float(aging_seconds))
-            ahead += int(await conn.fetchval(
-                _PRIORITY_AHEAD, runtime_class, p, bound, limit - ahead, seq))
-    elif policy == "fair":
-        # Dominant-resource fairness between tenants of equal shares is a round robin in
-        # tenant-id order (the policy's tie-break): before the task's turn, every other
-        # tenant has had ``own`` turns, one more if its id sorts first.
-        own = int(await conn.fetchval(_TENANT_AHEAD, runtime_class, tenant_id, seq, limit))
-        ahead = own
-        for (other,) in await conn.fetch(_TENANTS, runtime_class, GROUPS_MAX):
-            if other == tenant_id:
-                continue
-            if ahead >= limit:
-                break
-            turns = min(own + (1 if other < tenant_id else 0), limit - ahead)
-            if turns > 0:
-                ahead += int(await conn.fetchval(
-                    _TENANT_AHEAD, runtime_class, other, 2**62, turns))
-    else:
-        ahead = int(await conn.fetchval(_FIFO, runtime_class, seq, limit))
-    exact = exact and ahead < limit
-    return QueuePosition(ahead=ahead, competing=competing, exact=exact)
+async def queue_class_read(
+    conn: Connection, *, runtime_class: str, limit: int
+) -> list[QueueEntry]:
+    """Return the oldest ``limit`` competing tasks of ``runtime_class`` in admission order
+    (fewer than ``limit``: the whole competing queue of the class)."""
+    rows = await conn.fetch(_CLASS_QUEUE, runtime_class, limit)
+    return [QueueEntry(r[0], r[1], r[2], r[3]) for r in rows]
 
 
 # $1 tenant, $2 class, $3 pool ids (NULL: every pool of the class open to the tenant),
-# $4 since.
+# $4 since, $5 most completions counted.
 _COMPLETIONS = (
-    "SELECT count(DISTINCT p.id), count(l.id) FROM pools p "
-    "LEFT JOIN leases l ON l.pool_id = p.id AND l.state = 'COMPLETED' AND l.ended_at >= $4 "
-    "WHERE $1 = ANY(p.tenant_ids) AND p.runtime_class = $2 "
-    "AND ($3::text[] IS NULL OR p.id = ANY($3::text[]))"
+    "SELECT (SELECT count(*) FROM pools p WHERE $1 = ANY(p.tenant_ids) "
+    "AND p.runtime_class = $2 AND ($3::text[] IS NULL OR p.id = ANY($3::text[]))), "
+    "count(*), min(ended_at) FROM (SELECT l.ended_at FROM leases l JOIN pools p "
+    "ON p.id = l.pool_id WHERE l.state = 'COMPLETED' AND l.ended_at >= $4 "
+    "AND $1 = ANY(p.tenant_ids) AND p.runtime_class = $2 "
+    "AND ($3::text[] IS NULL OR p.id = ANY($3::text[])) "
+    "ORDER BY l.ended_at DESC LIMIT $5) x"
 )
 
 
@@ -151,14 +76,16 @@ async def pools_completions_count(
     runtime_class: str,
     pool_ids: Collection[str] | None,
     since: datetime,
-) -> tuple[int, int]:
-    """Return (candidate pools, leases completed on them since ``since``); the candidates
-    are ``pool_ids`` (or every pool of the class open to the tenant), visible ones only."""
+    limit: int = 1000,
+) -> tuple[int, int, datetime | None]:
+    """Return (candidate pools, leases completed on them since ``since`` — at most
+    ``limit``, the most recent —, the oldest of those counted); the candidates are
+    ``pool_ids`` (or every pool of the class open to the tenant), visible ones only."""
     row = await conn.fetchrow(
         _COMPLETIONS, tenant_id, runtime_class,
-        None if pool_ids is None else sorted(pool_ids), since,
+        None if pool_ids is None else sorted(pool_ids), since, limit,
     )
-    return int(row[0]), int(row[1])
+    return int(row[0]), int(row[1]), row[2]
 
 
 _LARGEST = (

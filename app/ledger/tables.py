@@ -188,20 +188,12 @@ Index(
     postgresql_where=text("state = 'ADMITTED' AND parked"),
 )
 # The competing queue of a runtime class: tasks waiting that released capacity could help
-# (not those a pool must first be added, activated or changed for). Queue position reads
-# count ranges of these instead of scanning the queue (revision 0004_parking).
+# (not those a pool must first be added, activated or changed for). Queue positions read
+# one bounded range of it instead of scanning the queue (revision 0004_parking).
 COMPETING = (
     "state IN ('ADMITTED', 'CLAIMED') AND (pending_stage IS NULL OR pending_stage >= 4)"
 )
 Index("ix_tasks_queue_seq", tasks.c.runtime_class, tasks.c.seq, postgresql_where=text(COMPETING))
-Index(
-    "ix_tasks_queue_tenant", tasks.c.runtime_class, tasks.c.tenant_id, tasks.c.seq,
-    postgresql_where=text(COMPETING),
-)
-Index(
-    "ix_tasks_queue_priority", tasks.c.runtime_class, tasks.c.priority, tasks.c.admitted_at,
-    postgresql_include=["seq"], postgresql_where=text(COMPETING),
-)
 # Claims whose reconciler died.
 Index(
     "ix_tasks_claim_expiry", tasks.c.claim_expires_at, postgresql_where=text("state = 'CLAIMED'")

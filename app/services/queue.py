@@ -3,9 +3,11 @@ and what is pending for a caller (SPEC §5, §6).
 
 **Position** is counted under the active policy among the tasks that compete for the same
 pools: waiting tasks of the same runtime class that released capacity could help (tasks
-waiting for a pool to be added, activated or changed compete for nothing yet). Reads are
-bounded (:mod:`app.ledger.queue`): past ``queue_count_limit`` rows a count is a lower bound
-and ``exact`` is false.
+waiting for a pool to be added, activated or changed compete for nothing yet). It comes from
+a snapshot of the class's competing queue (:class:`~app.scheduling.positions.ClassQueue`,
+the oldest ``queue_count_limit`` tasks, one bounded read) that a :class:`QueueCache` keeps
+for ``queue_snapshot_seconds``: a read of getTask costs binary searches, not a count over
+the queue. Past the limit the counts are lower bounds and ``exact`` is false.
 
 **ETA**: ``estimatedStartAt`` is given only when capacity is the only blocker (the pending
 reason's closest miss is a capacity code) and leases on the task's candidate pools (the
@@ -17,6 +19,7 @@ one waiting task, in queue order. Otherwise it is null and ``estimate`` says why
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -27,14 +30,46 @@ from app.ledger.queue import (
     pools_completions_count,
     pools_largest_totals,
     pools_operated,
+    queue_class_read,
     queue_pending_counts,
-    task_queue_position,
 )
 from app.ledger.tasks import TaskRow
+from app.scheduling.positions import ClassQueue
 from app.scheduling.reasons import Reason, Stage
 from app.services.tenancy import tenants_reading
 
-__all__ = ["duration_words", "queue_get", "task_queue"]
+__all__ = ["QueueCache", "duration_words", "queue_get", "task_queue"]
+
+#: Most recent completions one ETA read counts (the rate is then taken over their span).
+COMPLETIONS_COUNTED = 1000
+
+
+class QueueCache:
+    """Snapshots of competing queues by runtime class, each kept ``max_age_seconds``."""
+
+    def __init__(self, max_age_seconds: float = 1.0) -> None:
+        self.max_age_seconds = max_age_seconds
+        self._entries: dict[tuple[str, int, float], tuple[float, ClassQueue]] = {}
+
+    async def get(
+        self, conn: Connection, *, runtime_class: str, limit: int, aging_seconds: float
+    ) -> ClassQueue:
+        """Return the class's queue snapshot, read again when older than the max age."""
+        key = (runtime_class, limit, aging_seconds)
+        now = time.monotonic()
+        hit = self._entries.get(key)
+        if hit is not None and now - hit[0] < self.max_age_seconds:
+            return hit[1]
+        entries = await queue_class_read(conn, runtime_class=runtime_class, limit=limit)
+        queue = ClassQueue(
+            [(e.seq, e.tenant_id, e.priority, e.admitted_at) for e in entries],
+            complete=len(entries) < limit,
+            aging_seconds=aging_seconds,
+        )
+        if len(self._entries) >= 1024:
+            self._entries.clear()
+        self._entries[key] = (now, queue)
+        return queue
 
 _DIMENSIONS = (("cpuMillis", "cpu"), ("memoryMiB", "memory"), ("llmSlots", "llm slots"))
 
@@ -65,14 +100,23 @@ def _never_fits(spec: dict[str, Any], totals: tuple[int, int, int] | None) -> st
 
 
 async def task_queue(
-    conn: Connection, *, row: TaskRow, settings: Settings, now: datetime
+    conn: Connection,
+    *,
+    row: TaskRow,
+    settings: Settings,
+    now: datetime,
+    cache: QueueCache | None = None,
 ) -> dict[str, Any]:
-    """Return the ``queue`` document of an ADMITTED task (position, competing, ETA)."""
+    """Return the ``queue`` document of an ADMITTED task (position, competing, ETA); without
+    a ``cache`` the class queue is read afresh."""
     assert row.admitted_at is not None
-    pos = await task_queue_position(
-        conn, runtime_class=row.runtime_class, tenant_id=row.tenant_id, seq=row.seq,
-        priority=row.priority, admitted_at=row.admitted_at, policy=str(settings.policy),
-        aging_seconds=settings.priority_aging_seconds, limit=settings.queue_count_limit,
+    queue = await (cache or QueueCache(0.0)).get(
+        conn, runtime_class=row.runtime_class, limit=settings.queue_count_limit,
+        aging_seconds=settings.priority_aging_seconds,
+    )
+    pos = queue.position(
+        seq=row.seq, tenant_id=row.tenant_id, priority=row.priority,
+        admitted_at=row.admitted_at, policy=str(settings.policy),
     )
     doc: dict[str, Any] = {
         "position": pos.ahead + 1,
@@ -110,10 +154,14 @@ async def task_queue(
         doc["estimate"] = _never_fits(row.spec, totals)
         return doc
     window = settings.eta_window_seconds
-    candidates, completed = await pools_completions_count(
+    candidates, completed, oldest = await pools_completions_count(
         conn, tenant_id=row.tenant_id, runtime_class=row.runtime_class,
         pool_ids=None if broad else pools, since=now - timedelta(seconds=window),
+        limit=COMPLETIONS_COUNTED,
     )
+    if completed >= COMPLETIONS_COUNTED and oldest is not None:
+        # A busy class: the rate over the span of the most recent completions (bounded read).
+        window = max((now - oldest).total_seconds(), 1.0)
     over = f"over the last {duration_words(window)}"
     on = f"on its {_plural(candidates, 'candidate pool', 'candidate pools')}"
     if completed == 0:

@@ -20,7 +20,7 @@ from app.ledger.leases import task_cancel as ledger_task_cancel
 from app.ledger.tasks import TaskEventRow, TaskNotFound, TaskRow
 from app.scheduling.spec import TaskSpec
 from app.services.idempotency import request_hash
-from app.services.queue import task_queue
+from app.services.queue import QueueCache, task_queue
 from app.services.tenancy import tenant_acting, tenants_reading
 
 __all__ = ["task_cancel", "task_events_page", "task_get", "task_submit", "tasks_page"]
@@ -61,6 +61,7 @@ async def task_get(
     tenant: str | None,
     task_id: uuid.UUID,
     settings: Settings | None = None,
+    queue_cache: QueueCache | None = None,
 ) -> tuple[TaskRow, dict[str, Any] | None]:
     """Return a task of the tenants the key reads for, with its queue position and ETA while
     ADMITTED (when ``settings`` are given), or raise TaskNotFound."""
@@ -71,7 +72,8 @@ async def task_get(
         if row is None:
             raise TaskNotFound()
         if settings is not None and row.state == "ADMITTED":
-            queue = await task_queue(conn, row=row, settings=settings, now=datetime.now(UTC))
+            queue = await task_queue(conn, row=row, settings=settings, now=datetime.now(UTC),
+                                     cache=queue_cache)
     return row, queue
 
 

@@ -7,9 +7,8 @@ indexes that make wakeups selective and a task's queue position cheap.
 * ``tasks.pending_stage``: the stage (SPEC §4) of the task's closest miss; tasks that no
   released capacity can help (stages below capacity) do not compete for pools, so they are
   left out of the queue indexes.
-* ``ix_tasks_queue_seq`` / ``ix_tasks_queue_tenant`` / ``ix_tasks_queue_priority``: the
-  competing queue of a runtime class in admission order, per tenant, and in priority order
-  (position under fifo, fair and priority).
+* ``ix_tasks_queue_seq``: the competing queue of a runtime class in admission order (one
+  bounded range read gives every policy's positions, see ``app.scheduling.positions``).
 * ``ix_leases_pool_completed``: recent completions per pool (the ETA's observed rate).
 
 Revision ID: 0004_parking
@@ -49,14 +48,6 @@ def upgrade() -> None:
         postgresql_where=sa.text(COMPETING),
     )
     op.create_index(
-        "ix_tasks_queue_tenant", "tasks", ["runtime_class", "tenant_id", "seq"], unique=False,
-        postgresql_where=sa.text(COMPETING),
-    )
-    op.create_index(
-        "ix_tasks_queue_priority", "tasks", ["runtime_class", "priority", "admitted_at"],
-        unique=False, postgresql_include=["seq"], postgresql_where=sa.text(COMPETING),
-    )
-    op.create_index(
         "ix_leases_pool_completed", "leases", ["pool_id", "ended_at"], unique=False,
         postgresql_where=sa.text("state = 'COMPLETED'"),
     )
@@ -65,8 +56,6 @@ def upgrade() -> None:
 def downgrade() -> None:
     """Revert this revision."""
     op.drop_index("ix_leases_pool_completed", table_name="leases")
-    op.drop_index("ix_tasks_queue_priority", table_name="tasks")
-    op.drop_index("ix_tasks_queue_tenant", table_name="tasks")
     op.drop_index("ix_tasks_queue_seq", table_name="tasks")
     op.drop_index("ix_tasks_parked_wake", table_name="tasks")
     op.drop_column("tasks", "pending_stage")
