@@ -110,7 +110,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         description="Run a benchmark; 'berth bench TARGET --help' lists its options. "
         "docs/benchmarks.md explains what each measures.",
     )
-    p.add_argument("target", choices=["core", "e2e", "api", "drivers"], help="what to measure")
+    p.add_argument("target", choices=["core", "e2e", "api", "drivers", "parked", "queue"],
+                   help="what to measure")
     p.add_argument("args", nargs=argparse.REMAINDER, help="options of that benchmark")
 
 

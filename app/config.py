@@ -120,6 +120,24 @@ class Settings(BaseSettings):
     heartbeat_freshness_seconds: float = Field(
         default=15.0, gt=0, description="A runtime is healthy while its last heartbeat is newer."
     )
+    queue_count_limit: int = Field(
+        default=10000,
+        ge=1,
+        description="Most competing tasks of a runtime class read for queue positions; past "
+        "it `queue.position` and `queue.competing` are lower bounds (`queue.exact` false).",
+    )
+    queue_snapshot_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        description="An API process reads a runtime class's competing queue at most this "
+        "often for getTask's queue positions (positions may be this old).",
+    )
+    eta_window_seconds: float = Field(
+        default=900.0,
+        gt=0,
+        description="Window over which lease completions on a task's candidate pools are "
+        "counted for its estimated start time.",
+    )
 
     # --- reconciler -----------------------------------------------------------------------
     reconciler_enabled: bool = Field(
@@ -142,7 +160,17 @@ class Settings(BaseSettings):
     retry_attempts: int = Field(default=5, ge=1, description="Tries of a transient DB failure.")
     retry_base_delay_ms: float = Field(default=20.0, gt=0, description="First retry backoff.")
     tick_seconds: float = Field(
-        default=5.0, gt=0, description="Safety-net period between passes without any wakeup."
+        default=5.0,
+        gt=0,
+        description="Period of a reconciler pass without any wakeup (re-takes expired "
+        "claims; unparks nothing).",
+    )
+    park_sweep_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="Safety sweep: every parked task is re-examined about this often "
+        "(jittered by ±25 %), in case a wakeup was missed; a task still pending for the same "
+        "reason writes no event.",
     )
     reconciler_metrics_port: int | None = Field(
         default=None,

@@ -29,6 +29,7 @@ from app.config import Settings, get_settings
 from app.db import Database
 from app.errors import ConfigurationError
 from app.schema import schema_current, schema_head
+from app.services.queue import QueueCache
 
 log = logging.getLogger("berth")
 
@@ -84,6 +85,7 @@ def create_app(
         )
         app.state.settings = settings
         app.state.key_cache = KeyCache()
+        app.state.queue_cache = QueueCache(settings.queue_snapshot_seconds)
         stops = [start(app.state.db) for start in background]
         try:
             yield

@@ -55,6 +55,23 @@ TRANSIENT_RETRIES = Counter(
     ["kind"],
 )
 SHARDS_OWNED = Gauge("berth_shards_owned", "Shard slots owned by this reconciler process.")
+#: Pending codes a waiting task may carry besides the scheduling core's reason codes; any
+#: other stored value is counted as ``other``.
+PENDING_EXTRA_CODES = ("unexamined", "reservation_conflict", "invalid_spec", "scheduler_error",
+                       "other")
+TASKS_PENDING = Gauge(
+    "berth_tasks_pending",
+    "Waiting tasks (ADMITTED or CLAIMED) of the owned slots, by pending reason code "
+    "(the closest miss; unexamined before the first pass).",
+    ["reason"],
+)
+TASKS_PARKED = Gauge(
+    "berth_tasks_parked", "Parked tasks of the owned slots (waiting for a wakeup that could help)."
+)
+TASKS_REEXAMINED = Counter(
+    "berth_tasks_reexamined_total",
+    "Woken parked tasks claimed again to be re-examined (not counted as claims).",
+)
 
 #: Why a request was refused before Berth worked on it (see app/api/shedding.py and
 #: app/api/timeouts.py); every reason is counted from zero so that rates read well.

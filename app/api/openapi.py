@@ -44,6 +44,11 @@ TAGS: list[dict[str, str]] = [
         "score components and rejections; reserves nothing.",
     },
     {
+        "name": "queue",
+        "description": "What is pending and why: waiting tasks by runtime class and reason "
+        "code, scoped to the caller (a tenant its own, an operator its pools' demand).",
+    },
+    {
         "name": "runtimes",
         "description": "Runtime instances: heartbeats (health and lease renewal) and the "
         "leases granted to them.",

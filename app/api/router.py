@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from starlette.routing import BaseRoute
 
-from app.api import keys, leases, placements, pools, runtimes, tasks
+from app.api import keys, leases, placements, pools, queue, runtimes, tasks
 
 
 def api_routes() -> list[BaseRoute]:
@@ -18,6 +18,6 @@ def api_routes() -> list[BaseRoute]:
     """
     return [
         route
-        for module in (tasks, pools, placements, runtimes, leases, keys)
+        for module in (tasks, pools, placements, queue, runtimes, leases, keys)
         for route in module.router.routes
     ]

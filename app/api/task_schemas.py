@@ -98,16 +98,51 @@ class PendingReason(CamelModel):
             "examples": [
                 {
                     "code": "insufficient_cpu",
-                    "message": "no pool fits: 3 pools lack cpu, 1 pool is cordoned or draining",
+                    "message": "0/4 pools fit: 3 lack cpu (closest), 1 is cordoned or draining",
                     "rejections": {"insufficient_cpu": 3, "pool_not_active": 1},
                 }
             ]
         }
     )
 
-    code: str = Field(description="The reason code that rejected the most pools.")
+    code: str = Field(
+        description="The closest miss: the code of the latest stage any pool reached "
+        "(ties: the most pools)."
+    )
     message: str = Field(description="A human sentence; names no pool.")
     rejections: dict[str, int] = Field(description="Number of visible pools rejected, by code.")
+
+
+class TaskQueue(CamelModel):
+    """Where an admitted task stands under the active policy, and when it may start."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "position": 13,
+                    "competing": 40,
+                    "exact": True,
+                    "policy": "fifo",
+                    "estimatedStartAt": "2026-12-01T12:03:15Z",
+                    "estimate": "about 3 minutes: 12 tasks ahead; leases on its 3 candidate "
+                    "pools completed at 4.0 per minute over the last 15 minutes (each "
+                    "completion is assumed to free room for one waiting task)",
+                }
+            ]
+        }
+    )
+
+    position: int = Field(ge=1, description="1 + the competing tasks ahead under the policy.")
+    competing: int = Field(
+        ge=0, description="Waiting tasks of the runtime class that released capacity could help."
+    )
+    exact: bool = Field(description="False: a count reached the read bound (lower bounds).")
+    policy: str = Field(description="The policy the position is counted under.")
+    estimated_start_at: datetime | None = Field(
+        description="Only when capacity is the only blocker and completions were observed."
+    )
+    estimate: str = Field(description="How the estimate was made, or why there is none.")
 
 
 class TaskLease(CamelModel):
@@ -141,6 +176,10 @@ class Task(CamelModel):
     lease: TaskLease | None = Field(description="The active lease (a gang's first by pool id).")
     leases: list[TaskLease] = Field(description="Every active lease (one per pool of a gang).")
     failure_reason: str | None = Field(description="Set when FAILED or CANCELLED.")
+    queue: TaskQueue | None = Field(
+        default=None,
+        description="Where the task stands while ADMITTED (getTask only; null in lists).",
+    )
 
 
 class TaskEvent(CamelModel):
@@ -271,8 +310,9 @@ def _lease_json(lease: LeaseView) -> dict[str, Any]:
     }
 
 
-def task_json(row: TaskRow) -> dict[str, Any]:
-    """Return a task row in the SPEC §6 task shape (values orjson serializes)."""
+def task_json(row: TaskRow, queue: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Return a task row in the SPEC §6 task shape (values orjson serializes); ``queue`` is
+    the position document of an ADMITTED task read one at a time (getTask)."""
     leases = [_lease_json(lease) for lease in row.leases]
     return {
         "id": row.id,
@@ -293,6 +333,7 @@ def task_json(row: TaskRow) -> dict[str, Any]:
         "lease": leases[0] if leases else None,
         "leases": leases,
         "failureReason": row.failure_reason,
+        "queue": queue,
     }
 
 

@@ -212,16 +212,18 @@ async def list_tasks(
     },
 )
 async def get_task(request: Request) -> Response:
-    """Return a task: state, pending reason or placement with alternatives, lease, attempts."""
+    """Return a task: state, pending reason or placement with alternatives, lease, attempts,
+    and while ADMITTED its queue position and estimated start."""
     principal = role_check(await principal_from_request(request), TENANT)
     errors: list[dict[str, Any]] = []
     tenant = _tenant_header(request, errors)
     validation_raise(errors)
     task_id = task_id_parse(request.path_params["taskId"])
-    row = await service.task_get(
-        request.app.state.db, principal=principal, tenant=tenant, task_id=task_id
+    row, queue = await service.task_get(
+        request.app.state.db, principal=principal, tenant=tenant, task_id=task_id,
+        settings=request.app.state.settings, queue_cache=request.app.state.queue_cache,
     )
-    return FastJSONResponse(task_json(row))
+    return FastJSONResponse(task_json(row, queue))
 
 
 @router.get(

@@ -13,7 +13,18 @@ that expired (their reconciler died), then admitted tasks in the policy's claim 
 ``tasks_lease`` and ``tasks_unclaim`` apply a pass's decisions (through
 :func:`app.ledger.plans.plan_apply`); both touch only tasks still ``CLAIMED`` by the calling
 owner, so a task whose claim expired (and was re-taken) or which was cancelled meanwhile is
-silently left out. Every transition appends a task event.
+silently left out.
+
+**Events grow with changes, not with time** (SPEC §5). A task that already carries a pending
+reason (it was parked, then woken) is claimed *silently*: no ``claimed`` event. If the pass
+finds it pending for the same reason code, it is parked again with no event at all (its
+pending reason, wake keys and stage are refreshed in place). If the outcome differs (leased,
+another reason, a lost race), the deferred ``claimed`` event is written first, at the claim's
+time, then the outcome's: the history reads as it always did, minus the repetitions.
+
+``tasks_wake`` and ``tasks_unpark`` make parked tasks claimable again: the first only those
+whose wake keys (:mod:`app.scheduling.parking`) overlap a wakeup's, the second all of a set
+of slots (the safety sweep).
 """
 
 from __future__ import annotations
@@ -46,6 +57,9 @@ class ClaimedTask:
     spec_json: str
     admitted_at: datetime
     attempts: int
+    #: The stored pending code, when the task was claimed silently (a re-examination of a
+    #: woken task: its ``claimed`` event is written only if the outcome changes).
+    pending_code: str | None = None
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -54,13 +68,16 @@ class ClaimedTask:
 
 
 # Parameters shared by every claim statement: $1 owner, $2 claim expiry, $3 now,
-# $4 the event's from_state, $5 the event's reason.
+# $4 the event's from_state, $5 the event's reason. A fresh claim of a task that carries a
+# pending reason is silent (its code is returned); a claim taken over from a dead pass is not.
 _CLAIM_TAIL = (
     "u AS (UPDATE tasks t SET state = 'CLAIMED', claim_owner = $1, "
     "claim_expires_at = $2, updated_at = $3 FROM c WHERE t.id = c.id "
-    "RETURNING t.id, t.tenant_id, t.seq, t.priority, t.spec::text, t.admitted_at, t.attempts), "
+    "RETURNING t.id, t.tenant_id, t.seq, t.priority, t.spec::text, t.admitted_at, t.attempts, "
+    "CASE WHEN $5::text = 'claimed' THEN t.pending_reason ->> 'code' END AS silent), "
     "e AS (INSERT INTO task_events (task_id, at, from_state, to_state, reason) "
-    "SELECT u.id, $3::timestamptz, $4::text, 'CLAIMED', $5::text FROM u) "
+    "SELECT u.id, $3::timestamptz, $4::text, 'CLAIMED', $5::text FROM u "
+    "WHERE u.silent IS NULL) "
     "SELECT * FROM u"
 )
 
@@ -119,7 +136,7 @@ _CLAIM_FAIR = (
 
 
 def _claimed(rows: Sequence[Any]) -> list[ClaimedTask]:
-    return [ClaimedTask(r[0], r[1], r[2], r[3], r[4], r[5], r[6]) for r in rows]
+    return [ClaimedTask(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]) for r in rows]
 
 
 async def tasks_claim(
@@ -184,6 +201,11 @@ class Grant:
     members: tuple[tuple[str, int, str], ...]
     #: What one member requests: (cpu, memory, llm).
     requests: tuple[int, int, int]
+    #: Claimed silently: the deferred ``claimed`` event is written with the lease's.
+    silent: bool = False
+    #: Wake keys this placement carries once leased (``placed:<tenant>`` for a labelled
+    #: task: parked tasks of its tenant waiting for an affinity match).
+    wakes: tuple[str, ...] = ()
 
 
 # $1 owner, $2 now, $3 expires, $4 ids, $5 placements (JSON text), $6 first pools,
@@ -193,7 +215,7 @@ _LEASE = (
     "AS g(id, placement, pool_id)), "
     "u AS (UPDATE tasks t SET state = 'LEASED', placement = g.placement::jsonb, "
     "leased_at = $2, claim_owner = NULL, claim_expires_at = NULL, pending_reason = NULL, "
-    "parked = false, updated_at = $2 FROM g "
+    "parked = false, wake = NULL, pending_stage = NULL, updated_at = $2 FROM g "
     "WHERE t.id = g.id AND t.state = 'CLAIMED' AND t.claim_owner = $1 "
     "RETURNING t.id, t.attempts, g.pool_id), "
     "m AS (SELECT * FROM unnest($7::uuid[], $8::text[], $9::int[], $10::bigint[], "
@@ -207,8 +229,12 @@ _LEASE = (
     "u.attempts + 1, 'ACTIVE', $2::timestamptz, $3::timestamptz "
     "FROM m JOIN u ON u.id = m.task_id), "
     "e AS (INSERT INTO task_events (task_id, at, from_state, to_state, reason, detail) "
-    "SELECT u.id, $2::timestamptz, 'CLAIMED', 'LEASED', 'leased', "
-    "jsonb_build_object('poolId', u.pool_id, 'epoch', u.attempts + 1) FROM u) "
+    "SELECT id, at, f, s, r, d FROM ("
+    "SELECT u.id, $15::timestamptz AS at, 'ADMITTED' AS f, 'CLAIMED' AS s, 'claimed' AS r, "
+    "NULL::jsonb AS d, 0 AS o FROM u WHERE u.id = ANY($14::uuid[]) "
+    "UNION ALL SELECT u.id, $2::timestamptz, 'CLAIMED', 'LEASED', 'leased', "
+    "jsonb_build_object('poolId', u.pool_id, 'epoch', u.attempts + 1), 1 FROM u"
+    ") v ORDER BY id, o) "
     "SELECT id FROM u"
 )
 
@@ -220,8 +246,12 @@ async def tasks_lease(
     grants: Sequence[Grant],
     now: datetime,
     lease_ttl_seconds: float,
+    claimed_at: datetime | None = None,
 ) -> set[uuid.UUID]:
     """Mark the granted tasks LEASED with reservations rows and leases; return those applied.
+
+    A silently claimed grant gets its deferred ``claimed`` event at ``claimed_at`` (default
+    ``now``) before its ``leased`` event.
 
     The ledger is not touched here: :func:`app.ledger.plans.plan_apply` adds the returned
     tasks' amounts last, before COMMIT. Each lease's fencing epoch is ``attempts + 1``:
@@ -249,38 +279,69 @@ async def tasks_lease(
         [orjson.dumps(g.placement).decode() for g in ordered],
         [g.members[0][0] for g in ordered],
         m_task, m_pool, m_members, m_cpu, m_memory, m_llm, m_instance,
+        [g.task_id for g in ordered if g.silent],
+        claimed_at or now,
     )
     return {r[0] for r in rows}
 
 
 @dataclass(frozen=True, slots=True)
 class Unclaim:
-    """A claimed task handed back to the queue: parked with a pending reason, or not."""
+    """A claimed task handed back to the queue: parked with a pending reason, or not.
+
+    ``event`` False hands it back without an event (a re-examination that found the same
+    reason); ``silent`` marks a task claimed silently, whose deferred ``claimed`` event is
+    written before the hand-back's when there is one.
+    """
 
     task_id: uuid.UUID
     reason: str
     pending_reason: dict[str, Any] | None = None
     parked: bool = False
+    #: Wake keys of a parked task (None: woken only by the safety sweep).
+    wake: tuple[str, ...] | None = None
+    #: Stage of the pending reason's closest miss (with ``pending_reason``).
+    stage: int | None = None
+    event: bool = True
+    silent: bool = False
 
 
-# $1 owner, $2 now, $3 ids, $4 pending reasons (JSON text or NULL), $5 parked, $6 reasons.
+# $1 owner, $2 now, $3 ids, $4 pending reasons (JSON text or NULL), $5 parked, $6 reasons,
+# $7 wake keys (JSON arrays as text), $8 stages, $9 event, $10 silent, $11 claim time.
 _UNCLAIM = (
-    "WITH x AS (SELECT * FROM unnest($3::uuid[], $4::text[], $5::boolean[], $6::text[]) "
-    "AS x(id, pending, parked, reason)), "
+    "WITH x AS (SELECT * FROM unnest($3::uuid[], $4::text[], $5::boolean[], $6::text[], "
+    "$7::text[], $8::smallint[], $9::boolean[], $10::boolean[]) "
+    "AS x(id, pending, parked, reason, wake, stage, event, silent)), "
     "u AS (UPDATE tasks t SET state = 'ADMITTED', claim_owner = NULL, claim_expires_at = NULL, "
     "parked = x.parked, pending_reason = COALESCE(x.pending::jsonb, t.pending_reason), "
+    "pending_stage = CASE WHEN x.pending IS NULL THEN t.pending_stage ELSE x.stage END, "
+    "wake = CASE WHEN x.parked THEN "
+    "ARRAY(SELECT jsonb_array_elements_text(COALESCE(x.wake, '[]')::jsonb)) END, "
     "updated_at = $2 FROM x WHERE t.id = x.id AND t.state = 'CLAIMED' "
-    "AND t.claim_owner = $1 RETURNING t.id, x.reason, x.pending), "
+    "AND t.claim_owner = $1 RETURNING t.id, x.reason, x.pending, x.event, x.silent), "
     "e AS (INSERT INTO task_events (task_id, at, from_state, to_state, reason, detail) "
-    "SELECT u.id, $2::timestamptz, 'CLAIMED', 'ADMITTED', u.reason, u.pending::jsonb FROM u) "
+    "SELECT id, at, f, s, r, d FROM ("
+    "SELECT u.id, $11::timestamptz AS at, 'ADMITTED' AS f, 'CLAIMED' AS s, 'claimed' AS r, "
+    "NULL::jsonb AS d, 0 AS o FROM u WHERE u.event AND u.silent "
+    "UNION ALL SELECT u.id, $2::timestamptz, 'CLAIMED', 'ADMITTED', u.reason, "
+    "u.pending::jsonb, 1 FROM u WHERE u.event"
+    ") v ORDER BY id, o) "
     "SELECT id FROM u"
 )
 
 
 async def tasks_unclaim(
-    conn: Connection, *, owner: str, items: Sequence[Unclaim], now: datetime
+    conn: Connection,
+    *,
+    owner: str,
+    items: Sequence[Unclaim],
+    now: datetime,
+    claimed_at: datetime | None = None,
 ) -> set[uuid.UUID]:
-    """Return claimed tasks to ADMITTED (parked when they fit nowhere); return those applied."""
+    """Return claimed tasks to ADMITTED (parked when they fit nowhere); return those applied.
+
+    Deferred ``claimed`` events of silent claims carry ``claimed_at`` (default ``now``).
+    """
     if not items:
         return set()
     ordered = sorted(items, key=lambda i: i.task_id)
@@ -295,6 +356,11 @@ async def tasks_unclaim(
         ],
         [i.parked for i in ordered],
         [i.reason for i in ordered],
+        [orjson.dumps(list(i.wake)).decode() if i.wake is not None else None for i in ordered],
+        [i.stage for i in ordered],
+        [i.event for i in ordered],
+        [i.silent for i in ordered],
+        claimed_at or now,
     )
     return {r[0] for r in rows}
 
@@ -306,8 +372,36 @@ _UNPARK = (
 
 
 async def tasks_unpark(conn: Connection, *, slots: Collection[int], now: datetime) -> int:
-    """Make the parked tasks of ``slots`` claimable again; return how many."""
+    """Make every parked task of ``slots`` claimable again (the safety sweep); return how many."""
     if not slots:
         return 0
     status = await conn.execute(_UNPARK, sorted(slots), now)
+    return int(status.rsplit(" ", 1)[-1])
+
+
+# $1 keys, $2 now, $3 slots (NULL: any). Rows another writer holds are skipped, never waited
+# for: a cancel is ending that task, and another wakeup is unparking it anyway. So this
+# statement takes no lock in a way that could deadlock, even inside a pass's commit.
+_WAKE = (
+    "WITH c AS (SELECT id FROM tasks WHERE state = 'ADMITTED' AND parked "
+    "AND wake && $1::text[] AND ($3::int[] IS NULL OR shard = ANY($3::int[])) "
+    "ORDER BY id FOR UPDATE SKIP LOCKED) "
+    "UPDATE tasks t SET parked = false, updated_at = $2 FROM c WHERE t.id = c.id"
+)
+
+
+async def tasks_wake(
+    conn: Connection,
+    *,
+    keys: Collection[str],
+    now: datetime,
+    slots: Collection[int] | None = None,
+) -> int:
+    """Make the parked tasks (of ``slots``, if given) whose wake keys overlap ``keys``
+    claimable again; return how many."""
+    if not keys or (slots is not None and not slots):
+        return 0
+    status = await conn.execute(
+        _WAKE, sorted(keys), now, None if slots is None else sorted(slots)
+    )
     return int(status.rsplit(" ", 1)[-1])

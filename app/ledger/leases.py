@@ -103,7 +103,7 @@ async def runtime_heartbeat(
     became_healthy = False
     if stale and await conn.fetchval(_POOL_NAMES_INSTANCE, instance_id):
         became_healthy = True
-        await wakeup_notify(conn, source=WakeSource.POOL_HEALTHY)
+        await wakeup_notify(conn, source=WakeSource.POOL_HEALTHY, instances=[instance_id])
     return HeartbeatResult(renewed_leases=renewed, became_healthy=became_healthy)
 
 
@@ -221,7 +221,7 @@ async def lease_complete(
     )
     released = await reservations_release(conn, task_ids=[task_id], now=now)
     if released:
-        await wakeup_notify(conn, source=WakeSource.CAPACITY_RELEASED)
+        await wakeup_notify(conn, source=WakeSource.CAPACITY_RELEASED, pools=released)
     return {
         "taskId": str(task_id),
         "leaseId": str(lease_id),
@@ -259,7 +259,7 @@ async def task_cancel(
     )
     released = await reservations_release(conn, task_ids=[task_id], now=now)
     if released:
-        await wakeup_notify(conn, source=WakeSource.CAPACITY_RELEASED)
+        await wakeup_notify(conn, source=WakeSource.CAPACITY_RELEASED, pools=released)
     return "CANCELLED"
 
 

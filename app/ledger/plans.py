@@ -7,6 +7,9 @@ every writer follows (task rows, then lease rows, then ledger rows in pool-id or
 1. the granted tasks still ``CLAIMED`` by the pass become ``LEASED``, with their
    reservations, one lease per pool and their events (:func:`~app.ledger.claims.tasks_lease`);
 2. the handed-back tasks go back to ``ADMITTED`` (:func:`~app.ledger.claims.tasks_unclaim`);
+   then the parked tasks that the leased tasks could help (``placed:<tenant>`` wake keys of
+   labelled placements: required affinity that had nothing to follow) are unparked
+   (:func:`~app.ledger.claims.tasks_wake`, which skips locked rows and so never waits);
 3. last, each pool's amount is added only where ``reserved + amount <= total``
    (:func:`~app.ledger.reservations.ledger_reserve_many`).
 
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from app.db import Connection
-from app.ledger.claims import Grant, Unclaim, tasks_lease, tasks_unclaim
+from app.ledger.claims import Grant, Unclaim, tasks_lease, tasks_unclaim, tasks_wake
 from app.ledger.reservations import amounts_sum, ledger_reserve_many
 
 __all__ = ["ApplyResult", "Grant", "Plan", "Unclaim", "plan_apply"]
@@ -57,6 +60,8 @@ class ApplyResult:
     leased: frozenset[uuid.UUID] = frozenset()
     unclaimed: frozenset[uuid.UUID] = frozenset()
     lost: frozenset[str] = frozenset()
+    #: Parked tasks unparked because a leased task could help them.
+    woken: int = 0
 
     @property
     def applied(self) -> bool:
@@ -79,20 +84,26 @@ async def plan_apply(
     owner: str,
     now: datetime,
     lease_ttl_seconds: float,
+    claimed_at: datetime | None = None,
 ) -> ApplyResult:
     """Apply ``plan`` for the claim ``owner`` in one transaction; return what was applied.
 
     Pass an autocommit connection (``db.connection()``): the transaction commits before this
     returns, and a failure at COMMIT raises. Inside a caller's transaction it runs in a
     savepoint. A lost race rolls everything back and is returned, never raised.
+    ``claimed_at`` is the time of the pass's claim (deferred ``claimed`` events carry it).
     """
     try:
         async with conn.transaction():
             leased = await tasks_lease(
                 conn, owner=owner, grants=plan.grants, now=now,
-                lease_ttl_seconds=lease_ttl_seconds,
+                lease_ttl_seconds=lease_ttl_seconds, claimed_at=claimed_at,
             )
-            unclaimed = await tasks_unclaim(conn, owner=owner, items=plan.unclaims, now=now)
+            unclaimed = await tasks_unclaim(
+                conn, owner=owner, items=plan.unclaims, now=now, claimed_at=claimed_at
+            )
+            keys = {k for g in plan.grants if g.task_id in leased for k in g.wakes}
+            woken = await tasks_wake(conn, keys=keys, now=now) if keys else 0
             # Only the tasks still claimed were leased: only their amounts are reserved.
             amounts = Plan(tuple(g for g in plan.grants if g.task_id in leased)).amounts()
             refused = frozenset(amounts) - await ledger_reserve_many(
@@ -102,4 +113,4 @@ async def plan_apply(
                 raise _Lost(refused)
     except _Lost as lost:
         return ApplyResult(lost=lost.pools)
-    return ApplyResult(frozenset(leased), frozenset(unclaimed))
+    return ApplyResult(frozenset(leased), frozenset(unclaimed), woken=woken)

@@ -366,7 +366,7 @@ async def pool_create(
     )
     if inserted is None:
         raise PoolExists(f"a pool with id {pool_id!r} already exists")
-    await wakeup_notify(conn, source=WakeSource.POOL_ADDED)
+    await wakeup_notify(conn, source=WakeSource.POOL_ADDED, pools=[pool_id])
     return await _pool_require(conn, pool_id=pool_id)
 
 
@@ -411,7 +411,7 @@ async def pool_update(
         if await conn.fetchval(_EXISTS, pool_id) is None:
             raise PoolNotFound()
         raise PoolVersionMismatch()
-    await wakeup_notify(conn, source=WakeSource.POOL_CHANGED)
+    await wakeup_notify(conn, source=WakeSource.POOL_CHANGED, pools=[pool_id])
     return await _pool_require(conn, pool_id=pool_id)
 
 
@@ -464,7 +464,7 @@ async def pool_capacity_put(
         raised = any(new > old for new, old in zip(totals, old_totals, strict=True))
     await conn.execute(_VERSION_BUMP, pool_id, now)
     if raised:
-        await wakeup_notify(conn, source=WakeSource.LEDGER_RAISED)
+        await wakeup_notify(conn, source=WakeSource.LEDGER_RAISED, pools=[pool_id])
     return await _pool_require(conn, pool_id=pool_id)
 
 
@@ -483,5 +483,5 @@ async def pool_status_set(
     deadline = drain_deadline if status == "DRAINING" else None
     await conn.execute(_STATUS_SET, pool_id, status, reason, deadline, now)
     if status == "ACTIVE":
-        await wakeup_notify(conn, source=WakeSource.POOL_ACTIVATED)
+        await wakeup_notify(conn, source=WakeSource.POOL_ACTIVATED, pools=[pool_id])
     return await _pool_require(conn, pool_id=pool_id)

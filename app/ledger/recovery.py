@@ -118,7 +118,7 @@ async def leases_requeue(
     )
     released = await reservations_release(conn, task_ids=locked, now=now)
     if released:
-        await wakeup_notify(conn, source=WakeSource.CAPACITY_RELEASED)
+        await wakeup_notify(conn, source=WakeSource.CAPACITY_RELEASED, pools=released)
     failed = sum(1 for r in rows if r[1] == "FAILED")
     return RecoveryResult(len(rows) - failed, failed, frozenset(released))
 

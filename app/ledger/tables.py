@@ -127,6 +127,10 @@ tasks = Table(
     # A parked task is ADMITTED but waits for a wakeup (capacity released, pool activated...)
     # instead of being claimed again in a hot loop.
     Column("parked", Boolean, nullable=False, server_default="false"),
+    # What could let a parked task fit: keys a wakeup carries (``app.scheduling.parking``).
+    Column("wake", ARRAY(Text)),
+    # The SPEC §4 stage of the pending reason's closest miss (NULL: not examined yet).
+    Column("pending_stage", SmallInteger),
     Column("placement", JSONB),
     Column("attempts", Integer, nullable=False, server_default="0"),
     Column("max_attempts", Integer, nullable=False, server_default="3"),
@@ -178,6 +182,18 @@ Index(
 )
 # Parked tasks woken by an event.
 Index("ix_tasks_parked", tasks.c.shard, postgresql_where=text("state = 'ADMITTED' AND parked"))
+# Wakeups: the parked tasks whose wake keys overlap an event's (revision 0004_parking).
+Index(
+    "ix_tasks_parked_wake", tasks.c.wake, postgresql_using="gin",
+    postgresql_where=text("state = 'ADMITTED' AND parked"),
+)
+# The competing queue of a runtime class: tasks waiting that released capacity could help
+# (not those a pool must first be added, activated or changed for). Queue positions read
+# one bounded range of it instead of scanning the queue (revision 0004_parking).
+COMPETING = (
+    "state IN ('ADMITTED', 'CLAIMED') AND (pending_stage IS NULL OR pending_stage >= 4)"
+)
+Index("ix_tasks_queue_seq", tasks.c.runtime_class, tasks.c.seq, postgresql_where=text(COMPETING))
 # Claims whose reconciler died.
 Index(
     "ix_tasks_claim_expiry", tasks.c.claim_expires_at, postgresql_where=text("state = 'CLAIMED'")
@@ -235,6 +251,11 @@ Index(
     postgresql_where=text("state = 'ACTIVE'"),
 )
 Index("ix_leases_pool_live", leases.c.pool_id, postgresql_where=text("state = 'ACTIVE'"))
+# Recent completions per pool: the observed rate behind a queued task's ETA (0004_parking).
+Index(
+    "ix_leases_pool_completed", leases.c.pool_id, leases.c.ended_at,
+    postgresql_where=text("state = 'COMPLETED'"),
+)
 
 task_events = Table(
     "task_events",

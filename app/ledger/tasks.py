@@ -107,6 +107,11 @@ class TaskRow:
     updated_at: datetime
     leased_at: datetime | None
     finished_at: datetime | None
+    admitted_at: datetime | None = None
+    #: Stage of the pending reason's closest miss (None: not examined yet).
+    pending_stage: int | None = None
+    #: Wake keys while parked (``app.scheduling.parking``).
+    wake: tuple[str, ...] = ()
     leases: tuple[LeaseView, ...] = ()
     #: Alternatives of the stored placement the tenant can no longer see (the pool stopped
     #: listing it, or is gone): explanations never name a pool the tenant cannot see.
@@ -170,6 +175,7 @@ _COLUMNS = """
     t.id::text, t.seq, t.tenant_id, t.state, t.priority, t.runtime_class, t.spec,
     t.labels, t.pending_reason, t.placement, t.attempts, t.max_attempts,
     t.failure_reason, t.created_at, t.updated_at, t.leased_at, t.finished_at,
+    t.admitted_at, t.pending_stage, t.wake,
     (SELECT coalesce(json_agg(json_build_object(
                 'id', l.id, 'poolId', l.pool_id, 'runtimeInstanceId', l.runtime_instance_id,
                 'expiresAt', l.expires_at, 'epoch', l.epoch) ORDER BY l.pool_id), '[]')
@@ -218,8 +224,11 @@ def _row(r: Any) -> TaskRow:
         updated_at=r[14],
         leased_at=r[15],
         finished_at=r[16],
-        leases=tuple(_lease(e) for e in r[17]),
-        hidden_pool_ids=frozenset(r[18]),
+        admitted_at=r[17],
+        pending_stage=r[18],
+        wake=tuple(r[19] or ()),
+        leases=tuple(_lease(e) for e in r[20]),
+        hidden_pool_ids=frozenset(r[21]),
     )
 
 

@@ -36,8 +36,13 @@ class ReconcilerConfig:
     retry_base_delay_seconds: float = 0.02
     #: Cap of one retry backoff.
     retry_max_delay_seconds: float = 2.0
-    #: Safety-net period: a pass (and an unpark of pending tasks) without any wakeup.
+    #: A pass without any wakeup every this many seconds (it re-takes expired claims; it
+    #: does not unpark parked tasks).
     tick_seconds: float = 5.0
+    #: The safety sweep: every parked task of the owned slots is re-examined about this
+    #: often (jittered by ±25 %), in case a wakeup was missed. Re-examining a task still
+    #: pending for the same reason writes no event.
+    park_sweep_seconds: float = 300.0
     #: How often dynamic ownership re-reads the live replicas and rebalances slots; a dead
     #: replica's slots are taken over within about this long.
     rebalance_seconds: float = 2.0
@@ -77,6 +82,7 @@ class ReconcilerConfig:
             "retry_attempts": settings.retry_attempts,
             "retry_base_delay_seconds": settings.retry_base_delay_ms / 1000.0,
             "tick_seconds": settings.tick_seconds,
+            "park_sweep_seconds": settings.park_sweep_seconds,
             "policy": str(settings.policy),
             "strategy": str(settings.strategy),
             "priority_aging_seconds": settings.priority_aging_seconds,

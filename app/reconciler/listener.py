@@ -7,19 +7,19 @@ from collections.abc import Callable
 from typing import Any
 
 from app.db import Connection, Database
-from app.ledger.wakeups import CHANNEL, WakeSource
+from app.ledger.wakeups import CHANNEL, Wakeup
 
 log = logging.getLogger("berth.reconciler")
 
-_SOURCES = {s.value for s in WakeSource}
 #: ``application_name`` of the LISTEN connection, as ``pg_stat_activity`` shows it.
 APPLICATION_NAME = "berth-listen"
 
 
 class WakeupListener:
-    """Deliver each notification's source to ``on_wakeup``; reconnect when the link drops."""
+    """Deliver each notification to ``on_wakeup`` as a :class:`Wakeup`; reconnect when the
+    link drops."""
 
-    def __init__(self, db: Database, on_wakeup: Callable[[WakeSource], None]) -> None:
+    def __init__(self, db: Database, on_wakeup: Callable[[Wakeup], None]) -> None:
         self._db = db
         self._on_wakeup = on_wakeup
         self._conn: Connection | None = None
@@ -30,9 +30,8 @@ class WakeupListener:
         return self._conn is not None and not self._conn.is_closed()
 
     def _notified(self, conn: Any, pid: int, channel: str, payload: str) -> None:
-        # Unknown payloads still wake the loop (as a tick): never drop a wakeup.
-        source = WakeSource(payload) if payload in _SOURCES else WakeSource.TICK
-        self._on_wakeup(source)
+        # Unknown payloads still wake the loop (as a broad tick): never drop a wakeup.
+        self._on_wakeup(Wakeup.parse(payload))
 
     async def ensure(self) -> bool:
         """Connect and LISTEN if not connected; return True when a (re)connection happened."""

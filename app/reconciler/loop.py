@@ -4,11 +4,15 @@
 directly). ``Reconciler.run(stop)`` is the loop:
 
 * LISTEN on the wakeup channel: every notification triggers a pass at once; any source but
-  ``submitted`` first unparks the parked tasks of the owned slots (capacity was released,
-  a pool was added, activated, became healthy, or its totals rose);
-* a pass that filled its batch is followed by another at once; otherwise the loop sleeps
-  until a wakeup, the tick (which also unparks: the safety net for a missed notification),
-  a rebalance of dynamic ownership, or a recovery round;
+  ``submitted`` first unparks the parked tasks of the owned slots *that it could help*
+  (their wake keys overlap the wakeup's: capacity released on a pool they were near, a pool
+  of their runtime class added, activated, healthy again or raised, see
+  :mod:`app.scheduling.parking`); wakeups received during a pass are applied after it;
+* a pass that filled its batch, or whose placements unparked tasks, is followed by another
+  at once; otherwise the loop sleeps until a wakeup, the tick (a pass that claims only what
+  is claimable: it unparks nothing), a rebalance of dynamic ownership, a recovery round, or
+  the safety sweep (every ``park_sweep_seconds``, jittered: every parked task of the owned
+  slots is re-examined, in case a notification was missed);
 * the leader recovers expired leases and revokes the leases of pools whose drain deadline
   passed, and (every ``sweep_seconds``) deletes idempotency records older than the
   retention, in batches of ``sweep_batch`` rows, each batch its own transaction;
@@ -32,28 +36,87 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 from app.db import Connection, Database
-from app.ledger.claims import tasks_unpark
+from app.ledger.claims import tasks_unpark, tasks_wake
 from app.ledger.idempotency import idempotency_records_expire
 from app.ledger.leases import pool_leases_revoke
+from app.ledger.queue import queue_pending_by_code
 from app.ledger.recovery import leases_expired_recover, pools_drain_overdue
 from app.ledger.snapshot import SnapshotCache
-from app.ledger.wakeups import WakeSource
-from app.metrics import IDEMPOTENCY_RECORDS_EXPIRED, LEASES_EXPIRED, WAKEUPS
+from app.ledger.wakeups import WakeSource, Wakeup, wakeup_keys
+from app.metrics import (
+    IDEMPOTENCY_RECORDS_EXPIRED,
+    LEASES_EXPIRED,
+    PENDING_EXTRA_CODES,
+    TASKS_PARKED,
+    TASKS_PENDING,
+    WAKEUPS,
+)
 from app.reconciler.config import ReconcilerConfig
 from app.reconciler.listener import WakeupListener
 from app.reconciler.ownership import DynamicOwnership, StaticOwnership
 from app.reconciler.passes import PassContext, PassResult, pass_run
+from app.scheduling.reasons import REASONS
 
 log = logging.getLogger("berth.reconciler")
 
 #: Pass results kept in ``Reconciler.results``.
 RESULTS_KEPT = 64
+#: How often a reconciler refreshes the pending and parked gauges of its owned slots.
+QUEUE_GAUGES_SECONDS = 15.0
+#: The fixed label set of the pending gauge.
+PENDING_LABELS = (*(str(r) for r in REASONS), *PENDING_EXTRA_CODES)
 #: Pause after a pass failed with a non-transient error before the loop tries again.
 FAILURE_PAUSE_SECONDS = 1.0
 
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+class WakeBacklog:
+    """Wakeups received and not applied yet: a broad flag and what the others named."""
+
+    def __init__(self) -> None:
+        self.broad = True  # a new reconciler looks at everything parked once
+        self.released: set[str] = set()
+        self.changed: set[str] = set()
+        self.instances: set[str] = set()
+
+    def __bool__(self) -> bool:
+        return self.broad or bool(self.released or self.changed or self.instances)
+
+    def add(self, wakeup: Wakeup) -> None:
+        """Record what ``wakeup`` could help."""
+        if wakeup.source is WakeSource.SUBMITTED:
+            return
+        if wakeup.broad:
+            self.broad = True
+            return
+        target = self.released if wakeup.source is WakeSource.CAPACITY_RELEASED else self.changed
+        target.update(wakeup.pools or ())
+        self.instances.update(wakeup.instances or ())
+
+    def take(self) -> WakeBacklog:
+        """Return the backlog and start an empty one."""
+        taken = WakeBacklog()
+        taken.broad, self.broad = self.broad, False
+        taken.released, self.released = self.released, set()
+        taken.changed, self.changed = self.changed, set()
+        taken.instances, self.instances = self.instances, set()
+        return taken
+
+    def merge(self, other: WakeBacklog) -> None:
+        """Put back a backlog that could not be applied."""
+        self.broad |= other.broad
+        self.released |= other.released
+        self.changed |= other.changed
+        self.instances |= other.instances
+
+
+def sweep_delay(seconds: float, rng: Callable[[], float]) -> float:
+    """Return the delay until the next safety sweep: ``seconds`` jittered by ±25 %, so that
+    replicas started together do not sweep together."""
+    return seconds * (0.75 + 0.5 * rng())
 
 
 def owner_id_default() -> str:
@@ -86,7 +149,7 @@ class Reconciler:
         self._sleep = sleep
         self._passes = 0
         self._wake = asyncio.Event()
-        self._unpark = True
+        self._backlog = WakeBacklog()
         self._compiled: dict = {}
         self._snapshot_cache = SnapshotCache()
         #: The most recent pass results, newest last (for operators and tests).
@@ -130,12 +193,36 @@ class Reconciler:
         await self.ownership.stop()
 
     async def unpark(self, *, now: datetime | None = None) -> int:
-        """Make the parked tasks of the owned slots claimable again; return how many."""
+        """Make every parked task of the owned slots claimable again; return how many."""
         slots = self.ownership.slots
         if not slots:
             return 0
         async with self.db.connection() as conn:  # one statement: atomic on its own
             return await tasks_unpark(conn, slots=slots, now=now or datetime.now(UTC))
+
+    async def wake_apply(self, *, now: datetime | None = None) -> int:
+        """Unpark the parked tasks of the owned slots that the wakeups received so far could
+        help (all of them after a broad one); return how many."""
+        backlog = self._backlog.take()
+        if not backlog:
+            return 0
+        try:
+            if backlog.broad:
+                return await self.unpark(now=now)
+            slots = self.ownership.slots
+            if not slots:
+                return 0
+            async with self.db.connection() as conn:
+                keys = await wakeup_keys(
+                    conn, released_pools=backlog.released, changed_pools=backlog.changed,
+                    healthy_instances=backlog.instances,
+                )
+                return await tasks_wake(
+                    conn, keys=keys, slots=slots, now=now or datetime.now(UTC)
+                )
+        except BaseException:
+            self._backlog.merge(backlog)  # applied next time
+            raise
 
     async def recover_once(self, *, now: datetime | None = None) -> int:
         """As leader, recover expired leases and revoke overdue drains; return tasks recovered."""
@@ -188,11 +275,26 @@ class Reconciler:
                      extra={"owner": self.owner_id, "deleted": total})
         return total
 
-    def wakeup(self, source: WakeSource) -> None:
-        """Count a wakeup and trigger a pass; any source but ``submitted`` unparks first."""
-        WAKEUPS.labels(source=source.value).inc()
-        if source is not WakeSource.SUBMITTED:
-            self._unpark = True
+    async def queue_gauges_refresh(self) -> None:
+        """Set the pending-by-reason and parked gauges from the owned slots' waiting tasks."""
+        async with self.db.connection() as conn:
+            rows = await queue_pending_by_code(conn, slots=self.ownership.slots)
+        counts = dict.fromkeys(PENDING_LABELS, 0)
+        parked = 0
+        for code, n, p in rows:
+            counts[code if code in counts else "other"] += n
+            parked += p
+        for code, n in counts.items():
+            TASKS_PENDING.labels(reason=code).set(n)
+        TASKS_PARKED.set(parked)
+
+    def wakeup(self, wakeup: Wakeup | WakeSource) -> None:
+        """Count a wakeup and trigger a pass; any source but ``submitted`` first unparks the
+        parked tasks it could help (a bare source: all of them)."""
+        if isinstance(wakeup, WakeSource):
+            wakeup = Wakeup(wakeup)
+        WAKEUPS.labels(source=wakeup.source.value).inc()
+        self._backlog.add(wakeup)
         self._wake.set()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -206,9 +308,11 @@ class Reconciler:
                         "slots_owned": len(self.ownership.slots)})
         clock = time.monotonic
         next_tick = clock() + cfg.tick_seconds
+        next_sweep = clock() + sweep_delay(cfg.park_sweep_seconds, self._rng)
         next_rebalance = clock() + cfg.rebalance_seconds
         next_recovery = clock()
-        next_sweep = clock()
+        next_expiry = clock()
+        next_gauges = clock()
         stopper = asyncio.ensure_future(stop.wait())
         try:
             while not stop.is_set():
@@ -216,14 +320,26 @@ class Reconciler:
                 if t >= next_rebalance:
                     before = self.ownership.slots
                     if await listener.ensure():
-                        self._unpark = True  # notifications may have been missed meanwhile
+                        self._backlog.broad = True  # notifications may have been missed
                     if await self.ownership.refresh() - before:
-                        self._unpark = True  # taken-over slots may hold parked tasks
+                        self._backlog.broad = True  # taken-over slots may hold parked tasks
                     next_rebalance = t + cfg.rebalance_seconds
                 if t >= next_tick:
-                    self.wakeup(WakeSource.TICK)
+                    # A pass for what is claimable (expired claims); it unparks nothing.
+                    WAKEUPS.labels(source=WakeSource.TICK.value).inc()
                     next_tick = t + cfg.tick_seconds
+                if t >= next_sweep:
+                    self.wakeup(Wakeup(WakeSource.SWEEP))
+                    next_sweep = t + sweep_delay(cfg.park_sweep_seconds, self._rng)
                 full = False
+                if t >= next_gauges:
+                    next_gauges = t + QUEUE_GAUGES_SECONDS
+                    try:
+                        await self.queue_gauges_refresh()
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception:
+                        log.exception("queue gauges not refreshed", extra={"owner": self.owner_id})
                 if t >= next_recovery:
                     next_recovery = t + cfg.recovery_seconds
                     try:
@@ -233,8 +349,8 @@ class Reconciler:
                     except Exception:
                         log.exception("lease recovery failed; the next round tries again",
                                       extra={"owner": self.owner_id})
-                if t >= next_sweep:
-                    next_sweep = t + cfg.sweep_seconds
+                if t >= next_expiry:
+                    next_expiry = t + cfg.sweep_seconds
                     try:
                         await self.sweep_once()
                     except asyncio.CancelledError:
@@ -245,15 +361,11 @@ class Reconciler:
                 try:
                     # Clear first: a wakeup that arrives from here on triggers another pass.
                     self._wake.clear()
-                    if self._unpark:
-                        self._unpark = False
-                        try:
-                            await self.unpark()
-                        except BaseException:
-                            self._unpark = True
-                            raise
+                    await self.wake_apply()
                     result = await self.run_once()
-                    full = result.claimed >= cfg.batch_size
+                    full = result.claimed >= cfg.batch_size or result.woken > 0
+                    if result.woken:
+                        WAKEUPS.labels(source=WakeSource.TASK_PLACED.value).inc()
                 except asyncio.CancelledError:
                     raise
                 except Exception:
@@ -261,9 +373,10 @@ class Reconciler:
                                   extra={"owner": self.owner_id})
                     await self._pause(stop, FAILURE_PAUSE_SECONDS)
                     continue
-                if full or self._wake.is_set() or self._unpark:
+                if full or self._wake.is_set():
                     continue
-                wait = min(next_tick, next_rebalance, next_recovery, next_sweep) - clock()
+                wait = min(next_tick, next_rebalance, next_recovery, next_sweep,
+                           next_expiry, next_gauges) - clock()
                 if wait > 0:
                     waker = asyncio.ensure_future(self._wake.wait())
                     await asyncio.wait({waker, stopper}, timeout=wait,

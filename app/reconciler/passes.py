@@ -54,6 +54,7 @@ from app.metrics import (
     RESERVATION_CONFLICTS,
     TASKS_CLAIMED,
     TASKS_LEASED,
+    TASKS_REEXAMINED,
 )
 from app.reconciler.config import ReconcilerConfig
 from app.reconciler.retry import transient_retry
@@ -61,6 +62,7 @@ from app.reconciler.walk import Decision, decisions_walk
 from app.scheduling.assumed import Assumed
 from app.scheduling.explain import no_placement_document
 from app.scheduling.framework import select
+from app.scheduling.parking import STAGE_NONE, key_placed, pending_stage, wake_keys
 from app.scheduling.plugins.registry import reason_plugins
 from app.scheduling.policies import QueuedTask, get_policy
 from app.scheduling.reasons import Reason
@@ -99,6 +101,12 @@ class PassResult:
     conflicts: int = 0
     walked: int = 0
     unsatisfiable_hits: int = 0
+    #: Woken tasks claimed again (silently) to be re-examined.
+    reexamined: int = 0
+    #: Re-examined tasks still pending for the same reason: parked again, no event.
+    unchanged: int = 0
+    #: Parked tasks the pass's placements unparked (affinity now has a match).
+    woken: int = 0
     commit_rounds: int = 0
     #: Whether the pass re-read the pool rows (a pool changed) instead of reusing them.
     snapshot_rebuilt: bool = False
@@ -119,10 +127,25 @@ class PassResult:
             "conflicts": self.conflicts,
             "walked": self.walked,
             "unsatisfiable_hits": self.unsatisfiable_hits,
+            "reexamined": self.reexamined,
+            "unchanged": self.unchanged,
+            "woken": self.woken,
             "snapshot_rebuilt": self.snapshot_rebuilt,
             "duration_ms": round(self.duration_seconds * 1000, 2),
             **{f"{k}_ms": round(v * 1000, 2) for k, v in self.phases.items()},
         }
+
+
+def _pending(
+    task: ClaimedTask, code: str, document: dict[str, Any], wake: tuple[str, ...] | None
+) -> Unclaim:
+    """Return the parking hand-back of a task pending for ``code``: an event only when the
+    code changed (a re-examination that finds the same reason leaves the history alone)."""
+    return Unclaim(
+        task.id, code, document, parked=True, wake=wake,
+        stage=pending_stage(code) if wake is not None else STAGE_NONE,
+        event=task.pending_code != code, silent=task.pending_code is not None,
+    )
 
 
 def _scaled(requests: tuple[int, int, int], members: int) -> tuple[int, int, int]:
@@ -199,7 +222,10 @@ async def pass_run(ctx: PassContext, *, pass_id: str, now: datetime) -> PassResu
     if not claimed:
         result.duration_seconds = time.perf_counter() - started
         return result
-    TASKS_CLAIMED.inc(len(claimed))
+    result.reexamined = sum(1 for t in claimed if t.pending_code is not None)
+    # Re-examinations are not claims in the metric's sense: it grows with new work only.
+    TASKS_CLAIMED.inc(len(claimed) - result.reexamined)
+    TASKS_REEXAMINED.inc(result.reexamined)
 
     specs: dict[uuid.UUID, CompiledSpec] = {}
     unclaims: list[Unclaim] = []
@@ -207,11 +233,11 @@ async def pass_run(ctx: PassContext, *, pass_id: str, now: datetime) -> PassResu
         try:
             specs[task.id] = ctx.compile(task)
         except (ValidationError, ValueError, TypeError) as exc:
-            unclaims.append(Unclaim(task.id, INVALID_SPEC, {
+            unclaims.append(_pending(task, INVALID_SPEC, {
                 "code": INVALID_SPEC,
                 "message": f"stored spec cannot be read: {str(exc).splitlines()[0][:200]}",
                 "rejections": {},
-            }, parked=True))
+            }, None))
     affinity_tenants = {
         specs[t.id].tenant_id for t in claimed
         if t.id in specs and (specs[t.id].required or specs[t.id].preferred)
@@ -274,11 +300,11 @@ async def pass_run(ctx: PassContext, *, pass_id: str, now: datetime) -> PassResu
                 # One task the core cannot evaluate must not poison the batch it came in.
                 log.exception("select failed for a task; parking it",
                               extra={"pass_id": pass_id, "task_id": str(task.id)})
-                unclaims.append(Unclaim(task.id, SCHEDULER_ERROR, {
+                unclaims.append(_pending(task, SCHEDULER_ERROR, {
                     "code": SCHEDULER_ERROR,
                     "message": f"the scheduler failed on this task: {type(exc).__name__}",
                     "rejections": {},
-                }, parked=True))
+                }, None))
                 continue
             for code, n in outcome.rejection_counts.items():
                 rejections[str(code)] += n
@@ -288,9 +314,9 @@ async def pass_run(ctx: PassContext, *, pass_id: str, now: datetime) -> PassResu
                 continue
             reason = outcome.reason or NoPlacement(Reason.TENANT_NOT_ALLOWED, "no pool fits")
             cache.put(spec, reason)
-        unclaims.append(
-            Unclaim(task.id, str(reason.code), no_placement_document(reason), parked=True)
-        )
+        unclaims.append(_pending(
+            task, str(reason.code), no_placement_document(reason), wake_keys(spec, reason)
+        ))
     result.unsatisfiable_hits = cache.hits
     phases["select"] = time.perf_counter() - t0
 
@@ -319,12 +345,18 @@ def _plan(
                 placement=d.placement_json(),
                 members=tuple((p, c, instance[p]) for p, c in d.members),
                 requests=d.spec.requests,
+                silent=d.task.pending_code is not None,
+                wakes=(key_placed(d.spec.tenant_id),) if d.spec.labels else (),
             )
             for d in decisions
         ),
         unclaims=(
             *unclaims,
-            *(Unclaim(d.task.id, CONFLICT_REASON, None, parked=False) for d in released),
+            *(
+                Unclaim(d.task.id, CONFLICT_REASON, None, parked=False,
+                        silent=d.task.pending_code is not None)
+                for d in released
+            ),
         ),
     )
 
@@ -357,7 +389,7 @@ async def _plan_commit(
             async with ctx.db.connection() as conn:
                 return await plan_apply(
                     conn, plan=plan, owner=ctx.claim_owner, now=at,
-                    lease_ttl_seconds=cfg.lease_ttl_seconds,
+                    lease_ttl_seconds=cfg.lease_ttl_seconds, claimed_at=now,
                 )
 
         applied: ApplyResult = await ctx.retry(apply, "commit")
@@ -390,6 +422,8 @@ async def _plan_commit(
     result.leased = len(leased_decisions)
     result.leased_ids = [d.task.id for d in leased_decisions]
     result.pending = sum(1 for u in unclaims if u.task_id in unclaimed)
+    result.unchanged = sum(1 for u in unclaims if u.task_id in unclaimed and not u.event)
+    result.woken = applied.woken
     result.requeued = sum(1 for d in released if d.task.id in unclaimed)
     result.lost = (len(kept) - len(leased_decisions)) + (
         len(unclaims) + len(released) - len(unclaimed)
@@ -398,7 +432,8 @@ async def _plan_commit(
         RESERVATION_CONFLICTS.labels(stage="bind").inc(result.lost)
     TASKS_LEASED.inc(result.leased)
     PLACEMENTS.labels(outcome="leased").inc(result.leased)
-    PLACEMENTS.labels(outcome="pending").inc(result.pending)
+    # A re-examination that changed nothing is not a new decision.
+    PLACEMENTS.labels(outcome="pending").inc(result.pending - result.unchanged)
     PLACEMENTS.labels(outcome="conflict").inc(result.requeued)
     for d in leased_decisions:
         QUEUE_WAIT.observe(max((commit_now - d.task.admitted_at).total_seconds(), 0.0))

@@ -15,8 +15,9 @@ import numpy as np
 from app.scheduling.assumed import Assumed
 from app.scheduling.cycle import Cycle
 from app.scheduling.gangs import place_gang
+from app.scheduling.plugins import names
 from app.scheduling.plugins.registry import Profile, profile
-from app.scheduling.reasons import CODE, PASS, REASONS, Reason, describe_counts
+from app.scheduling.reasons import CODE, PASS, REASONS, Reason, describe_counts, headline
 from app.scheduling.results import (
     Candidate,
     NoPlacement,
@@ -31,9 +32,13 @@ from app.scheduling.spec import CompiledSpec
 __all__ = ["select"]
 
 NO_VISIBLE_POOL = "no pool is available to this tenant"
+#: Most pools a "no placement" result names as those whose released capacity could help
+#: (``NoPlacement.wake_pools``); beyond it the wake condition is the runtime class as a whole.
+WAKE_POOLS_MAX = 16
 
 
 _N_REASONS = len(REASONS)
+_NONE = np.empty(0, dtype=np.intp)
 
 
 def _static(prof: Profile, cycle: Cycle, visible: np.ndarray) -> tuple:
@@ -73,10 +78,18 @@ def _counts_map(counts: np.ndarray) -> dict[Reason, int]:
     return {REASONS[i]: int(counts[i]) for i in np.flatnonzero(counts)}
 
 
-def _no_placement(counts: np.ndarray, headline: Reason | None = None) -> NoPlacement:
+def _no_placement(counts: np.ndarray, near: np.ndarray, snapshot: Snapshot) -> NoPlacement:
+    """Return the closest-miss reason of ``counts``; ``near`` are the snapshot indexes of the
+    pools that only capacity kept from fitting (woken when capacity frees up there)."""
     by_code = _counts_map(counts)
-    code = headline or REASONS[int(np.argmax(counts))]
-    return NoPlacement(code, describe_counts(by_code), {str(r): n for r, n in by_code.items()})
+    code = headline(by_code) or Reason.TENANT_NOT_ALLOWED
+    wake = (
+        tuple(snapshot.ids[i] for i in sorted(near.tolist()))
+        if len(near) <= WAKE_POOLS_MAX else None
+    )
+    return NoPlacement(
+        code, describe_counts(by_code), {str(r): n for r, n in by_code.items()}, wake
+    )
 
 
 def select(
@@ -102,6 +115,7 @@ def select(
 
     idx, static_counts, static_codes = _static(prof, cycle, visible)
     counts = static_counts.copy()
+    near = _NONE
     code_at = None
     if explain:
         code_at = np.full(snapshot.n, PASS, dtype=np.int16)
@@ -114,6 +128,10 @@ def select(
             continue
         bad = codes != PASS
         counts += np.bincount(codes[bad], minlength=_N_REASONS)
+        if f.NAME == names.CAPACITY:
+            # Only pools whose totals could hold a member can be helped by released capacity.
+            near = idx[bad]
+            near = near[(snapshot.cap[near] >= cycle.req).all(axis=1)]
         if code_at is not None:
             code_at[idx[bad]] = codes[bad]
         idx = idx[~bad]
@@ -129,7 +147,7 @@ def select(
             None,
             rejected=rejected,
             rejection_counts=_counts_map(counts),
-            reason=_no_placement(counts),
+            reason=_no_placement(counts, near, snapshot),
         )
 
     applied, values, total = _score(prof, cycle, idx)
@@ -172,7 +190,8 @@ def select(
                 None,
                 rejected=rejected,
                 rejection_counts=_counts_map(counts),
-                reason=_no_placement(counts, Reason.GANG_UNSATISFIABLE),
+                # The pools that fit a member are closer than any rejected one.
+                reason=_no_placement(counts, np.concatenate((near, idx)), snapshot),
             )
         head = candidate(int(order[chosen[0][0]]), True)
         members = tuple((snapshot.ids[int(idx[order[p]])], c) for p, c in chosen)

@@ -1,26 +1,33 @@
-"""Reason codes (the closed set of SPEC §4) and the filter :class:`Status`.
+"""Reason codes (the closed set of SPEC §4), their stages, the filter :class:`Status`, and the
+headline rule of a "no placement" result.
 
-The enum order is the tie-break order of the headline reason of a "no placement" result.
-Only these values may reach metrics labels.
+Codes are ordered by **stage** (SPEC §4): visibility and runtime class, then operator status
+and health, placement constraints, capacity, affinity, gang. Filters run in that order and a
+pool stops at its first rejection, so a pool's code says how far it got. The headline of a
+task that fits nowhere is its **closest miss**: the code of the latest stage any pool reached,
+ties by the most pools, then by enum order (:func:`headline`). Only these values may reach
+metrics labels.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 
-__all__ = ["CODE", "REASONS", "Reason", "Status", "describe_counts"]
+__all__ = ["CODE", "REASONS", "STAGE", "Reason", "Stage", "Status", "describe_counts",
+           "headline"]
 
 
 class Reason(StrEnum):
     """Why a pool was rejected (or why a task fits nowhere)."""
 
     TENANT_NOT_ALLOWED = "tenant_not_allowed"
+    RUNTIME_CLASS_MISMATCH = "runtime_class_mismatch"
     POOL_NOT_ACTIVE = "pool_not_active"
     POOL_NOT_READY = "pool_not_ready"
     RUNTIME_UNHEALTHY = "runtime_unhealthy"
     LEDGER_MISSING = "ledger_missing"
-    RUNTIME_CLASS_MISMATCH = "runtime_class_mismatch"
     REGION_NOT_ALLOWED = "region_not_allowed"
     RESIDENCY_MISMATCH = "residency_mismatch"
     SELECTOR_MISMATCH = "selector_mismatch"
@@ -32,7 +39,38 @@ class Reason(StrEnum):
     GANG_UNSATISFIABLE = "gang_unsatisfiable"
 
 
-#: Reasons in tie-break order; ``CODE[reason]`` is the small int used in numpy code arrays.
+class Stage(IntEnum):
+    """How far a pool got through the filters; a later stage is a closer miss."""
+
+    VISIBILITY = 1
+    OPERATIONS = 2
+    CONSTRAINTS = 3
+    CAPACITY = 4
+    AFFINITY = 5
+    GANG = 6
+
+
+#: The stage of each reason code.
+STAGE: dict[Reason, Stage] = {
+    Reason.TENANT_NOT_ALLOWED: Stage.VISIBILITY,
+    Reason.RUNTIME_CLASS_MISMATCH: Stage.VISIBILITY,
+    Reason.POOL_NOT_ACTIVE: Stage.OPERATIONS,
+    Reason.POOL_NOT_READY: Stage.OPERATIONS,
+    Reason.RUNTIME_UNHEALTHY: Stage.OPERATIONS,
+    Reason.LEDGER_MISSING: Stage.OPERATIONS,
+    Reason.REGION_NOT_ALLOWED: Stage.CONSTRAINTS,
+    Reason.RESIDENCY_MISMATCH: Stage.CONSTRAINTS,
+    Reason.SELECTOR_MISMATCH: Stage.CONSTRAINTS,
+    Reason.INSUFFICIENT_CPU: Stage.CAPACITY,
+    Reason.INSUFFICIENT_MEMORY: Stage.CAPACITY,
+    Reason.INSUFFICIENT_LLM_SLOTS: Stage.CAPACITY,
+    Reason.AFFINITY_UNSATISFIED: Stage.AFFINITY,
+    Reason.ANTI_AFFINITY_VIOLATED: Stage.AFFINITY,
+    Reason.GANG_UNSATISFIABLE: Stage.GANG,
+}
+
+#: Reasons in stage order (the headline's last tie-break); ``CODE[reason]`` is the small int
+#: used in numpy code arrays.
 REASONS: tuple[Reason, ...] = tuple(Reason)
 CODE: dict[Reason, int] = {r: i for i, r in enumerate(REASONS)}
 #: Code array value meaning "feasible".
@@ -98,10 +136,33 @@ _PHRASES: dict[Reason, tuple[str, str]] = {
 }
 
 
-def describe_counts(counts: dict[Reason, int]) -> str:
-    """Render rejection counts as one sentence that names no pool, most frequent first."""
+def _closeness(reason: Reason, n: int) -> tuple[int, int, int]:
+    """Sort key, closest first: latest stage, then most pools, then enum order."""
+    return (-STAGE[reason], -n, CODE[reason])
+
+
+def headline(counts: Mapping[Reason, int]) -> Reason | None:
+    """Return the closest miss of ``counts`` (pools per code): the code of the latest stage
+    any pool reached, ties by the most pools, then by enum order; None when empty."""
+    present = [(r, n) for r, n in counts.items() if n > 0]
+    if not present:
+        return None
+    return min(present, key=lambda rn: _closeness(*rn))[0]
+
+
+def describe_counts(counts: Mapping[Reason, int]) -> str:
+    """Render rejection counts as one sentence that names no pool: none of the pools looked
+    at fits (each pool is counted once, under its code), then every count, closest miss
+    first and marked ``(closest)``, e.g.
+    "0/160 pools fit: 3 lack cpu (closest), 157 run another runtime class"."""
+    present = sorted(((r, n) for r, n in counts.items() if n > 0),
+                     key=lambda rn: _closeness(*rn))
+    if not present:
+        return "no pool fits"
+    looked = sum(n for _, n in present)
     parts = []
-    for reason, n in sorted(counts.items(), key=lambda kv: (-kv[1], CODE[kv[0]])):
+    for i, (reason, n) in enumerate(present):
         one, many = _PHRASES[reason]
-        parts.append(f"{n} pool {one}" if n == 1 else f"{n} pools {many}")
-    return "no pool fits: " + ", ".join(parts) if parts else "no pool fits"
+        parts.append(f"{n} {one if n == 1 else many}" + (" (closest)" if i == 0 else ""))
+    noun = "pool fits" if looked == 1 else "pools fit"
+    return f"0/{looked} {noun}: " + ", ".join(parts)

@@ -63,11 +63,13 @@ class Rejection:
 
 @dataclass(frozen=True, slots=True)
 class NoPlacement:
-    """Why a task fits nowhere: headline code, a sentence, and rejected pools by code."""
+    """Why a task fits nowhere: the closest-miss code, a sentence, rejected pools by code, and
+    the pools whose released capacity could let it fit (None: more than the core names)."""
 
     code: Reason
     message: str
     rejections: Mapping[str, int] = field(default_factory=dict)
+    wake_pools: tuple[str, ...] | None = ()
 
 
 

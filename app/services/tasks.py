@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 from app.auth import Principal
+from app.config import Settings
 from app.db import Database
 from app.ledger import tasks as ledger
 from app.ledger.leases import task_cancel as ledger_task_cancel
 from app.ledger.tasks import TaskEventRow, TaskNotFound, TaskRow
 from app.scheduling.spec import TaskSpec
 from app.services.idempotency import request_hash
+from app.services.queue import QueueCache, task_queue
 from app.services.tenancy import tenant_acting, tenants_reading
 
 __all__ = ["task_cancel", "task_events_page", "task_get", "task_submit", "tasks_page"]
@@ -55,15 +58,26 @@ async def task_submit(
 
 
 async def task_get(
-    db: Database, *, principal: Principal, tenant: str | None, task_id: uuid.UUID
-) -> TaskRow:
-    """Return a task of the tenants the key reads for, or raise TaskNotFound."""
+    db: Database,
+    *,
+    principal: Principal,
+    tenant: str | None,
+    task_id: uuid.UUID,
+    settings: Settings | None = None,
+    queue_cache: QueueCache | None = None,
+) -> tuple[TaskRow, dict[str, Any] | None]:
+    """Return a task of the tenants the key reads for, with its queue position and ETA while
+    ADMITTED (when ``settings`` are given), or raise TaskNotFound."""
     tenants = tenants_reading(principal, tenant)
+    queue = None
     async with db.connection() as conn:
         row = await ledger.task_get(conn, task_id=task_id, tenant_ids=tenants)
-    if row is None:
-        raise TaskNotFound()
-    return row
+        if row is None:
+            raise TaskNotFound()
+        if settings is not None and row.state == "ADMITTED":
+            queue = await task_queue(conn, row=row, settings=settings, now=datetime.now(UTC),
+                                     cache=queue_cache)
+    return row, queue
 
 
 async def tasks_page(

@@ -13,7 +13,7 @@
   lookup of at most 16 rows) to enforce ``BERTH_MAX_QUEUED_TASKS_PER_TENANT``.
 
 Revision ID: 0005_keys_idempotency
-Revises: 0003
+Revises: 0004_parking
 Create Date: 2026-12-01
 """
 
@@ -26,7 +26,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0005_keys_idempotency"
-down_revision: str | None = "0003"
+down_revision: str | None = "0004_parking"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

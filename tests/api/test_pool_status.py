@@ -13,7 +13,7 @@ import pytest_asyncio
 
 from app.db import Database
 from app.ledger.keys import api_key_create
-from app.ledger.wakeups import CHANNEL
+from app.ledger.wakeups import CHANNEL, Wakeup
 from tests.api.conftest import TENANT_A, TENANT_B, Keys, PoolMaker, assert_problem
 from tests.api.ledger_state import lease_end, lease_hold
 
@@ -250,8 +250,11 @@ async def wakeups(db: Database) -> AsyncIterator[asyncio.Queue[str]]:
 
 
 async def next_wakeup(queue: asyncio.Queue[str]) -> str:
-    """Return the next notified wakeup source (failing after a generous wait)."""
-    return await asyncio.wait_for(queue.get(), timeout=10)
+    """Return the next notified wakeup source (failing after a generous wait); the pools it
+    names must be the test's one pool."""
+    wakeup = Wakeup.parse(await asyncio.wait_for(queue.get(), timeout=10))
+    assert wakeup.pools == ("pool-x",)
+    return wakeup.source.value
 
 
 async def test_pool_changes_wake_reconcilers_when_they_could_help(

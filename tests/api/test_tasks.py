@@ -62,7 +62,12 @@ async def test_submit_stores_an_admitted_task_with_location(client, keys, db: Da
         "gpu-small", {"app": "web"}, "ADMITTED")
     got = await client.get(r.headers["location"], headers=keys.tenant_a)
     assert got.status_code == 200
-    assert got.json() == task
+    # Read alone, an admitted task also says where it stands (not examined yet: no ETA).
+    assert got.json() == {**task, "queue": {
+        "position": 1, "competing": 1, "exact": True, "policy": "fifo",
+        "estimatedStartAt": None,
+        "estimate": "no estimate: not examined yet; a reconciler pass looks at it next",
+    }}
 
 
 async def test_submit_records_the_admitted_event(client, keys):
@@ -280,7 +285,9 @@ async def test_uncached_and_cached_keys_read_alike(client, keys, db: Database):
     cached = await client.get(f"/v1/tasks/{task['id']}", headers=fresh)
 
     assert uncached.status_code == cached.status_code == 200
-    assert cached.json() == uncached.json() == {**task, "updatedAt": uncached.json()["updatedAt"]}
+    assert cached.json() == uncached.json() == {
+        **task, "updatedAt": uncached.json()["updatedAt"], "queue": uncached.json()["queue"]}
+    assert uncached.json()["queue"]["position"] == 1
     assert cached.headers["content-type"] == uncached.headers["content-type"]
 
 

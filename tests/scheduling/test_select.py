@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from app.scheduling.assumed import Assumed
 from app.scheduling.explain import no_placement_document, preview_document
-from app.scheduling.framework import select
+from app.scheduling.framework import WAKE_POOLS_MAX, select
 from app.scheduling.reasons import Reason
 
 from .factories import placed, pool, snapshot, spec
@@ -39,26 +41,122 @@ def test_top_k_bounds_candidates_on_hot_path_but_explain_lists_all():
     assert all(c.components for c in full.candidates)
 
 
-def test_headline_is_the_most_frequent_reason_and_message_names_no_pool():
+def test_headline_is_the_closest_miss_and_message_keeps_every_count():
     pools = [pool(f"cpu{i}", reserved=(4000, 0, 0)) for i in range(3)]
-    pools += [pool("cord", status="CORDONED"), pool("secret-pool", tenant_ids={"beta"})]
+    pools += [pool(f"node{i:03d}", runtime_class="node") for i in range(157)]
+    pools += [pool("secret-pool", tenant_ids={"beta"})]
     result = select(spec(), snapshot(pools))
     assert result.placement is None
     assert result.reason.code == Reason.INSUFFICIENT_CPU
     assert result.reason.message == (
-        "no pool fits: 3 pools lack cpu, 1 pool is cordoned or draining"
+        "0/160 pools fit: 3 lack cpu (closest), 157 run another runtime class"
     )
-    assert "cpu0" not in result.reason.message
+    assert "cpu0" not in result.reason.message and "secret" not in result.reason.message
     assert no_placement_document(result.reason) == {
         "code": "insufficient_cpu",
         "message": result.reason.message,
-        "rejections": {"pool_not_active": 1, "insufficient_cpu": 3},
+        "rejections": {"runtime_class_mismatch": 157, "insufficient_cpu": 3},
     }
+    assert result.reason.wake_pools == ("cpu0", "cpu1", "cpu2")
 
 
-def test_headline_ties_break_by_enum_order():
-    pools = [pool("a", status="CORDONED"), pool("b", ready=False)]
-    assert select(spec(), snapshot(pools)).reason.code == Reason.POOL_NOT_ACTIVE
+def _mutual_pair(snap):
+    """Return the second of two tasks that each require only the other's labels (the first
+    was looked at already, and is pending too)."""
+    def member(me, other):
+        return spec(task_id=me, labels={"app": me}, affinity={
+            "required": [{"selector": {"app": other}, "topology": "pool"}]})
+
+    assumed = Assumed(snap)
+    assert select(member("a", "b"), snap, assumed=assumed).placement is None
+    return select(member("b", "a"), snap, assumed=assumed)
+
+
+# One case per stage boundary: the pools reach different stages, and the headline is the
+# code of the latest stage reached even when an earlier stage rejected more pools.
+_BOUNDARIES = {
+    "visibility only: runtime class": (
+        [pool("a", runtime_class="node"), pool("b", runtime_class="go")], {},
+        Reason.RUNTIME_CLASS_MISMATCH,
+        "0/2 pools fit: 2 run another runtime class (closest)",
+    ),
+    "operations beat runtime class": (
+        [pool("cord", status="CORDONED")] + [pool(f"n{i}", runtime_class="node") for i in range(5)],
+        {}, Reason.POOL_NOT_ACTIVE,
+        "0/6 pools fit: 1 is cordoned or draining (closest), 5 run another runtime class",
+    ),
+    "a cordoned pool of another class is a runtime class miss": (
+        [pool("cord", status="CORDONED", runtime_class="node"), pool("n", runtime_class="go")],
+        {}, Reason.RUNTIME_CLASS_MISMATCH,
+        "0/2 pools fit: 2 run another runtime class (closest)",
+    ),
+    "constraints beat operations": (
+        [pool("far", region="r9")] + [pool(f"sick{i}", ready=False) for i in range(4)],
+        {"constraints": {"regions": ["r1"]}}, Reason.REGION_NOT_ALLOWED,
+        "0/5 pools fit: 1 is in a region not allowed (closest), 4 are not ready",
+    ),
+    "capacity beats constraints": (
+        [pool("full", reserved=(4000, 0, 0))] + [pool(f"r{i}", region="r2") for i in range(3)],
+        {"constraints": {"regions": ["r1"]}}, Reason.INSUFFICIENT_CPU,
+        "0/4 pools fit: 1 lacks cpu (closest), 3 are in regions not allowed",
+    ),
+    "within a stage, the most pools": (
+        [pool("c", reserved=(4000, 0, 0))] + [pool(f"m{i}", reserved=(0, 8192, 0))
+                                              for i in range(2)],
+        {"requests": {"cpuMillis": 1000, "memoryMiB": 1}}, Reason.INSUFFICIENT_MEMORY,
+        "0/3 pools fit: 2 lack memory (closest), 1 lacks cpu",
+    ),
+    "equal counts in a stage: enum order": (
+        [pool("a", status="CORDONED"), pool("b", ready=False)], {}, Reason.POOL_NOT_ACTIVE,
+        "0/2 pools fit: 1 is cordoned or draining (closest), 1 is not ready",
+    ),
+    "anti-affinity beats capacity": (
+        [pool("busy"), pool("full", reserved=(4000, 0, 0))],
+        {"affinity": {"required": [{"selector": {"app": "db"}, "topology": "pool",
+                                    "anti": True}]}},
+        Reason.ANTI_AFFINITY_VIOLATED,
+        "0/2 pools fit: 1 violates anti-affinity (closest), 1 lacks cpu",
+    ),
+    "gang beats everything": (
+        [pool("one", capacity=(1000, 8192, 4)), pool("two", capacity=(1000, 8192, 4))]
+        + [pool(f"n{i}", runtime_class="node") for i in range(8)],
+        {"gang": {"members": 3}}, Reason.GANG_UNSATISFIABLE,
+        "0/10 pools fit: 2 fit some members but no spread of the gang fits (closest), "
+        "8 run another runtime class",
+    ),
+}
+
+
+@pytest.mark.parametrize(("pools", "body", "code", "message"), _BOUNDARIES.values(),
+                         ids=_BOUNDARIES.keys())
+def test_closest_miss_on_each_stage_boundary(pools, body, code, message):
+    snap = snapshot(pools, [placed("db1", "busy", app="db")])
+    for explain in (False, True):
+        result = select(spec(**body), snap, explain=explain)
+        assert result.placement is None
+        assert (result.reason.code, result.reason.message) == (code, message)
+
+
+def test_mutual_affinity_pair_among_many_pools_of_other_classes_is_affinity_unsatisfied():
+    pools = [pool("p0"), pool("p1")] + [pool(f"n{i:03d}", runtime_class="node")
+                                        for i in range(158)]
+    result = _mutual_pair(snapshot(pools))
+    assert result.placement is None
+    assert result.reason.code == Reason.AFFINITY_UNSATISFIED
+    assert result.reason.message == (
+        "0/160 pools fit: 2 do not satisfy required affinity (closest), "
+        "158 run another runtime class"
+    )
+    assert dict(result.reason.rejections) == {
+        "runtime_class_mismatch": 158, "affinity_unsatisfied": 2}
+
+
+def test_wake_pools_are_left_unnamed_past_the_limit():
+    many = [pool(f"p{i:02d}", reserved=(4000, 0, 0)) for i in range(WAKE_POOLS_MAX + 1)]
+    assert select(spec(), snapshot(many)).reason.wake_pools is None
+    few = snapshot([pool("p", reserved=(4000, 0, 0)), pool("q", status="CORDONED")])
+    assert select(spec(), few).reason.wake_pools == ("p",)
+    assert select(spec(runtimeClass="go"), few).reason.wake_pools == ()
 
 
 def test_invisible_pools_never_appear_anywhere():

@@ -27,12 +27,14 @@ from app.scheduling.reasons import Reason
 
 __all__ = ["FILTERS", "SCORES", "Profile", "profile", "reason_plugins"]
 
-#: Filters in pipeline order; a pool stops at its first rejection.
+#: Filters in pipeline order, which is stage order (``reasons.STAGE``); a pool stops at its
+#: first rejection, so its one code says how far it got (the closest-miss headline relies on
+#: it: a cordoned pool of another runtime class counts as a runtime class mismatch).
 FILTERS: dict[str, type[FilterPlugin]] = {
     names.TENANT_ACCESS: TenantAccess,
+    names.RUNTIME_CLASS: RuntimeClass,
     names.POOL_STATUS: PoolStatus,
     names.HEALTH: Health,
-    names.RUNTIME_CLASS: RuntimeClass,
     names.REGION: Region,
     names.DATA_RESIDENCY: DataResidency,
     names.POOL_SELECTOR: PoolSelector,

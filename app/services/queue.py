@@ -1,0 +1,219 @@
+"""The queue: where an admitted task stands and when it can honestly be expected to start,
+and what is pending for a caller (SPEC §5, §6).
+
+**Position** is counted under the active policy among the tasks that compete for the same
+pools: waiting tasks of the same runtime class that released capacity could help (tasks
+waiting for a pool to be added, activated or changed compete for nothing yet). It comes from
+a snapshot of the class's competing queue (:class:`~app.scheduling.positions.ClassQueue`,
+the oldest ``queue_count_limit`` tasks, one bounded read) that a :class:`QueueCache` keeps
+for ``queue_snapshot_seconds``: a read of getTask costs binary searches, not a count over
+the queue. Past the limit the counts are lower bounds and ``exact`` is false.
+
+**ETA**: ``estimatedStartAt`` is given only when capacity is the only blocker (the pending
+reason's closest miss is a capacity code) and leases on the task's candidate pools (the
+pools that only capacity kept from fitting; the class's pools open to the tenant when there
+are many) completed at an observed rate over the last ``eta_window_seconds``. Then
+``estimatedStartAt = now + position / rate``: each completion is assumed to free room for
+one waiting task, in queue order. Otherwise it is null and ``estimate`` says why.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from app.auth import ADMIN, OPERATOR, Principal
+from app.config import Settings
+from app.db import Connection, Database
+from app.ledger.queue import (
+    pools_completions_count,
+    pools_largest_totals,
+    pools_operated,
+    queue_class_read,
+    queue_pending_counts,
+)
+from app.ledger.tasks import TaskRow
+from app.scheduling.positions import ClassQueue
+from app.scheduling.reasons import Reason, Stage
+from app.services.tenancy import tenants_reading
+
+__all__ = ["QueueCache", "duration_words", "queue_get", "task_queue"]
+
+#: Most recent completions one ETA read counts (the rate is then taken over their span).
+COMPLETIONS_COUNTED = 1000
+
+
+class QueueCache:
+    """Snapshots of competing queues by runtime class, each kept ``max_age_seconds``."""
+
+    def __init__(self, max_age_seconds: float = 1.0) -> None:
+        self.max_age_seconds = max_age_seconds
+        self._entries: dict[tuple[str, int, float], tuple[float, ClassQueue]] = {}
+
+    async def get(
+        self, conn: Connection, *, runtime_class: str, limit: int, aging_seconds: float
+    ) -> ClassQueue:
+        """Return the class's queue snapshot, read again when older than the max age."""
+        key = (runtime_class, limit, aging_seconds)
+        now = time.monotonic()
+        hit = self._entries.get(key)
+        if hit is not None and now - hit[0] < self.max_age_seconds:
+            return hit[1]
+        entries = await queue_class_read(conn, runtime_class=runtime_class, limit=limit)
+        queue = ClassQueue(
+            [(e.seq, e.tenant_id, e.priority, e.admitted_at) for e in entries],
+            complete=len(entries) < limit,
+            aging_seconds=aging_seconds,
+        )
+        if len(self._entries) >= 1024:
+            self._entries.clear()
+        self._entries[key] = (now, queue)
+        return queue
+
+_DIMENSIONS = (("cpuMillis", "cpu"), ("memoryMiB", "memory"), ("llmSlots", "llm slots"))
+
+
+def duration_words(seconds: float) -> str:
+    """Return a rounded duration in words ("40 seconds", "3 minutes", "2.5 hours")."""
+    if seconds < 90:
+        return f"{max(1, round(seconds))} seconds"
+    if seconds < 90 * 60:
+        return f"{round(seconds / 60)} minutes"
+    return f"{seconds / 3600:.1f} hours"
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def _never_fits(spec: dict[str, Any], totals: tuple[int, int, int] | None) -> str:
+    """Return why no pool can ever hold one member of ``spec``."""
+    if totals is None:
+        return "no estimate: no pool of its runtime class has registered capacity"
+    requests = spec.get("requests") or {}
+    for (field, name), total in zip(_DIMENSIONS, totals, strict=True):
+        want = int(requests.get(field) or 0)
+        if want > total:
+            return f"no pool can ever fit: largest {name} total is {total}, request is {want}"
+    return "no estimate: no pool's totals can hold it"
+
+
+async def task_queue(
+    conn: Connection,
+    *,
+    row: TaskRow,
+    settings: Settings,
+    now: datetime,
+    cache: QueueCache | None = None,
+) -> dict[str, Any]:
+    """Return the ``queue`` document of an ADMITTED task (position, competing, ETA); without
+    a ``cache`` the class queue is read afresh."""
+    assert row.admitted_at is not None
+    queue = await (cache or QueueCache(0.0)).get(
+        conn, runtime_class=row.runtime_class, limit=settings.queue_count_limit,
+        aging_seconds=settings.priority_aging_seconds,
+    )
+    pos = queue.position(
+        seq=row.seq, tenant_id=row.tenant_id, priority=row.priority,
+        admitted_at=row.admitted_at, policy=str(settings.policy),
+    )
+    doc: dict[str, Any] = {
+        "position": pos.ahead + 1,
+        "competing": pos.competing,
+        "exact": pos.exact,
+        "policy": str(settings.policy),
+        "estimatedStartAt": None,
+        "estimate": "",
+    }
+    reason = row.pending_reason
+    stage = row.pending_stage or 0
+    if reason is None:
+        doc["estimate"] = "no estimate: not examined yet; a reconciler pass looks at it next"
+        return doc
+    code = str(reason.get("code"))
+    if stage < Stage.CAPACITY:
+        doc["estimate"] = (
+            "no estimate: no pool can take it until a pool is added, activated or changed "
+            f"({reason.get('message', code)})"
+        )
+        return doc
+    if stage > Stage.CAPACITY:
+        why = {
+            Reason.AFFINITY_UNSATISFIED: "it waits for a task it requires affinity with",
+            Reason.ANTI_AFFINITY_VIOLATED: "it waits for a conflicting task to end",
+        }.get(Reason(code), "a gang needs room on several pools at once")
+        doc["estimate"] = f"no estimate: capacity is not the only blocker ({why})"
+        return doc
+    pools = [k.removeprefix("pool:") for k in row.wake if k.startswith("pool:")]
+    broad = any(k.startswith("cap:") for k in row.wake)
+    if not pools and not broad:
+        totals = await pools_largest_totals(
+            conn, tenant_id=row.tenant_id, runtime_class=row.runtime_class
+        )
+        doc["estimate"] = _never_fits(row.spec, totals)
+        return doc
+    window = settings.eta_window_seconds
+    candidates, completed, oldest = await pools_completions_count(
+        conn, tenant_id=row.tenant_id, runtime_class=row.runtime_class,
+        pool_ids=None if broad else pools, since=now - timedelta(seconds=window),
+        limit=COMPLETIONS_COUNTED,
+    )
+    if completed >= COMPLETIONS_COUNTED and oldest is not None:
+        # A busy class: the rate over the span of the most recent completions (bounded read).
+        window = max((now - oldest).total_seconds(), 1.0)
+    over = f"over the last {duration_words(window)}"
+    on = f"on its {_plural(candidates, 'candidate pool', 'candidate pools')}"
+    if completed == 0:
+        doc["estimate"] = (
+            f"no estimate: capacity is the only blocker, but no lease {on} completed {over}"
+        )
+        return doc
+    rate = completed / window
+    wait = doc["position"] / rate
+    doc["estimatedStartAt"] = now + timedelta(seconds=wait)
+    ahead = _plural(pos.ahead, "task", "tasks") + ("" if pos.exact else " or more")
+    doc["estimate"] = (
+        f"about {duration_words(wait)}: {ahead} ahead; leases {on} completed at "
+        f"{rate * 60:.1f} per minute {over} (each completion is assumed to free room for "
+        "one waiting task)"
+    )
+    return doc
+
+
+async def queue_get(
+    db: Database, *, principal: Principal, tenant: str | None, now: datetime | None = None
+) -> dict[str, Any]:
+    """Return what is pending for the caller: a tenant its own tasks, an operator the demand
+    its pools could serve, an admin everything; by runtime class and pending code."""
+    at = now or datetime.now(UTC)
+    async with db.connection() as conn:
+        if principal.role == ADMIN:
+            tenant_ids, pool_ids = None, None
+        elif principal.role == OPERATOR:
+            tenant_ids, pool_ids = None, await pools_operated(conn, subject=principal.subject)
+        else:
+            tenant_ids, pool_ids = tenants_reading(principal, tenant), None
+        rows = [] if pool_ids == [] else await queue_pending_counts(
+            conn, tenant_ids=tenant_ids, pool_ids=pool_ids
+        )
+    by_reason: dict[str, int] = {}
+    by_class: dict[str, int] = {}
+    oldest: datetime | None = None
+    for rc, code, n, _, first in rows:
+        by_reason[code] = by_reason.get(code, 0) + n
+        by_class[rc] = by_class.get(rc, 0) + n
+        oldest = first if oldest is None or first < oldest else oldest
+    return {
+        "pending": sum(r[2] for r in rows),
+        "parked": sum(r[3] for r in rows),
+        "byReason": by_reason,
+        "byRuntimeClass": by_class,
+        "items": [
+            {"runtimeClass": rc, "code": code, "pending": n, "parked": parked}
+            for rc, code, n, parked, _ in rows
+        ],
+        "oldestPendingAt": oldest,
+        "oldestPendingSeconds": None if oldest is None
+        else round(max((at - oldest).total_seconds(), 0.0), 3),
+    }

@@ -1,0 +1,175 @@
+"""Queue position under each policy, and an ETA given only when it can honestly be."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from app.config import SHARD_SLOTS, Settings
+from app.db import Database
+from app.ledger.tasks import task_get
+from app.reconciler import Reconciler, ReconcilerConfig
+from app.scheduling.policies import QueuedTask, get_policy
+from app.services.queue import task_queue
+from tests.factories import pool_add, spec_make, tasks_add
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+ALL = frozenset(range(SHARD_SLOTS))
+
+
+def _settings(policy: str = "fifo", **kw) -> Settings:
+    return Settings(policy=policy, priority_aging_seconds=60.0, **kw)
+
+
+async def _read(db: Database, task_id, settings: Settings, now: datetime = NOW) -> dict:
+    async with db.connection() as conn:
+        tenant = await conn.fetchval("SELECT tenant_id FROM tasks WHERE id = $1", task_id)
+        row = await task_get(conn, task_id=task_id, tenant_ids=[tenant])
+        return await task_queue(conn, row=row, settings=settings, now=now)
+
+
+async def _policy_positions(db: Database, policy: str) -> dict[uuid.UUID, int]:
+    """Return each competing task's position in the policy's own order (1-based)."""
+    async with db.connection() as conn:
+        rows = await conn.fetch(
+            "SELECT id, tenant_id, priority, seq, admitted_at, spec FROM tasks "
+            "WHERE state = 'ADMITTED' AND runtime_class = 'standard' "
+            "AND (pending_stage IS NULL OR pending_stage >= 4)")
+    queued = [QueuedTask(str(r[0]), r[1], r[2], r[3], r[4].timestamp(),
+                         (int(r[5]["requests"]["cpuMillis"]), 0, 0)) for r in rows]
+    options = {"aging_seconds": 60.0} if policy == "priority" else {}
+    ordered = get_policy(policy, **options).order(
+        queued, now=NOW.timestamp(), tenant_usage={}, cluster_capacity=(100000, 1, 1))
+    return {uuid.UUID(q.task_id): i + 1 for i, q in enumerate(ordered)}
+
+
+@pytest.fixture
+async def mixed_queue(db: Database) -> dict[str, uuid.UUID]:
+    """Tasks of two tenants in one runtime class, plus tasks that compete for nothing."""
+    async with db.transaction() as conn:
+        a = await tasks_add(conn, tenant="t-a", specs=[
+            spec_make(priority=0), spec_make(priority=3), spec_make(priority=0),
+            spec_make(priority=0)], admitted_at=NOW - timedelta(seconds=600))
+        (b,) = await tasks_add(conn, tenant="t-b", spec=spec_make(priority=5), admitted_at=NOW)
+        (other_class,) = await tasks_add(conn, tenant="t-b", spec=spec_make(runtime_class="gpu"))
+        (stuck,) = await tasks_add(conn, tenant="t-a", spec=spec_make(), admitted_at=NOW)
+        # Pending for a reason no released capacity can help: it competes for nothing.
+        await conn.execute("UPDATE tasks SET pending_stage = 1, parked = true, pending_reason = "
+                           "'{\"code\": \"runtime_class_mismatch\", \"message\": \"m\"}' "
+                           "WHERE id = $1", stuck)
+        await conn.execute("UPDATE tasks SET admitted_at = $2 WHERE id = $1",
+                           a[1], NOW - timedelta(seconds=180))
+    return {"a0": a[0], "a1": a[1], "a2": a[2], "a3": a[3], "b": b,
+            "other_class": other_class, "stuck": stuck}
+
+
+@pytest.mark.parametrize(("policy", "expected"), [
+    ("fifo", {"a0": 1, "a1": 2, "a2": 3, "a3": 4, "b": 5}),
+    # Effective priority (one point a minute): a0, a2, a3 at 10; a1 at 3 + 3 = 6; b at 5.
+    ("priority", {"a0": 1, "a2": 2, "a3": 3, "a1": 4, "b": 5}),
+    # Dominant-resource fairness with equal shares: the tenants take turns.
+    ("fair", {"a0": 1, "b": 2, "a1": 3, "a2": 4, "a3": 5}),
+], ids=["fifo", "priority-with-aging", "fair"])
+async def test_position_under_each_policy_matches_the_policys_own_order(
+    db: Database, mixed_queue: dict[str, uuid.UUID], policy: str, expected: dict[str, int],
+) -> None:
+    settings = _settings(policy)
+    own_order = await _policy_positions(db, policy)
+    for name, position in expected.items():
+        queue = await _read(db, mixed_queue[name], settings)
+        assert (name, queue["position"]) == (name, position)
+        assert own_order[mixed_queue[name]] == position
+        assert queue["competing"] == 5 and queue["exact"] and queue["policy"] == policy
+    # Another runtime class competes with no one here; a task stuck for its runtime class
+    # is not counted among the competitors (nor would it be placed before them).
+    assert (await _read(db, mixed_queue["other_class"], settings))["competing"] == 1
+
+
+async def test_counts_past_the_read_bound_are_lower_bounds(
+    db: Database, mixed_queue: dict[str, uuid.UUID]
+) -> None:
+    queue = await _read(db, mixed_queue["b"], _settings("fifo", queue_count_limit=3))
+    assert (queue["position"], queue["competing"], queue["exact"]) == (4, 3, False)
+
+
+async def _park(db: Database) -> Reconciler:
+    reconciler = Reconciler(db, ReconcilerConfig(), owner_id="eta", slots=ALL)
+    await reconciler.run_once(now=NOW)
+    return reconciler
+
+
+async def _completed(db: Database, pool_id: str, ages_seconds: list[float]) -> None:
+    async with db.transaction() as conn:
+        ids = await tasks_add(conn, tenant="t-a", count=len(ages_seconds))
+        for task_id, age in zip(ids, ages_seconds, strict=True):
+            await conn.execute("UPDATE tasks SET state = 'SUCCEEDED' WHERE id = $1", task_id)
+            await conn.execute(
+                "INSERT INTO leases (id, task_id, pool_id, runtime_instance_id, epoch, state, "
+                "granted_at, expires_at, ended_at) VALUES "
+                "(gen_random_uuid(), $1, $2, 'rt', 1, 'COMPLETED', $3, $3, $3)",
+                task_id, pool_id, NOW - timedelta(seconds=age))
+
+
+async def test_an_eta_is_given_when_capacity_is_the_only_blocker_and_completions_are_seen(
+    db: Database,
+) -> None:
+    async with db.transaction() as conn:
+        await pool_add(conn, "p1", tenants=["t-a"], capacity=(1000, 1000, 0),
+                       reserved=(1000, 0, 0))
+        await conn.execute("INSERT INTO runtime_instances (id, last_heartbeat_at) "
+                           "VALUES ('rt-p1', $1)", NOW)
+        first, second = await tasks_add(conn, tenant="t-a", count=2, spec=spec_make(cpu=500))
+    await _park(db)
+    # Three leases on the candidate pool completed in the window, one long before it.
+    await _completed(db, "p1", [60, 300, 600, 5000])
+    queue = await _read(db, second, _settings())
+    assert queue["position"] == 2
+    # 3 completions in 900 s: one every 300 s; position 2: 600 s from now.
+    assert queue["estimatedStartAt"] == NOW + timedelta(seconds=600)
+    assert queue["estimate"] == (
+        "about 10 minutes: 1 task ahead; leases on its 1 candidate pool completed at 0.2 per "
+        "minute over the last 15 minutes (each completion is assumed to free room for one "
+        "waiting task)"
+    )
+
+
+async def test_no_eta_when_no_completion_was_observed(db: Database) -> None:
+    async with db.transaction() as conn:
+        await pool_add(conn, "p1", tenants=["t-a"], capacity=(1000, 1000, 0),
+                       reserved=(1000, 0, 0))
+        await conn.execute("INSERT INTO runtime_instances (id, last_heartbeat_at) "
+                           "VALUES ('rt-p1', $1)", NOW)
+        (task,) = await tasks_add(conn, tenant="t-a", spec=spec_make(cpu=500))
+    await _park(db)
+    await _completed(db, "p1", [5000])  # outside the window
+    queue = await _read(db, task, _settings())
+    assert queue["estimatedStartAt"] is None
+    assert queue["estimate"] == (
+        "no estimate: capacity is the only blocker, but no lease on its 1 candidate pool "
+        "completed over the last 15 minutes"
+    )
+
+
+@pytest.mark.parametrize(("spec", "estimate"), [
+    (spec_make(cpu=8000),
+     "no pool can ever fit: largest cpu total is 4000, request is 8000"),
+    (spec_make(runtime_class="gpu"),
+     "no estimate: no pool can take it until a pool is added, activated or changed "
+     "(0/1 pool fits: 1 runs another runtime class (closest))"),
+    (spec_make(labels={"app": "web"}, affinity={"required": [
+        {"selector": {"app": "db"}, "topology": "pool"}]}),
+     "no estimate: capacity is not the only blocker (it waits for a task it requires "
+     "affinity with)"),
+], ids=["never-fits", "runtime-class", "affinity"])
+async def test_no_eta_with_the_reason_why(db: Database, spec: dict, estimate: str) -> None:
+    async with db.transaction() as conn:
+        await pool_add(conn, "p1", tenants=["t-a"], capacity=(4000, 8192, 0))
+        await conn.execute("INSERT INTO runtime_instances (id, last_heartbeat_at) "
+                           "VALUES ('rt-p1', $1)", NOW)
+        (task,) = await tasks_add(conn, tenant="t-a", spec=spec)
+    await _park(db)
+    await _completed(db, "p1", [60])
+    queue = await _read(db, task, _settings())
+    assert (queue["estimatedStartAt"], queue["estimate"]) == (None, estimate)
