@@ -18,16 +18,19 @@ The contract for the OpenAPI document is declared with ``openapi_extra`` (see
 
 from __future__ import annotations
 
+from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, TypeVar
 
-from fastapi import Request
+from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
-from app.api.bodies import json_body_read
+from app.api.bodies import json_body_read, query_names_check
 
 __all__ = [
     "Body",
+    "LeanRoute",
     "body_read",
     "body_validate",
     "header_parameter",
@@ -37,6 +40,27 @@ __all__ = [
 ]
 
 M = TypeVar("M", bound=BaseModel)
+
+class LeanRoute(APIRoute):
+    """A route whose endpoint takes only the ``Request`` and reads it itself.
+
+    FastAPI's request handler (dependency solving, response-model validation, its telemetry
+    hooks) is skipped: the endpoint is the handler, behind the same strict query check as
+    every other route (:class:`app.api.bodies.StrictRoute`). The route is otherwise an
+    ordinary ``APIRoute``: matched, documented (through ``openapi_extra``) and labelled in
+    metrics like the others.
+    """
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        """Return the endpoint itself, preceded by the query check (it takes no query)."""
+        endpoint = self.endpoint
+
+        async def lean_handler(request: Request) -> Response:
+            query_names_check(request.scope["query_string"], frozenset())
+            return await endpoint(request)
+
+        return lean_handler
+
 
 class Body:
     """A request body as read: the model when it validated, else its errors (or none sent)."""
