@@ -138,8 +138,12 @@ class Task(CamelModel):
         description="Set while ADMITTED and no pool fits now."
     )
     placement: Placement | None = Field(description="Set once placed (LEASED and after).")
-    lease: TaskLease | None = Field(description="The active lease (a gang's first by pool id).")
-    leases: list[TaskLease] = Field(description="Every active lease (one per pool of a gang).")
+    lease: TaskLease | None = Field(
+        description="The live lease on `placement.poolId` (a gang's first member's pool)."
+    )
+    leases: list[TaskLease] = Field(
+        description="Every live lease, one per pool of a gang, in `placement.members` order."
+    )
     failure_reason: str | None = Field(description="Set when FAILED or CANCELLED.")
 
 
@@ -267,9 +271,22 @@ def _lease_json(lease: LeaseView) -> dict[str, Any]:
     }
 
 
+def _leases_in_member_order(row: TaskRow) -> list[LeaseView]:
+    """Return the task's leases in the order of its placement's members (the placement's
+    pool first), so that ``lease`` is the lease on ``placement.poolId`` and ``leases`` name
+    the pools of ``placement.members`` in the same order; leases on other pools follow."""
+    leases = row.leases
+    if len(leases) < 2 or not row.placement:
+        return list(leases)
+    members = row.placement.get("members") or ()
+    rank = {m["poolId"]: i for i, m in enumerate(members)}
+    rank.setdefault(row.placement.get("poolId"), -1)
+    return sorted(leases, key=lambda lease: (rank.get(lease.pool_id, len(rank)), lease.pool_id))
+
+
 def task_json(row: TaskRow) -> dict[str, Any]:
     """Return a task row in the SPEC §6 task shape (values orjson serializes)."""
-    leases = [_lease_json(lease) for lease in row.leases]
+    leases = [_lease_json(lease) for lease in _leases_in_member_order(row)]
     return {
         "id": row.id,
         "tenantId": row.tenant_id,
