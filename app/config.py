@@ -107,6 +107,12 @@ class Settings(BaseSettings):
     heartbeat_freshness_seconds: float = Field(
         default=15.0, gt=0, description="A runtime is healthy while its last heartbeat is newer."
     )
+    preemption_grace_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="Grace period of a preemption's victims: their leases are REVOKING this "
+        "long (a completion meanwhile is honoured), then revoked and their tasks requeued.",
+    )
 
     # --- reconciler -----------------------------------------------------------------------
     reconciler_enabled: bool = Field(

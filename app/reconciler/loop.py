@@ -9,8 +9,9 @@ directly). ``Reconciler.run(stop)`` is the loop:
 * a pass that filled its batch is followed by another at once; otherwise the loop sleeps
   until a wakeup, the tick (which also unparks: the safety net for a missed notification),
   a rebalance of dynamic ownership, or a recovery round;
-* the leader recovers expired leases and revokes the leases of pools whose drain deadline
-  passed;
+* the leader recovers expired leases, revokes the leases of pools whose drain deadline
+  passed and the revoking leases of preemption victims whose grace period ended, and
+  unparks preemptors none of whose victims is still revoking;
 * a failing pass is logged loudly and the loop carries on after a pause; its claims expire.
 
 Stopping finishes the current pass and releases the locks; cancelling the task abandons
@@ -33,10 +34,11 @@ from datetime import UTC, datetime
 from app.db import Connection, Database
 from app.ledger.claims import tasks_unpark
 from app.ledger.leases import pool_leases_revoke
+from app.ledger.preemption import preemptors_unpark, victims_revoke_overdue
 from app.ledger.recovery import leases_expired_recover, pools_drain_overdue
 from app.ledger.snapshot import SnapshotCache
 from app.ledger.wakeups import WakeSource
-from app.metrics import LEASES_EXPIRED, WAKEUPS
+from app.metrics import LEASES_EXPIRED, PREEMPTION_VICTIMS, WAKEUPS
 from app.reconciler.config import ReconcilerConfig
 from app.reconciler.listener import WakeupListener
 from app.reconciler.ownership import DynamicOwnership, StaticOwnership
@@ -136,7 +138,8 @@ class Reconciler:
             return await tasks_unpark(conn, slots=slots, now=now or datetime.now(UTC))
 
     async def recover_once(self, *, now: datetime | None = None) -> int:
-        """As leader, recover expired leases and revoke overdue drains; return tasks recovered."""
+        """As leader, recover expired leases, revoke overdue drains and overdue preemption
+        victims, and unpark preemptors whose victims are gone; return tasks recovered."""
         at = now or datetime.now(UTC)
         limit = self.config.recovery_batch
 
@@ -157,7 +160,13 @@ class Reconciler:
                          extra={"owner": self.owner_id, "pool_id": pool_id, "tasks": n})
             if revoked:
                 LEASES_EXPIRED.labels(cause="revoked").inc(revoked)
-            return result.tasks + revoked
+            preempted = await victims_revoke_overdue(conn, now=at, limit=limit)
+            if preempted:
+                PREEMPTION_VICTIMS.labels(outcome="revoked").inc(preempted)
+                log.info("preemption grace period over; victims revoked and requeued",
+                         extra={"owner": self.owner_id, "tasks": preempted})
+            await preemptors_unpark(conn, now=at)
+            return result.tasks + revoked + preempted
 
         return await self.ownership.as_leader(recover) or 0
 
