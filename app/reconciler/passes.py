@@ -397,11 +397,14 @@ async def _plan_commit(
             continue
         result.conflicts += len(applied.lost)
         RESERVATION_CONFLICTS.labels(stage="reserve").inc(len(applied.lost))
+        # A preemptor whose hold on the free part lost its pool goes back to the queue.
+        preemption.drop(preemption.holding_on(applied.lost), unclaims)
         if result.commit_rounds >= cfg.commit_rounds_max:
             # The last reserving round lost too: hand every placement left back to the
             # queue in a round that reserves nothing (and so cannot lose).
             released += kept
             kept = []
+            preemption.drop(preemption.holding_on(None), unclaims)
             continue
         lost_ever |= applied.lost
 

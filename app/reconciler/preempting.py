@@ -144,6 +144,14 @@ class PassPreemption:
                 out.append(u.task_id)
         return tuple(sorted(set(out)))
 
+    def holding_on(self, pools: Collection[str] | None) -> set[uuid.UUID]:
+        """Return the planned preemptors that reserve a positive hold on one of ``pools``
+        (None: on any pool) — those a lost ledger race can refuse."""
+        return {
+            t for t, g in self.grants.items()
+            if any(any(a) and (pools is None or p in pools) for p, _, a in g.holds)
+        }
+
     def drop(self, lost: Collection[uuid.UUID], unclaims: list[Unclaim]) -> None:
         """Forget the lost preemptions: their preemptors go back to the queue unparked."""
         for i, u in enumerate(unclaims):

@@ -242,3 +242,40 @@ async def test_a_gang_preempts_for_all_members_on_two_pools(db: Database) -> Non
     assert sorted(m["poolId"] for m in task["placement"]["members"]) == ["p1", "p2"]
     assert {(await task_get_json(db, t))["state"] for t in low} == {"ADMITTED"}
     assert await ledger_violations(db) == []
+
+
+async def test_a_reconciler_killed_mid_preemption_leaves_nothing_half_done(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    low, pre = await _setup(db)
+    import app.ledger.plans as plans
+
+    class Killed(BaseException):
+        """The process dies after the victims were revoked, before COMMIT."""
+
+    async def die(*args, **kwargs):
+        raise Killed()
+
+    monkeypatch.setattr(plans, "ledger_reserve_many", die)
+    with pytest.raises(Killed):
+        await reconciler(db, "doomed").run_once(now=NOW)
+    monkeypatch.undo()
+    # Nothing of the torn pass is visible: no revoking lease, no hold, the task still claimed.
+    async with db.connection() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM leases WHERE state = 'REVOKING'") == 0
+        assert await conn.fetchval("SELECT count(*) FROM reservations WHERE task_id = $1",
+                                   pre) == 0
+    assert (await task_get_json(db, pre))["state"] == "CLAIMED"
+    assert await ledger_violations(db) == []
+
+    # Its claim expires; another reconciler takes the task over and preempts exactly once.
+    later = NOW + timedelta(seconds=31)
+    async with db.transaction() as conn:
+        await runtime_heartbeat(conn, instance_id="rt-p1", now=later, lease_ttl_seconds=600)
+    result = await reconciler(db, "survivor").run_once(now=later)
+    assert result.preempting == 1
+    async with db.connection() as conn:
+        assert await conn.fetchval(
+            "SELECT count(DISTINCT task_id) FROM leases WHERE state = 'REVOKING'") == 1
+    assert await _reserved(db) == 2000
+    assert await ledger_violations(db) == []
