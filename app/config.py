@@ -138,6 +138,12 @@ class Settings(BaseSettings):
         description="Window over which lease completions on a task's candidate pools are "
         "counted for its estimated start time.",
     )
+    preemption_grace_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="Grace period of a preemption's victims: their leases are REVOKING this "
+        "long (a completion meanwhile is honoured), then revoked and their tasks requeued.",
+    )
 
     # --- reconciler -----------------------------------------------------------------------
     reconciler_enabled: bool = Field(

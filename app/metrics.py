@@ -30,9 +30,23 @@ FILTER_REJECTIONS = Counter(
 )
 RESERVATION_CONFLICTS = Counter(
     "berth_reservation_conflicts_total",
-    "Reservations that lost a race, by stage (reserve, bind).",
+    "Reservations that lost a race, by stage (reserve, bind, preempt).",
     ["stage"],
 )
+PREEMPTIONS = Counter(
+    "berth_preemptions_total",
+    "Preemptions committed: tasks that displaced lower-priority tasks of their tenant.",
+)
+#: What became of a preemption's victims: asked to stop (revoking), finished within the
+#: grace period (completed), or revoked at the deadline and requeued (revoked).
+PREEMPTION_OUTCOMES = ("revoking", "completed", "revoked")
+PREEMPTION_VICTIMS = Counter(
+    "berth_preemption_victims_total",
+    "Leased tasks displaced by preemptions, by outcome (revoking, completed, revoked).",
+    ["outcome"],
+)
+for _outcome in PREEMPTION_OUTCOMES:
+    PREEMPTION_VICTIMS.labels(_outcome)
 WAKEUPS = Counter(
     "berth_pending_wakeups_total",
     "Wakeups of pending tasks, by source.",

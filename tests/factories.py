@@ -174,8 +174,9 @@ async def ledger_violations(db: Database) -> list[str]:
     """Return every broken ledger invariant (empty when the ledger is consistent).
 
     No pool over its totals; every pool's reserved equals the sum of its live reservations;
-    reservations only for LEASED tasks; every LEASED task has reservations and an active
-    lease on each of its pools; no task with active leases unless LEASED; every ADMITTED task
+    reservations only for LEASED tasks and preemptors' holds; every LEASED task has
+    reservations and a live lease on each of its pools; no task with live leases unless
+    LEASED; a revoking lease has a deadline and a preemptor; every ADMITTED task
     that was looked at carries a pending reason or is queued unparked.
     """
     checks = {
@@ -189,9 +190,15 @@ async def ledger_violations(db: Database) -> list[str]:
             "ON r.pool_id = l.pool_id WHERE l.cpu_reserved != COALESCE(r.c, 0) "
             "OR l.memory_reserved != COALESCE(r.m, 0) OR l.llm_reserved != COALESCE(r.s, 0)"
         ),
-        "reservation of a task not LEASED": (
+        # A preemptor waiting (ADMITTED) or being scheduled (CLAIMED) may hold capacity.
+        "reservation of a task not LEASED (nor a preemptor's hold)": (
             "SELECT r.task_id FROM reservations r JOIN tasks t ON t.id = r.task_id "
-            "WHERE t.state != 'LEASED'"
+            "WHERE t.state != 'LEASED' AND NOT (t.state IN ('ADMITTED', 'CLAIMED') "
+            "AND t.spec ->> 'preemption' = 'lowerPriority')"
+        ),
+        "revoking lease without a deadline or preemptor": (
+            "SELECT id FROM leases WHERE state = 'REVOKING' "
+            "AND (revoke_by IS NULL OR preempted_by IS NULL)"
         ),
         "LEASED task without reservation": (
             "SELECT t.id FROM tasks t WHERE t.state = 'LEASED' "
@@ -201,11 +208,12 @@ async def ledger_violations(db: Database) -> list[str]:
             "SELECT t.id FROM tasks t WHERE t.state = 'LEASED' AND "
             "(SELECT array_agg(pool_id ORDER BY pool_id) FROM reservations r "
             "WHERE r.task_id = t.id) IS DISTINCT FROM (SELECT array_agg(pool_id ORDER BY "
-            "pool_id) FROM leases l WHERE l.task_id = t.id AND l.state = 'ACTIVE')"
+            "pool_id) FROM leases l WHERE l.task_id = t.id "
+            "AND l.state IN ('ACTIVE', 'REVOKING'))"
         ),
-        "active lease of a task not LEASED": (
+        "live lease of a task not LEASED": (
             "SELECT l.id FROM leases l JOIN tasks t ON t.id = l.task_id "
-            "WHERE l.state = 'ACTIVE' AND t.state != 'LEASED'"
+            "WHERE l.state IN ('ACTIVE', 'REVOKING') AND t.state != 'LEASED'"
         ),
         "parked task without pending reason": (
             "SELECT id FROM tasks WHERE state = 'ADMITTED' AND parked AND pending_reason IS NULL"

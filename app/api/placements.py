@@ -36,10 +36,12 @@ async def preview_placement(
 
     Every feasible pool appears in `candidates` with its score components; every rejected
     pool the tenant can see appears in `rejected` with its reason codes. Pools that do not
-    list the tenant appear nowhere.
+    list the tenant appear nowhere. For a spec with `preemption: "lowerPriority"` that fits
+    nowhere, `preemption` shows the pool it would take and the lower-priority tasks of the
+    tenant it would displace, and every candidate pool with the victims it would need.
     """
     settings = request.app.state.settings
-    result = await placement_preview(
+    result, preemption = await placement_preview(
         request.app.state.db,
         principal=principal,
         tenant=tenant,
@@ -47,4 +49,4 @@ async def preview_placement(
         freshness_seconds=settings.heartbeat_freshness_seconds,
         strategy=str(settings.strategy),
     )
-    return FastJSONResponse(preview_document(result))
+    return FastJSONResponse(preview_document(result, preemption))

@@ -8,7 +8,7 @@ path the caller chose, so nothing is revealed by saying no).
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Request
 from pydantic import Field
@@ -33,6 +33,15 @@ InstanceIdPath = Annotated[
 ]
 
 
+class RevokingLease(CamelModel):
+    """A lease the runtime should stop by ``revokeBy`` (its task was preempted)."""
+
+    lease_id: str
+    task_id: str
+    epoch: int
+    revoke_by: datetime
+
+
 class Heartbeat(CamelModel):
     """What a heartbeat did."""
 
@@ -45,6 +54,11 @@ class Heartbeat(CamelModel):
                     "renewedLeases": 3,
                     "leasesExpireAt": "2026-01-01T12:01:00Z",
                     "heartbeatFreshnessSeconds": 15.0,
+                    "revoking": [
+                        {"leaseId": "0b6f3c5e-3d4a-4c1e-9a57-2f1f4f0c9d11",
+                         "taskId": "5d1c2b7a-8e9f-4a3b-b6c5-1d2e3f4a5b6c", "epoch": 1,
+                         "revokeBy": "2026-01-01T12:00:30Z"}
+                    ],
                 }
             ]
         }
@@ -56,6 +70,11 @@ class Heartbeat(CamelModel):
     leases_expire_at: datetime = Field(description="The new expiry of the renewed leases.")
     heartbeat_freshness_seconds: float = Field(
         description="Heartbeat at least this often, or the instance's pools turn unhealthy."
+    )
+    revoking: list[RevokingLease] = Field(
+        default_factory=list,
+        description="Leases of the instance asked to stop (preempted): stop each task by its "
+        "`revokeBy` and complete the lease; a completion until then is honoured.",
     )
 
 
@@ -81,6 +100,11 @@ class RuntimeLease(CamelModel):
     tenant_id: str
     requests: LeaseRequests
     labels: dict[str, str]
+    state: Literal["ACTIVE", "REVOKING"] = Field(
+        description="`REVOKING`: stop the work by `revokeBy` (the task was preempted); a "
+        "completion until then is honoured, after it the lease is revoked (409)."
+    )
+    revoke_by: datetime | None = Field(description="Set while `REVOKING`.")
 
 
 class RuntimeLeasePage(CamelModel):
@@ -101,8 +125,9 @@ async def heartbeat_runtime(
     instance_id: InstanceIdPath, principal: RuntimeDep, request: Request
 ) -> Heartbeat:
     """Record that the instance is alive (its pools count as healthy while heartbeats are
-    fresher than the freshness window) and push the expiry of its live leases forward. No
-    body. For runtime keys acting for the instance."""
+    fresher than the freshness window) and push the expiry of its live leases forward. The
+    answer lists the instance's leases asked to stop (`revoking`). No body. For runtime keys
+    acting for the instance."""
     settings = request.app.state.settings
     now = datetime.now(UTC)
     result = await service.runtime_heartbeat(
@@ -119,6 +144,7 @@ async def heartbeat_runtime(
         renewed_leases=result.renewed_leases,
         leases_expire_at=now + timedelta(seconds=settings.lease_ttl_seconds),
         heartbeat_freshness_seconds=settings.heartbeat_freshness_seconds,
+        revoking=[RevokingLease.model_validate(r) for r in result.revoking],
     )
 
 
@@ -137,7 +163,8 @@ async def list_runtime_leases(
     cursor: CursorQuery = None,
 ) -> RuntimeLeasePage:
     """List the instance's live leases, oldest grant first: what the runtime should be
-    running now. For runtime keys acting for the instance."""
+    running now. A `REVOKING` lease asks the runtime to stop its task by `revokeBy`. For
+    runtime keys acting for the instance."""
     leases = await service.runtime_leases(
         request.app.state.db, principal=principal, instance_id=instance_id
     )

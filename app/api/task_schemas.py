@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from fastapi.responses import Response
@@ -106,11 +106,18 @@ class PendingReason(CamelModel):
     )
 
     code: str = Field(
-        description="The closest miss: the code of the latest stage any pool reached "
-        "(ties: the most pools)."
+        description="The headline reason code: the closest miss, the code of the latest stage "
+        "any pool reached (ties: the most pools); `preempting` while the task waits for the "
+        "lower-priority tasks it displaced to stop."
     )
     message: str = Field(description="A human sentence; names no pool.")
     rejections: dict[str, int] = Field(description="Number of visible pools rejected, by code.")
+    victims: int | None = Field(
+        default=None, description="`preempting` only: tasks the task waits for to stop."
+    )
+    revoke_by: datetime | None = Field(
+        default=None, description="`preempting` only: when its victims are revoked at the latest."
+    )
 
 
 class TaskQueue(CamelModel):
@@ -153,6 +160,10 @@ class TaskLease(CamelModel):
     runtime_instance_id: str
     expires_at: datetime
     epoch: int = Field(ge=1, description="Fencing epoch; lease completion must name it.")
+    state: Literal["ACTIVE", "REVOKING"] = Field(
+        default="ACTIVE", description="`REVOKING`: preempted; the runtime stops by `revokeBy`."
+    )
+    revoke_by: datetime | None = Field(default=None, description="Set while `REVOKING`.")
 
 
 class Task(CamelModel):
@@ -173,8 +184,12 @@ class Task(CamelModel):
         description="Set while ADMITTED and no pool fits now."
     )
     placement: Placement | None = Field(description="Set once placed (LEASED and after).")
-    lease: TaskLease | None = Field(description="The active lease (a gang's first by pool id).")
-    leases: list[TaskLease] = Field(description="Every active lease (one per pool of a gang).")
+    lease: TaskLease | None = Field(
+        description="The live lease on `placement.poolId` (a gang's first member's pool)."
+    )
+    leases: list[TaskLease] = Field(
+        description="Every live lease, one per pool of a gang, in `placement.members` order."
+    )
     failure_reason: str | None = Field(description="Set when FAILED or CANCELLED.")
     queue: TaskQueue | None = Field(
         default=None,
@@ -216,6 +231,34 @@ class PlacementRejection(CamelModel):
     reasons: list[str]
 
 
+class PreemptionVictim(CamelModel):
+    """A leased task of the tenant, of lower priority, that a preemption would displace."""
+
+    task_id: str
+    priority: int
+    members: list[PlacementMember]
+
+
+class PreemptionCandidate(CamelModel):
+    """A pool where displacing ``victims`` would make room, with its score."""
+
+    pool_id: str
+    score: float
+    victims: list[PreemptionVictim]
+
+
+class PreemptionPreview(CamelModel):
+    """The preemption a task with `preemption: "lowerPriority"` would make now."""
+
+    pool_id: str = Field(description="The pool it would take (the first member's, for a gang).")
+    members: list[PlacementMember]
+    victims: list[PreemptionVictim] = Field(description="The tasks it would displace.")
+    candidates: list[PreemptionCandidate] = Field(
+        description="Every pool where displacing lower-priority tasks would make room, with "
+        "the victims each would need, cheapest set first."
+    )
+
+
 class PlacementPreview(CamelModel):
     """A dry-run decision on the live snapshot: nothing is reserved."""
 
@@ -242,6 +285,11 @@ class PlacementPreview(CamelModel):
         description="Every rejected pool visible to the tenant."
     )
     reason: PendingReason | None = Field(description="Why nothing fits (null if placed).")
+    preemption: PreemptionPreview | None = Field(
+        default=None,
+        description="For a spec that may preempt and fits nowhere: the lower-priority tasks "
+        "of the tenant it would displace (null otherwise).",
+    )
 
 
 class FastJSONResponse(Response):
@@ -293,11 +341,15 @@ def pending_reason_json(raw: dict[str, Any] | None) -> dict[str, Any] | None:
     """Return a stored pending reason in the API shape."""
     if not raw or "code" not in raw:
         return None
-    return {
+    doc: dict[str, Any] = {
         "code": str(raw["code"]),
         "message": str(raw.get("message", "")),
         "rejections": {str(k): int(v) for k, v in (raw.get("rejections") or {}).items()},
     }
+    if "victims" in raw:
+        doc["victims"] = int(raw["victims"])
+        doc["revokeBy"] = raw.get("revokeBy")
+    return doc
 
 
 def _lease_json(lease: LeaseView) -> dict[str, Any]:
@@ -307,13 +359,28 @@ def _lease_json(lease: LeaseView) -> dict[str, Any]:
         "runtimeInstanceId": lease.runtime_instance_id,
         "expiresAt": lease.expires_at,
         "epoch": lease.epoch,
+        "state": lease.state,
+        "revokeBy": lease.revoke_by,
     }
+
+
+def _leases_in_member_order(row: TaskRow) -> list[LeaseView]:
+    """Return the task's leases in the order of its placement's members (the placement's
+    pool first), so that ``lease`` is the lease on ``placement.poolId`` and ``leases`` name
+    the pools of ``placement.members`` in the same order; leases on other pools follow."""
+    leases = row.leases
+    if len(leases) < 2 or not row.placement:
+        return list(leases)
+    members = row.placement.get("members") or ()
+    rank = {m["poolId"]: i for i, m in enumerate(members)}
+    rank.setdefault(row.placement.get("poolId"), -1)
+    return sorted(leases, key=lambda lease: (rank.get(lease.pool_id, len(rank)), lease.pool_id))
 
 
 def task_json(row: TaskRow, queue: dict[str, Any] | None = None) -> dict[str, Any]:
     """Return a task row in the SPEC §6 task shape (values orjson serializes); ``queue`` is
     the position document of an ADMITTED task read one at a time (getTask)."""
-    leases = [_lease_json(lease) for lease in row.leases]
+    leases = [_lease_json(lease) for lease in _leases_in_member_order(row)]
     return {
         "id": row.id,
         "tenantId": row.tenant_id,

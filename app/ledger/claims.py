@@ -217,7 +217,7 @@ _LEASE = (
     "leased_at = $2, claim_owner = NULL, claim_expires_at = NULL, pending_reason = NULL, "
     "parked = false, wake = NULL, pending_stage = NULL, updated_at = $2 FROM g "
     "WHERE t.id = g.id AND t.state = 'CLAIMED' AND t.claim_owner = $1 "
-    "RETURNING t.id, t.attempts, g.pool_id), "
+    "RETURNING t.id, t.attempts + t.preemptions AS attempts, g.pool_id), "
     "m AS (SELECT * FROM unnest($7::uuid[], $8::text[], $9::int[], $10::bigint[], "
     "$11::bigint[], $12::bigint[], $13::text[]) "
     "AS m(task_id, pool_id, members, cpu, memory, llm, instance)), "
@@ -254,8 +254,9 @@ async def tasks_lease(
     ``now``) before its ``leased`` event.
 
     The ledger is not touched here: :func:`app.ledger.plans.plan_apply` adds the returned
-    tasks' amounts last, before COMMIT. Each lease's fencing epoch is ``attempts + 1``:
-    recovery raises ``attempts``, so a re-grant is newer.
+    tasks' amounts last, before COMMIT. Each lease's fencing epoch is
+    ``attempts + preemptions + 1``: recovery raises ``attempts`` and a preemption
+    ``preemptions``, so a re-grant is newer.
     """
     if not grants:
         return set()
@@ -365,9 +366,12 @@ async def tasks_unclaim(
     return {r[0] for r in rows}
 
 
+# A preemptor waiting for its victims stays parked: it is unparked when its last victim's
+# lease ends (app.ledger.preemption), not by wakeups that cannot help it.
 _UNPARK = (
     "UPDATE tasks SET parked = false, updated_at = $2 "
-    "WHERE state = 'ADMITTED' AND parked AND shard = ANY($1::int[])"
+    "WHERE state = 'ADMITTED' AND parked AND shard = ANY($1::int[]) "
+    "AND pending_reason ->> 'code' IS DISTINCT FROM 'preempting'"
 )
 
 

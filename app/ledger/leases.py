@@ -18,12 +18,14 @@ from typing import Any
 from app.db import Connection
 from app.errors import Conflict, NotFound, Unprocessable
 from app.ledger.events import task_events_add
+from app.ledger.preemption import leases_end, reservations_hand_over
 from app.ledger.recovery import RecoveryCause, leases_requeue, pool_leased_tasks
-from app.ledger.reservations import reservations_release
 from app.ledger.tasks import TaskNotFound
 from app.ledger.wakeups import WakeSource, wakeup_notify
 
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+#: Lease states a runtime may still complete (REVOKING: until its revoke deadline).
+LIVE_STATES = frozenset({"ACTIVE", "REVOKING"})
 OUTCOMES = {"succeeded": "SUCCEEDED", "failed": "FAILED"}
 DEFAULT_FRESHNESS_SECONDS = 15.0
 
@@ -52,10 +54,12 @@ class TaskNotCancellable(Conflict):
 
 @dataclass(frozen=True, slots=True)
 class HeartbeatResult:
-    """What a heartbeat did: leases renewed, and whether the instance just became healthy."""
+    """What a heartbeat did: leases renewed, whether the instance just became healthy, and
+    the instance's revoking leases (the runtime should stop them by their ``revokeBy``)."""
 
     renewed_leases: int
     became_healthy: bool
+    revoking: tuple[dict[str, Any], ...] = ()
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -73,6 +77,10 @@ _LEASES_RENEW = (
     "WHERE runtime_instance_id = $1 AND state = 'ACTIVE' AND expires_at > $3"
 )
 _POOL_NAMES_INSTANCE = "SELECT EXISTS (SELECT 1 FROM pools WHERE runtime_instance_id = $1)"
+_REVOKING_OF_INSTANCE = (
+    "SELECT id, task_id, epoch, revoke_by FROM leases "
+    "WHERE runtime_instance_id = $1 AND state = 'REVOKING' ORDER BY revoke_by, id"
+)
 
 
 def _rowcount(status: str) -> int:
@@ -104,15 +112,22 @@ async def runtime_heartbeat(
     if stale and await conn.fetchval(_POOL_NAMES_INSTANCE, instance_id):
         became_healthy = True
         await wakeup_notify(conn, source=WakeSource.POOL_HEALTHY, instances=[instance_id])
-    return HeartbeatResult(renewed_leases=renewed, became_healthy=became_healthy)
+    revoking = tuple(
+        {"leaseId": str(r[0]), "taskId": str(r[1]), "epoch": int(r[2]), "revokeBy": r[3]}
+        for r in await conn.fetch(_REVOKING_OF_INSTANCE, instance_id)
+    )
+    return HeartbeatResult(
+        renewed_leases=renewed, became_healthy=became_healthy, revoking=revoking
+    )
 
 
 _LEASES_OF_INSTANCE = (
     "SELECT l.id, l.task_id, l.pool_id, l.runtime_instance_id, l.epoch, l.expires_at, "
-    "l.granted_at, COALESCE(r.members, 1), t.tenant_id, t.spec -> 'requests', t.labels "
+    "l.granted_at, COALESCE(r.members, 1), t.tenant_id, t.spec -> 'requests', t.labels, "
+    "l.state, l.revoke_by "
     "FROM leases l JOIN tasks t ON t.id = l.task_id "
     "LEFT JOIN reservations r ON r.task_id = l.task_id AND r.pool_id = l.pool_id "
-    "WHERE l.runtime_instance_id = $1 AND l.state = 'ACTIVE' "
+    "WHERE l.runtime_instance_id = $1 AND l.state IN ('ACTIVE', 'REVOKING') "
     "ORDER BY l.granted_at, l.id"
 )
 
@@ -130,7 +145,8 @@ async def runtime_leases_list(conn: Connection, *, instance_id: str) -> list[dic
     """Return the live leases granted to ``instance_id`` as camelCase dicts, oldest first.
 
     ``members`` is how many members of the task run on this lease's pool and ``requests``
-    what each member needs.
+    what each member needs. ``state`` is ``ACTIVE``, or ``REVOKING`` when the runtime should
+    stop the work by ``revokeBy`` (a completion until then is honoured).
     """
     rows = await conn.fetch(_LEASES_OF_INSTANCE, instance_id)
     return [
@@ -146,6 +162,8 @@ async def runtime_leases_list(conn: Connection, *, instance_id: str) -> list[dic
             "tenantId": r[8],
             "requests": _requests(r[9]),
             "labels": dict(r[10] or {}),
+            "state": r[11],
+            "revokeBy": _iso(r[12]),
         }
         for r in rows
     ]
@@ -153,10 +171,6 @@ async def runtime_leases_list(conn: Connection, *, instance_id: str) -> list[dic
 
 _LEASE_GET = "SELECT task_id, runtime_instance_id, state, epoch FROM leases WHERE id = $1"
 _TASK_LOCK = "SELECT state FROM tasks WHERE id = $1 FOR UPDATE"
-_TASK_LEASES_END = (
-    "UPDATE leases SET state = $2, ended_at = $4, end_reason = $3 "
-    "WHERE task_id = $1 AND state = 'ACTIVE'"
-)
 _TASK_FINISH = (
     "UPDATE tasks SET state = $2, finished_at = $3, updated_at = $3, "
     "failure_reason = $4, claim_owner = NULL, claim_expires_at = NULL, "
@@ -200,17 +214,22 @@ async def lease_complete(
     await conn.execute(_TASK_LOCK, task_id)
     # Re-read under the task lock: recovery or a cancel may have ended it meanwhile.
     _, _, lease_state, lease_epoch = await conn.fetchrow(_LEASE_GET, lease_id)
-    if lease_state != "ACTIVE":
+    if lease_state not in LIVE_STATES:
         raise LeaseStale(f"lease {lease_id} is {lease_state.lower()}, not active")
     if int(epoch) != int(lease_epoch):
         raise LeaseStale(
             f"stale epoch {epoch}: lease {lease_id} is at epoch {lease_epoch}",
             extra={"epoch": int(lease_epoch)},
         )
-    await conn.execute(_TASK_LEASES_END, task_id, "COMPLETED", outcome, now)
+    heirs = await leases_end(
+        conn, task_ids=[task_id], state="COMPLETED", reason=outcome, now=now
+    )
     failure = None if state == "SUCCEEDED" else "runtime_reported_failure"
     await conn.execute(_TASK_FINISH, task_id, state, now, failure)
     detail: dict[str, Any] = {"leaseId": str(lease_id), "epoch": int(lease_epoch)}
+    if task_id in heirs:
+        # Finished within its grace period: honoured, and its capacity goes to the preemptor.
+        detail["preemptorId"] = str(heirs[task_id])
     if message:
         detail["message"] = message[:1000]
     await task_events_add(
@@ -219,10 +238,11 @@ async def lease_complete(
                "reason": f"lease_{outcome}", "detail": detail}],
         now=now,
     )
-    released = await reservations_release(conn, task_ids=[task_id], now=now)
+    released = await reservations_hand_over(conn, task_ids=[task_id], heirs=heirs, now=now)
     if released:
         await wakeup_notify(conn, source=WakeSource.CAPACITY_RELEASED, pools=released)
     return {
+        "revoking": task_id in heirs,
         "taskId": str(task_id),
         "leaseId": str(lease_id),
         "state": state,
@@ -248,8 +268,11 @@ async def task_cancel(
         raise TaskNotFound(f"task {task_id} does not exist")
     if state in TERMINAL_STATES:
         raise TaskNotCancellable(f"task {task_id} is {state}; it can no longer be cancelled")
+    heirs = {}
     if state == "LEASED":
-        await conn.execute(_TASK_LEASES_END, task_id, "CANCELLED", "task_cancelled", now)
+        heirs = await leases_end(
+            conn, task_ids=[task_id], state="CANCELLED", reason="task_cancelled", now=now
+        )
     await conn.execute(_TASK_FINISH, task_id, "CANCELLED", now, None)
     await task_events_add(
         conn,
@@ -257,7 +280,8 @@ async def task_cancel(
                "reason": "cancelled_by_tenant"}],
         now=now,
     )
-    released = await reservations_release(conn, task_ids=[task_id], now=now)
+    # A cancelled preemptor's holds are released; a cancelled victim's capacity is handed over.
+    released = await reservations_hand_over(conn, task_ids=[task_id], heirs=heirs, now=now)
     if released:
         await wakeup_notify(conn, source=WakeSource.CAPACITY_RELEASED, pools=released)
     return "CANCELLED"

@@ -10,13 +10,19 @@ every writer follows (task rows, then lease rows, then ledger rows in pool-id or
    then the parked tasks that the leased tasks could help (``placed:<tenant>`` wake keys of
    labelled placements: required affinity that had nothing to follow) are unparked
    (:func:`~app.ledger.claims.tasks_wake`, which skips locked rows and so never waits);
-3. last, each pool's amount is added only where ``reserved + amount <= total``
-   (:func:`~app.ledger.reservations.ledger_reserve_many`).
+3. preemptions: the victims' leases go ``REVOKING`` only where they are all still
+   ``ACTIVE``, and each preemptor (handed back in step 2) gets its hold rows
+   (:func:`~app.ledger.preemption.preemptions_apply`);
+4. last, each pool's amount is added only where ``reserved + amount <= total``
+   (:func:`~app.ledger.reservations.ledger_reserve_many`). The amount nets the grants and the
+   new holds against the holds the plan's preemptors give back (taken first, under their
+   task locks, by :func:`~app.ledger.preemption.holds_take`).
 
-When a pool refuses (another writer got there first), the whole transaction rolls back and
-the result names the pools that lost the race: nothing of the plan is written, so the
-ledger's reserved amounts still equal the sum of the live reservations. The caller re-reads
-those pools, walks or hands back the affected tasks, and applies a new plan.
+When a pool refuses, or a victim is no longer active (another writer got there first), the
+whole transaction rolls back and the result names the pools or preemptors that lost the
+race: nothing of the plan is written, so the ledger's reserved amounts still equal the sum of
+the live reservations. The caller re-reads those pools, walks or hands back the affected
+tasks, and applies a new plan.
 """
 
 from __future__ import annotations
@@ -27,9 +33,10 @@ from datetime import datetime
 
 from app.db import Connection
 from app.ledger.claims import Grant, Unclaim, tasks_lease, tasks_unclaim, tasks_wake
-from app.ledger.reservations import amounts_sum, ledger_reserve_many
+from app.ledger.preemption import PreemptionGrant, holds_take, preemptions_apply
+from app.ledger.reservations import Vector, amounts_sum, ledger_reserve_many
 
-__all__ = ["ApplyResult", "Grant", "Plan", "Unclaim", "plan_apply"]
+__all__ = ["ApplyResult", "Grant", "Plan", "PreemptionGrant", "Unclaim", "plan_apply"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +45,10 @@ class Plan:
 
     grants: tuple[Grant, ...] = ()
     unclaims: tuple[Unclaim, ...] = ()
+    #: Preemptors handed back (in ``unclaims``) whose victims are revoked now.
+    preemptions: tuple[PreemptionGrant, ...] = ()
+    #: Tasks of the plan whose holds are given back first (placed, or handed back parked).
+    holds_taken: tuple[uuid.UUID, ...] = ()
 
     def amounts(self) -> dict[str, tuple[int, int, int]]:
         """Return what the grants add to each pool's ledger."""
@@ -62,19 +73,34 @@ class ApplyResult:
     lost: frozenset[str] = frozenset()
     #: Parked tasks unparked because a leased task could help them.
     woken: int = 0
+    #: Preemptors whose victims were not all still active (nothing was written).
+    lost_preemptions: frozenset[uuid.UUID] = frozenset()
+    #: Preemptors whose victims are now revoking.
+    preempted: frozenset[uuid.UUID] = frozenset()
 
     @property
     def applied(self) -> bool:
         """Return whether the plan was committed."""
-        return not self.lost
+        return not self.lost and not self.lost_preemptions
 
 
 class _Lost(Exception):
-    """Roll back the plan's transaction: these pools refused their amounts."""
+    """Roll back the plan's transaction: these pools refused, or these preemptions lost."""
 
-    def __init__(self, pools: frozenset[str]) -> None:
-        super().__init__(f"{len(pools)} pool(s) refused their amounts")
+    def __init__(
+        self, pools: frozenset[str], preemptors: frozenset[uuid.UUID] = frozenset()
+    ) -> None:
+        super().__init__(f"{len(pools)} pool(s) refused, {len(preemptors)} preemption(s) lost")
         self.pools = pools
+        self.preemptors = preemptors
+
+
+def _net(*signed: tuple[int, dict[str, Vector]]) -> dict[str, Vector]:
+    """Return the per-pool sum of ``sign * amounts`` over ``signed``."""
+    return amounts_sum(
+        (p, sign * a[0], sign * a[1], sign * a[2]) for sign, amounts in signed
+        for p, a in amounts.items()
+    )
 
 
 async def plan_apply(
@@ -95,6 +121,8 @@ async def plan_apply(
     """
     try:
         async with conn.transaction():
+            # Holds are given back under their tasks' locks, before those tasks' rows change.
+            taken = await holds_take(conn, owner=owner, task_ids=plan.holds_taken)
             leased = await tasks_lease(
                 conn, owner=owner, grants=plan.grants, now=now,
                 lease_ttl_seconds=lease_ttl_seconds, claimed_at=claimed_at,
@@ -102,15 +130,26 @@ async def plan_apply(
             unclaimed = await tasks_unclaim(
                 conn, owner=owner, items=plan.unclaims, now=now, claimed_at=claimed_at
             )
+            preemptions = tuple(p for p in plan.preemptions if p.task_id in unclaimed)
+            lost = await preemptions_apply(conn, preemptions=preemptions, now=now)
+            if lost:
+                raise _Lost(frozenset(), frozenset(lost))
             keys = {k for g in plan.grants if g.task_id in leased for k in g.wakes}
             woken = await tasks_wake(conn, keys=keys, now=now) if keys else 0
             # Only the tasks still claimed were leased: only their amounts are reserved.
-            amounts = Plan(tuple(g for g in plan.grants if g.task_id in leased)).amounts()
+            granted = Plan(tuple(g for g in plan.grants if g.task_id in leased)).amounts()
+            held = amounts_sum(
+                (p, *a) for pre in preemptions for p, a in pre.amounts().items()
+            )
+            amounts = _net((1, granted), (1, held), (-1, taken))
             refused = frozenset(amounts) - await ledger_reserve_many(
                 conn, amounts=amounts, now=now
             )
             if refused:
                 raise _Lost(refused)
     except _Lost as lost:
-        return ApplyResult(lost=lost.pools)
-    return ApplyResult(frozenset(leased), frozenset(unclaimed), woken=woken)
+        return ApplyResult(lost=lost.pools, lost_preemptions=lost.preemptors)
+    return ApplyResult(
+        frozenset(leased), frozenset(unclaimed), woken=woken,
+        preempted=frozenset(p.task_id for p in preemptions),
+    )

@@ -79,7 +79,7 @@ _SELECT = """
            l.cpu_reserved, l.memory_reserved, l.llm_reserved,
            r.last_heartbeat_at,
            (SELECT count(*) FROM leases s
-            WHERE s.pool_id = p.id AND s.state = 'ACTIVE') AS active_leases
+            WHERE s.pool_id = p.id AND s.state IN ('ACTIVE', 'REVOKING')) AS active_leases
     FROM pools p
     LEFT JOIN ledgers l ON l.pool_id = p.id
     LEFT JOIN runtime_instances r ON r.id = p.runtime_instance_id
@@ -110,7 +110,9 @@ _LIST = (
 
 _LOCK = "SELECT version FROM pools WHERE id = $1 FOR UPDATE"
 _EXISTS = "SELECT id FROM pools WHERE id = $1"
-_LIVE_LEASES = "SELECT count(*) FROM leases WHERE pool_id = $1 AND state = 'ACTIVE'"
+_LIVE_LEASES = (
+    "SELECT count(*) FROM leases WHERE pool_id = $1 AND state IN ('ACTIVE', 'REVOKING')"
+)
 _RESERVATIONS = "SELECT count(*) FROM reservations WHERE pool_id = $1"
 _DELETE_LEASES = "DELETE FROM leases WHERE pool_id = $1"
 _DELETE = "DELETE FROM pools WHERE id = $1"

@@ -20,7 +20,7 @@ from enum import StrEnum
 
 from app.db import Connection
 from app.ledger.events import task_events_add
-from app.ledger.reservations import reservations_release
+from app.ledger.preemption import leases_end, reservations_hand_over
 from app.ledger.wakeups import WakeSource, wakeup_notify
 
 
@@ -56,10 +56,6 @@ _TASKS_LOCK = (
     "SELECT id FROM tasks WHERE id = ANY($1::uuid[]) AND state = 'LEASED' "
     "ORDER BY id FOR UPDATE SKIP LOCKED"
 )
-_LEASES_END = (
-    "UPDATE leases SET state = $2, ended_at = $4, end_reason = $3 "
-    "WHERE task_id = ANY($1::uuid[]) AND state = 'ACTIVE'"
-)
 _TASKS_REQUEUE = (
     "UPDATE tasks SET attempts = attempts + 1, "
     "state = CASE WHEN attempts + 1 >= max_attempts THEN 'FAILED' ELSE 'ADMITTED' END, "
@@ -74,10 +70,13 @@ _EXPIRED = (
     "SELECT task_id FROM leases WHERE state = 'ACTIVE' AND expires_at <= $1 "
     "ORDER BY expires_at LIMIT $2) e"
 )
-_POOL_LEASED = "SELECT DISTINCT task_id FROM leases WHERE state = 'ACTIVE' AND pool_id = $1"
+_POOL_LEASED = (
+    "SELECT DISTINCT task_id FROM leases WHERE state IN ('ACTIVE', 'REVOKING') AND pool_id = $1"
+)
 _DRAIN_OVERDUE = (
     "SELECT p.id FROM pools p WHERE p.status = 'DRAINING' AND p.drain_deadline <= $1 "
-    "AND EXISTS (SELECT 1 FROM leases l WHERE l.pool_id = p.id AND l.state = 'ACTIVE') "
+    "AND EXISTS (SELECT 1 FROM leases l WHERE l.pool_id = p.id "
+    "AND l.state IN ('ACTIVE', 'REVOKING')) "
     "ORDER BY p.id"
 )
 
@@ -100,7 +99,7 @@ async def leases_requeue(
     if not locked:
         return RecoveryResult()
     lease_state, reason = _CAUSES[cause]
-    await conn.execute(_LEASES_END, locked, lease_state, reason, now)
+    heirs = await leases_end(conn, task_ids=locked, state=lease_state, reason=reason, now=now)
     rows = await conn.fetch(_TASKS_REQUEUE, locked, reason, now)
     await task_events_add(
         conn,
@@ -116,7 +115,8 @@ async def leases_requeue(
         ],
         now=now,
     )
-    released = await reservations_release(conn, task_ids=locked, now=now)
+    # A revoking victim's capacity goes to its preemptor, the rest back to the ledger.
+    released = await reservations_hand_over(conn, task_ids=locked, heirs=heirs, now=now)
     if released:
         await wakeup_notify(conn, source=WakeSource.CAPACITY_RELEASED, pools=released)
     failed = sum(1 for r in rows if r[1] == "FAILED")

@@ -45,7 +45,9 @@ metadata = MetaData(naming_convention=NAMING)
 
 TASK_STATES = ("ADMITTED", "CLAIMED", "LEASED", "SUCCEEDED", "FAILED", "CANCELLED")
 POOL_STATUSES = ("ACTIVE", "CORDONED", "DRAINING")
-LEASE_STATES = ("ACTIVE", "COMPLETED", "EXPIRED", "REVOKED", "CANCELLED")
+LEASE_STATES = ("ACTIVE", "REVOKING", "COMPLETED", "EXPIRED", "REVOKED", "CANCELLED")
+#: Lease states in which the runtime holds the lease (REVOKING: asked to stop by a deadline).
+LIVE_LEASE = "state IN ('ACTIVE', 'REVOKING')"
 ROLES = ("admin", "operator", "tenant", "runtime")
 
 
@@ -133,6 +135,9 @@ tasks = Table(
     Column("pending_stage", SmallInteger),
     Column("placement", JSONB),
     Column("attempts", Integer, nullable=False, server_default="0"),
+    # Times the task was displaced by a preemptor (revision 0006_preemption): it uses no
+    # attempt, but its next lease's fencing epoch must still be higher.
+    Column("preemptions", Integer, nullable=False, server_default="0"),
     Column("max_attempts", Integer, nullable=False, server_default="3"),
     Column("claim_owner", Text),
     Column("claim_expires_at", DateTime(timezone=True)),
@@ -147,6 +152,7 @@ tasks = Table(
     CheckConstraint(_in("state", TASK_STATES), name="state_legal"),
     CheckConstraint("shard >= 0", name="shard_nonnegative"),
     CheckConstraint("attempts >= 0", name="attempts_nonnegative"),
+    CheckConstraint("preemptions >= 0", name="preemptions_nonnegative"),
     CheckConstraint("max_attempts >= 1", name="max_attempts_positive"),
     CheckConstraint(
         "(state = 'CLAIMED') = (claim_owner IS NOT NULL AND claim_expires_at IS NOT NULL)",
@@ -234,23 +240,34 @@ leases = Table(
     Column("expires_at", DateTime(timezone=True), nullable=False),
     Column("ended_at", DateTime(timezone=True)),
     Column("end_reason", Text),
+    # Set when the lease goes REVOKING (revision 0006_preemption): the runtime should stop by
+    # ``revoke_by``; ``preempted_by`` is the task the lease's capacity is handed over to.
+    Column("revoke_by", DateTime(timezone=True)),
+    Column("preempted_by", UUID(as_uuid=True)),
     CheckConstraint(_in("state", LEASE_STATES), name="state_legal"),
     CheckConstraint("epoch >= 1", name="epoch_positive"),
+    CheckConstraint("state <> 'REVOKING' OR revoke_by IS NOT NULL", name="revoking_has_deadline"),
 )
+# At most one live lease per (task, pool); live = ACTIVE or REVOKING (revision 0006).
 Index(
     "ix_leases_live_task_pool",
     leases.c.task_id,
     leases.c.pool_id,
     unique=True,
-    postgresql_where=text("state = 'ACTIVE'"),
+    postgresql_where=text(LIVE_LEASE),
 )
 Index("ix_leases_expiry", leases.c.expires_at, postgresql_where=text("state = 'ACTIVE'"))
 Index(
     "ix_leases_runtime_instance",
     leases.c.runtime_instance_id,
-    postgresql_where=text("state = 'ACTIVE'"),
+    postgresql_where=text(LIVE_LEASE),
 )
-Index("ix_leases_pool_live", leases.c.pool_id, postgresql_where=text("state = 'ACTIVE'"))
+Index("ix_leases_pool_live", leases.c.pool_id, postgresql_where=text(LIVE_LEASE))
+# Revoking leases past their deadline (the leader revokes them), and per preemptor.
+Index("ix_leases_revoke_by", leases.c.revoke_by, postgresql_where=text("state = 'REVOKING'"))
+Index(
+    "ix_leases_preempted_by", leases.c.preempted_by, postgresql_where=text("state = 'REVOKING'")
+)
 # Recent completions per pool: the observed rate behind a queued task's ETA (0004_parking).
 Index(
     "ix_leases_pool_completed", leases.c.pool_id, leases.c.ended_at,

@@ -84,6 +84,9 @@ class LeaseView:
     runtime_instance_id: str
     expires_at: datetime
     epoch: int
+    #: ACTIVE, or REVOKING: the runtime is asked to stop by ``revoke_by`` (a preemption).
+    state: str = "ACTIVE"
+    revoke_by: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,8 +181,9 @@ _COLUMNS = """
     t.admitted_at, t.pending_stage, t.wake,
     (SELECT coalesce(json_agg(json_build_object(
                 'id', l.id, 'poolId', l.pool_id, 'runtimeInstanceId', l.runtime_instance_id,
-                'expiresAt', l.expires_at, 'epoch', l.epoch) ORDER BY l.pool_id), '[]')
-       FROM leases l WHERE l.task_id = t.id AND l.state = 'ACTIVE'),
+                'expiresAt', l.expires_at, 'epoch', l.epoch, 'state', l.state,
+                'revokeBy', l.revoke_by) ORDER BY l.pool_id), '[]')
+       FROM leases l WHERE l.task_id = t.id AND l.state IN ('ACTIVE', 'REVOKING')),
     (SELECT coalesce(array_agg(a->>'poolId'), '{}')
        FROM jsonb_array_elements(coalesce(t.placement->'alternatives', '[]')) a
       WHERE NOT EXISTS (SELECT 1 FROM pools p
@@ -201,6 +205,8 @@ def _lease(entry: dict[str, Any]) -> LeaseView:
         runtime_instance_id=entry["runtimeInstanceId"],
         expires_at=datetime.fromisoformat(entry["expiresAt"]),
         epoch=int(entry["epoch"]),
+        state=entry.get("state") or "ACTIVE",
+        revoke_by=datetime.fromisoformat(entry["revokeBy"]) if entry.get("revokeBy") else None,
     )
 
 

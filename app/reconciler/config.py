@@ -68,6 +68,9 @@ class ReconcilerConfig:
     #: Ranked candidates kept per decision: the placement, then the alternatives shown in its
     #: JSON and walked to after lost races (keep it above ``reservation_walk_limit``).
     top_k: int = TOP_K_DEFAULT
+    #: Grace period of a preemption's victims: their leases are REVOKING this long, and a
+    #: completion meanwhile is honoured; then they are revoked and requeued.
+    preemption_grace_seconds: float = 30.0
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: object) -> ReconcilerConfig:
@@ -87,6 +90,7 @@ class ReconcilerConfig:
             "strategy": str(settings.strategy),
             "priority_aging_seconds": settings.priority_aging_seconds,
             "idempotency_retention_seconds": settings.idempotency_retention_hours * 3600.0,
+            "preemption_grace_seconds": settings.preemption_grace_seconds,
             # Enough ranked candidates for every walk the limit allows.
             "top_k": max(TOP_K_DEFAULT, settings.reservation_walk_limit + 1),
         }

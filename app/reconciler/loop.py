@@ -13,9 +13,11 @@ directly). ``Reconciler.run(stop)`` is the loop:
   is claimable: it unparks nothing), a rebalance of dynamic ownership, a recovery round, or
   the safety sweep (every ``park_sweep_seconds``, jittered: every parked task of the owned
   slots is re-examined, in case a notification was missed);
-* the leader recovers expired leases and revokes the leases of pools whose drain deadline
-  passed, and (every ``sweep_seconds``) deletes idempotency records older than the
-  retention, in batches of ``sweep_batch`` rows, each batch its own transaction;
+* the leader recovers expired leases, revokes the leases of pools whose drain deadline
+  passed and the revoking leases of preemption victims whose grace period ended, and
+  unparks preemptors none of whose victims is still revoking; and (every ``sweep_seconds``)
+  deletes idempotency records older than the retention, in batches of ``sweep_batch`` rows,
+  each batch its own transaction;
 * a failing pass is logged loudly and the loop carries on after a pause; its claims expire.
 
 Stopping finishes the current pass and releases the locks; cancelling the task abandons
@@ -39,6 +41,7 @@ from app.db import Connection, Database
 from app.ledger.claims import tasks_unpark, tasks_wake
 from app.ledger.idempotency import idempotency_records_expire
 from app.ledger.leases import pool_leases_revoke
+from app.ledger.preemption import preemptors_unpark, victims_revoke_overdue
 from app.ledger.queue import queue_pending_by_code
 from app.ledger.recovery import leases_expired_recover, pools_drain_overdue
 from app.ledger.snapshot import SnapshotCache
@@ -47,6 +50,7 @@ from app.metrics import (
     IDEMPOTENCY_RECORDS_EXPIRED,
     LEASES_EXPIRED,
     PENDING_EXTRA_CODES,
+    PREEMPTION_VICTIMS,
     TASKS_PARKED,
     TASKS_PENDING,
     WAKEUPS,
@@ -225,7 +229,8 @@ class Reconciler:
             raise
 
     async def recover_once(self, *, now: datetime | None = None) -> int:
-        """As leader, recover expired leases and revoke overdue drains; return tasks recovered."""
+        """As leader, recover expired leases, revoke overdue drains and overdue preemption
+        victims, and unpark preemptors whose victims are gone; return tasks recovered."""
         at = now or datetime.now(UTC)
         limit = self.config.recovery_batch
 
@@ -246,7 +251,13 @@ class Reconciler:
                          extra={"owner": self.owner_id, "pool_id": pool_id, "tasks": n})
             if revoked:
                 LEASES_EXPIRED.labels(cause="revoked").inc(revoked)
-            return result.tasks + revoked
+            preempted = await victims_revoke_overdue(conn, now=at, limit=limit)
+            if preempted:
+                PREEMPTION_VICTIMS.labels(outcome="revoked").inc(preempted)
+                log.info("preemption grace period over; victims revoked and requeued",
+                         extra={"owner": self.owner_id, "tasks": preempted})
+            await preemptors_unpark(conn, now=at)
+            return result.tasks + revoked + preempted
 
         return await self.ownership.as_leader(recover) or 0
 

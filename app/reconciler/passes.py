@@ -18,6 +18,10 @@
    plan. At most ``commit_rounds_max`` rounds reserve; if the last still loses, the
    placements left go back to the queue unparked.
 
+A claimed task that may preempt and fits nowhere gets a preemption planned by the core; the
+pass's share of that work (reads, planning, hand-backs) lives in
+:mod:`app.reconciler.preempting`, and the plan applies it in the same transaction.
+
 Transient failures of each transaction are retried (see :mod:`app.reconciler.retry`); other
 errors propagate and the claims expire.
 """
@@ -50,6 +54,8 @@ from app.metrics import (
     FILTER_REJECTIONS,
     PASS_DURATION,
     PLACEMENTS,
+    PREEMPTION_VICTIMS,
+    PREEMPTIONS,
     QUEUE_WAIT,
     RESERVATION_CONFLICTS,
     TASKS_CLAIMED,
@@ -57,6 +63,7 @@ from app.metrics import (
     TASKS_REEXAMINED,
 )
 from app.reconciler.config import ReconcilerConfig
+from app.reconciler.preempting import PassPreemption
 from app.reconciler.retry import transient_retry
 from app.reconciler.walk import Decision, decisions_walk
 from app.scheduling.assumed import Assumed
@@ -108,6 +115,8 @@ class PassResult:
     #: Parked tasks the pass's placements unparked (affinity now has a match).
     woken: int = 0
     commit_rounds: int = 0
+    #: Preemptions committed (their victims are revoking now).
+    preempting: int = 0
     #: Whether the pass re-read the pool rows (a pool changed) instead of reusing them.
     snapshot_rebuilt: bool = False
     duration_seconds: float = 0.0
@@ -130,6 +139,7 @@ class PassResult:
             "reexamined": self.reexamined,
             "unchanged": self.unchanged,
             "woken": self.woken,
+            "preempting": self.preempting,
             "snapshot_rebuilt": self.snapshot_rebuilt,
             "duration_ms": round(self.duration_seconds * 1000, 2),
             **{f"{k}_ms": round(v * 1000, 2) for k, v in self.phases.items()},
@@ -243,6 +253,7 @@ async def pass_run(ctx: PassContext, *, pass_id: str, now: datetime) -> PassResu
         if t.id in specs and (specs[t.id].required or specs[t.id].preferred)
     }
     tenants = {t.tenant_id for t in claimed}
+    preemption = PassPreemption(grace_seconds=cfg.preemption_grace_seconds)
 
     t0 = time.perf_counter()
 
@@ -257,6 +268,7 @@ async def pass_run(ctx: PassContext, *, pass_id: str, now: datetime) -> PassResu
             usage = (
                 await tenant_usage_read(conn, tenant_ids=tenants) if cfg.policy == "fair" else {}
             )
+            await preemption.load(conn, claimed=claimed, specs=specs)
             return snapshot, usage
 
     rebuilds = ctx.snapshot_cache.rebuilds
@@ -292,10 +304,16 @@ async def pass_run(ctx: PassContext, *, pass_id: str, now: datetime) -> PassResu
     for q in ordered:
         task = by_id[q.task_id]
         spec = specs[task.id]
-        reason = cache.get(spec)
+        waiting = preemption.waiting(task)
+        if waiting is not None:
+            unclaims.append(waiting)
+            continue
+        # A task holding nominated capacity is not like the others of its fingerprint.
+        held = preemption.holds.get(task.id)
+        reason = cache.get(spec) if held is None else None
         if reason is None:
             try:
-                outcome = select(spec, snapshot, assumed=assumed, top_k=cfg.top_k)
+                outcome = select(spec, snapshot, assumed=assumed, top_k=cfg.top_k, holds=held)
             except Exception as exc:
                 # One task the core cannot evaluate must not poison the batch it came in.
                 log.exception("select failed for a task; parking it",
@@ -313,15 +331,18 @@ async def pass_run(ctx: PassContext, *, pass_id: str, now: datetime) -> PassResu
                 decisions.append(Decision(task, spec, outcome, outcome.placement.members))
                 continue
             reason = outcome.reason or NoPlacement(Reason.TENANT_NOT_ALLOWED, "no pool fits")
-            cache.put(spec, reason)
-        unclaims.append(_pending(
+            if held is None:
+                cache.put(spec, reason)
+        preempting = preemption.plan(task, spec, reason, snapshot=snapshot, assumed=assumed,
+                                     now=now)
+        unclaims.append(preempting or _pending(
             task, str(reason.code), no_placement_document(reason), wake_keys(spec, reason)
         ))
     result.unsatisfiable_hits = cache.hits
     phases["select"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    await _plan_commit(ctx, result, decisions, unclaims, snapshot, now=now)
+    await _plan_commit(ctx, result, decisions, unclaims, snapshot, preemption, now=now)
     phases["commit"] = time.perf_counter() - t0
 
     for label, n in rejections.items():
@@ -336,8 +357,10 @@ def _plan(
     unclaims: list[Unclaim],
     released: list[Decision],
     instance: dict[str, str],
+    preemption: PassPreemption,
 ) -> Plan:
-    """Return the plan of the kept decisions, the hand-backs and the released decisions."""
+    """Return the plan of the kept decisions, the hand-backs, the released decisions and the
+    preemptions."""
     return Plan(
         grants=tuple(
             Grant(
@@ -358,6 +381,8 @@ def _plan(
                 for d in released
             ),
         ),
+        preemptions=tuple(preemption.grants.values()),
+        holds_taken=preemption.holds_taken((d.task.id for d in decisions), unclaims),
     )
 
 
@@ -367,6 +392,7 @@ async def _plan_commit(
     decisions: list[Decision],
     unclaims: list[Unclaim],
     snapshot: Snapshot,
+    preemption: PassPreemption,
     *,
     now: datetime,
 ) -> None:
@@ -383,7 +409,7 @@ async def _plan_commit(
         result.commit_rounds += 1
         # Leases and leased_at carry the commit's time, not the pass start.
         commit_now = ctx.clock() if ctx.clock is not None else now
-        plan = _plan(kept, unclaims, released, instance)
+        plan = _plan(kept, unclaims, released, instance, preemption)
 
         async def apply(plan: Plan = plan, at: datetime = commit_now) -> ApplyResult:
             async with ctx.db.connection() as conn:
@@ -395,13 +421,22 @@ async def _plan_commit(
         applied: ApplyResult = await ctx.retry(apply, "commit")
         if applied.applied:
             break
+        if applied.lost_preemptions:
+            # A victim ended or was taken meanwhile: those preemptors go back to the queue.
+            result.conflicts += len(applied.lost_preemptions)
+            RESERVATION_CONFLICTS.labels(stage="preempt").inc(len(applied.lost_preemptions))
+            preemption.drop(applied.lost_preemptions, unclaims)
+            continue
         result.conflicts += len(applied.lost)
         RESERVATION_CONFLICTS.labels(stage="reserve").inc(len(applied.lost))
+        # A preemptor whose hold on the free part lost its pool goes back to the queue.
+        preemption.drop(preemption.holding_on(applied.lost), unclaims)
         if result.commit_rounds >= cfg.commit_rounds_max:
             # The last reserving round lost too: hand every placement left back to the
             # queue in a round that reserves nothing (and so cannot lose).
             released += kept
             kept = []
+            preemption.drop(preemption.holding_on(None), unclaims)
             continue
         lost_ever |= applied.lost
 
@@ -430,6 +465,12 @@ async def _plan_commit(
     )
     if result.lost:
         RESERVATION_CONFLICTS.labels(stage="bind").inc(result.lost)
+    result.preempting = len(applied.preempted)
+    if applied.preempted:
+        PREEMPTIONS.inc(len(applied.preempted))
+        PREEMPTION_VICTIMS.labels(outcome="revoking").inc(
+            sum(len(preemption.grants[t].victims) for t in applied.preempted)
+        )
     TASKS_LEASED.inc(result.leased)
     PLACEMENTS.labels(outcome="leased").inc(result.leased)
     # A re-examination that changed nothing is not a new decision.

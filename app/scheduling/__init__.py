@@ -14,7 +14,8 @@ One call decides where one task goes::
           least loaded | most loaded, cost, preferred affinity, failure-domain spread,
           artifact locality
       Rank: total descending, then pool id ascending
-      Gang: lazy plans (1 x N, 2 x ceil(N/2), ...) x lazy ranked candidates
+      Gang: lazy plans (1 x N, 2 x ceil(N/2), ...) x lazy ranked candidates,
+            then one last uneven plan (greedy over the ranked pools)
                                                                      |
                                                                      v
       Result(placement | NoPlacement, candidates, rejected, rejection_counts)

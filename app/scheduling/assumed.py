@@ -32,7 +32,9 @@ class _AssumedEntry:
 class Assumed:
     """The mutable overlay of one pass: usage and placements decided but not yet committed."""
 
-    __slots__ = ("snapshot", "usage", "used", "version", "_entries", "_by_tenant", "_domains")
+    __slots__ = (
+        "snapshot", "usage", "used", "version", "_entries", "_by_tenant", "_domains", "_holds"
+    )
 
     def __init__(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
@@ -45,6 +47,8 @@ class Assumed:
         # Per tenant and topology, the members of all its assumed placements per domain, kept
         # up to date by add/remove once asked for (spreading reads them for every task).
         self._domains: dict[str, dict[str, np.ndarray]] = {}
+        #: Capacity held (not placed) per task: a preemptor's share of the free capacity.
+        self._holds: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -76,8 +80,25 @@ class Assumed:
         self._domains_update(entry, 1)
         self.version += 1
 
+    def hold(self, task_id: str, amounts: Sequence[tuple[str, tuple[int, int, int]]]) -> None:
+        """Record capacity a task holds without being placed (a preemptor's nomination of the
+        free part it needs): later tasks of the pass see it used; no labels, no members."""
+        self.remove(task_id)
+        pos = self.snapshot.pos
+        idx = np.array([pos[p] for p, _ in amounts], dtype=np.intp)
+        vec = np.array([a for _, a in amounts], dtype=np.int64).reshape(len(idx), 3)
+        np.add.at(self.usage, idx, vec)
+        np.add.at(self.used, idx, vec)
+        self._holds[task_id] = (idx, vec)
+        self.version += 1
+
     def remove(self, task_id: str) -> None:
-        """Undo an assumed placement (its reservation lost a race or was not applied)."""
+        """Undo an assumed placement or hold (its reservation lost a race or was not applied)."""
+        held = self._holds.pop(task_id, None)
+        if held is not None:
+            np.subtract.at(self.usage, held[0], held[1])
+            np.subtract.at(self.used, held[0], held[1])
+            self.version += 1
         entry = self._entries.pop(task_id, None)
         if entry is None:
             return

@@ -5,6 +5,7 @@ plugins read.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -30,10 +31,16 @@ class Cycle:
     """Per-call state shared by the plugins of one ``select``."""
 
     __slots__ = (
-        "spec", "snapshot", "assumed", "req", "notes", "_terms", "_tenant_domains"
+        "spec", "snapshot", "assumed", "req", "notes", "held", "_terms", "_tenant_domains"
     )
 
-    def __init__(self, spec: CompiledSpec, snapshot: Snapshot, assumed: Assumed | None) -> None:
+    def __init__(
+        self,
+        spec: CompiledSpec,
+        snapshot: Snapshot,
+        assumed: Assumed | None,
+        holds: Mapping[str, tuple[int, int, int]] | None = None,
+    ) -> None:
         if assumed is not None and assumed.snapshot is not snapshot:
             raise ValueError("assumed overlay belongs to another snapshot")
         self.spec = spec
@@ -42,14 +49,25 @@ class Cycle:
         self.req = np.array(spec.requests, dtype=np.int64)
         #: What a plugin's ``score_many`` computed that its ``describe`` may read back.
         self.notes: dict[str, Any] = {}
+        #: Capacity the task itself holds (a preemptor's nominated capacity), per pool; it is
+        #: in the ledger's reserved amounts but usable by this task. None: holds nothing.
+        self.held: np.ndarray | None = None
+        if holds:
+            self.held = np.zeros((snapshot.n, 3), dtype=np.int64)
+            for pool_id, amount in holds.items():
+                i = snapshot.pos.get(pool_id)
+                if i is not None:
+                    self.held[i] += np.array(amount, dtype=np.int64)
         self._terms: dict[tuple, tuple[np.ndarray, int]] = {}
         self._tenant_domains: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
     def used(self, idx: np.ndarray) -> np.ndarray:
-        """Return reserved plus assumed usage of the pools at ``idx`` (rows of 3 ints)."""
-        if self.assumed is not None:
-            return self.assumed.used[idx]
-        return self.snapshot.reserved[idx]
+        """Return reserved plus assumed usage of the pools at ``idx`` (rows of 3 ints), less
+        what the task itself holds there."""
+        used = self.assumed.used[idx] if self.assumed is not None else self.snapshot.reserved[idx]
+        if self.held is not None:
+            return used - self.held[idx]
+        return used
 
     def available(self, idx: np.ndarray) -> np.ndarray:
         """Return the capacity left on the pools at ``idx`` after actual and assumed usage."""

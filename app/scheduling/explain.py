@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from app.scheduling.preemption import Preemption, Victim
     from app.scheduling.results import (
         Candidate,
         NoPlacement,
@@ -26,6 +27,7 @@ __all__ = [
     "component_document",
     "no_placement_document",
     "placement_document",
+    "preemption_document",
     "preview_document",
     "rejection_document",
 ]
@@ -86,9 +88,32 @@ def rejection_document(rejection: Rejection) -> dict[str, Any]:
     return {"poolId": rejection.pool_id, "reasons": list(rejection.reasons)}
 
 
-def preview_document(result: Result) -> dict[str, Any]:
-    """Build the placement preview ``{"placement", "candidates", "rejected", "reason"}`` of a
-    whole result."""
+def _victim_document(victim: Victim) -> dict[str, Any]:
+    return {
+        "taskId": victim.task_id,
+        "priority": victim.priority,
+        "members": [{"poolId": p, "count": c} for p, c in victim.members],
+    }
+
+
+def preemption_document(preemption: Preemption) -> dict[str, Any]:
+    """Build a planned preemption: the pool and members it would take, the victims it would
+    displace there, and every candidate pool with the victims it would need, cheapest first."""
+    return {
+        "poolId": preemption.pool_id,
+        "members": [{"poolId": p, "count": c} for p, c in preemption.members],
+        "victims": [_victim_document(v) for v in preemption.victims],
+        "candidates": [
+            {"poolId": c.pool_id, "score": round(c.score, 4),
+             "victims": [_victim_document(v) for v in c.victims]}
+            for c in preemption.candidates
+        ],
+    }
+
+
+def preview_document(result: Result, preemption: Preemption | None = None) -> dict[str, Any]:
+    """Build the placement preview ``{"placement", "candidates", "rejected", "reason",
+    "preemption"}`` of a whole result (and of the preemption a preemptor would make)."""
     placement = result.placement
     return {
         "placement": None
@@ -99,4 +124,5 @@ def preview_document(result: Result) -> dict[str, Any]:
         "candidates": [candidate_document(c) for c in result.candidates],
         "rejected": [rejection_document(r) for r in result.rejected],
         "reason": None if result.reason is None else no_placement_document(result.reason),
+        "preemption": None if preemption is None else preemption_document(preemption),
     }

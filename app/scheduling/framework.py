@@ -10,6 +10,8 @@ counted per code by a bincount; per-pool explanations are built only with ``expl
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from app.scheduling.assumed import Assumed
@@ -29,7 +31,7 @@ from app.scheduling.results import (
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec
 
-__all__ = ["select"]
+__all__ = ["feasible_but_capacity", "select"]
 
 NO_VISIBLE_POOL = "no pool is available to this tenant"
 #: Most pools a "no placement" result names as those whose released capacity could help
@@ -99,16 +101,18 @@ def select(
     assumed: Assumed | None = None,
     explain: bool = False,
     top_k: int = 5,
+    holds: Mapping[str, tuple[int, int, int]] | None = None,
 ) -> Result:
     """Decide where ``spec`` goes on ``snapshot`` (plus ``assumed``), without side effects.
 
     With ``explain=False`` (the reconciler's hot path) ``candidates`` holds the best ``top_k``
     pools (the placement first; components on the placement only) and ``rejected`` is empty.
     With ``explain=True`` every feasible pool is a candidate with its components and every
-    visible rejected pool is listed with its reason.
+    visible rejected pool is listed with its reason. ``holds`` is capacity the task itself holds
+    per pool (a preemptor's nominated capacity): free for this task, used for every other.
     """
     prof = profile(snapshot.strategy)
-    cycle = Cycle(spec, snapshot, assumed)
+    cycle = Cycle(spec, snapshot, assumed, holds)
     visible = snapshot.visible(spec.tenant_id)
     if len(visible) == 0:
         return Result(None, reason=NoPlacement(Reason.TENANT_NOT_ALLOWED, NO_VISIBLE_POOL, {}))
@@ -207,6 +211,39 @@ def select(
         rejected=rejected,
         rejection_counts=_counts_map(counts),
     )
+
+
+def feasible_but_capacity(
+    spec: CompiledSpec,
+    snapshot: Snapshot,
+    *,
+    assumed: Assumed | None = None,
+    holds: Mapping[str, tuple[int, int, int]] | None = None,
+) -> tuple[np.ndarray, np.ndarray, Cycle]:
+    """Return the pools that pass every filter except capacity, ranked as ``select`` ranks
+    (total descending, then pool id), their totals, and the cycle they were scored in.
+
+    Preemption planning starts here: only these pools could take the task once lower-priority
+    tasks left them.
+    """
+    prof = profile(snapshot.strategy)
+    cycle = Cycle(spec, snapshot, assumed, holds)
+    visible = snapshot.visible(spec.tenant_id)
+    empty = np.zeros(0, dtype=np.intp)
+    if len(visible) == 0:
+        return empty, np.zeros(0), cycle
+    idx = _static(prof, cycle, visible)[0]
+    for f in prof.filters:
+        if f.STATIC or f.NAME == names.CAPACITY or len(idx) == 0:
+            continue
+        codes = f.filter_many(cycle, idx)
+        if codes is not None:
+            idx = idx[codes == PASS]
+    if len(idx) == 0:
+        return empty, np.zeros(0), cycle
+    total = _score(prof, cycle, idx)[2]
+    order = _rank(idx, total, None)
+    return idx[order], total[order], cycle
 
 
 def _score(

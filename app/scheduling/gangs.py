@@ -5,6 +5,11 @@ preference — 1 pool × N, 2 pools × ⌈N/2⌉, …, N pools × 1 — restrict
 ``max_per_pool``. A plan over k pools puts ``N // k`` members on each pool and one more on
 ``N % k`` of them, so it needs k distinct pools with that many free member slots. Pools are
 tried in ranked order; the first plan whose members all fit wins.
+
+When no even spread fits, one last plan fills the ranked pools unevenly (:func:`fit_uneven`):
+each pool in rank order takes as many members as it has room for (at most ``max_per_pool``),
+keeping one member back for every further pool ``min_pools`` still asks for. Capacity that
+exists is usable: 7 members fit on pools with room for 1, 2 and 4.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Plan", "fit", "plan_candidates", "plans", "place_gang"]
+__all__ = ["Plan", "fit", "fit_uneven", "plan_candidates", "plans", "place_gang"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +89,35 @@ def fit(plan: Plan, slots: np.ndarray) -> tuple[tuple[int, int], ...] | None:
     return None
 
 
+def fit_uneven(
+    members: int,
+    slots: np.ndarray,
+    *,
+    min_pools: int = 1,
+    max_per_pool: int | None = None,
+) -> tuple[tuple[int, int], ...] | None:
+    """Return (ranked position, members) per pool of the greedy uneven plan, or None.
+
+    Walks the pools in ranked order; each takes ``min(room, max_per_pool, left - kept)``
+    members, where ``kept`` is one member for every pool still needed to reach ``min_pools``.
+    This fits whenever any assignment does: the pools with room for one member are at least
+    ``min_pools`` and their room (capped by ``max_per_pool``) adds up to ``members``.
+    """
+    cap = members if max_per_pool is None else max_per_pool
+    left = members
+    chosen: list[tuple[int, int]] = []
+    for pos in np.flatnonzero(slots >= 1):
+        kept = max(min_pools - len(chosen) - 1, 0)
+        take = min(int(slots[pos]), cap, left - kept)
+        if take < 1:
+            continue
+        chosen.append((int(pos), take))
+        left -= take
+        if left == 0:
+            return tuple(chosen) if len(chosen) >= min_pools else None
+    return None
+
+
 def place_gang(
     members: int,
     slots: np.ndarray,
@@ -91,10 +125,13 @@ def place_gang(
     min_pools: int = 1,
     max_per_pool: int | None = None,
 ) -> tuple[tuple[int, int], ...] | None:
-    """Return the members of the first plan that fits on pools with ``slots`` (ranked order)."""
+    """Return the members of the first plan that fits on pools with ``slots`` (ranked order):
+    an even spread, else the last, uneven plan."""
     usable = int(np.count_nonzero(slots >= 1))
     for plan in plans(members, min_pools=min_pools, max_per_pool=max_per_pool, max_pools=usable):
         chosen = fit(plan, slots)
         if chosen is not None:
             return chosen
-    return None
+    if usable < min_pools:
+        return None
+    return fit_uneven(members, slots, min_pools=min_pools, max_per_pool=max_per_pool)

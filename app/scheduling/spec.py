@@ -192,6 +192,12 @@ class TaskSpec(_Model):
     priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS)
     max_attempts: int = Field(default=3, ge=1, le=100)
+    preemption: Literal["never", "lowerPriority"] = Field(
+        default="never",
+        description="`lowerPriority`: when the task fits nowhere, it may displace leased tasks "
+        "of the same tenant with strictly lower priority (they get a grace period to stop); "
+        "`never` (default): it waits.",
+    )
 
     @model_validator(mode="after")
     def _check_requests(self) -> TaskSpec:
@@ -238,6 +244,8 @@ class CompiledSpec:
     min_pools: int = 1
     max_per_pool: int | None = None
     priority: int = 0
+    #: Whether the task may displace leased lower-priority tasks of its tenant.
+    may_preempt: bool = False
     fingerprint: tuple = field(default=(), compare=False)
 
     @property
@@ -302,5 +310,6 @@ def compile_spec(spec: TaskSpec, *, tenant_id: str, task_id: str | None = None) 
         min_pools=min_pools,
         max_per_pool=max_per_pool,
         priority=spec.priority,
+        may_preempt=spec.preemption == "lowerPriority",
         fingerprint=fingerprint,
     )

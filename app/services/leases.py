@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from app.auth import Principal
 from app.db import Database
 from app.ledger import leases as ledger
+from app.metrics import PREEMPTION_VICTIMS
 from app.services.idempotency import Answer, Idempotency, idempotent, request_hash
 
 __all__ = ["OPERATION", "lease_complete"]
@@ -45,6 +46,7 @@ async def lease_complete(
             request_hash=request_hash({"leaseId": str(lease_id), "body": body}),
         )
 
+    revoking: list[bool] = []
     async with db.transaction() as conn:
         await ledger.lease_check_owner(
             conn, lease_id=lease_id, instance_ids=principal.runtime_instance_ids
@@ -60,8 +62,12 @@ async def lease_complete(
                 now=datetime.now(UTC),
                 instance_ids=principal.runtime_instance_ids,
             )
+            revoking.append(result.pop("revoking"))
             # The answer as the API sends it (RFC 3339 with Z), so a replay is the same text.
             finished = result["finishedAt"].replace("+00:00", "Z")
             return Answer(200, {**result, "finishedAt": finished})
 
-        return await idempotent(conn, idempotency, perform)
+        answer = await idempotent(conn, idempotency, perform)
+    if any(revoking):  # committed: a victim finished within its grace period
+        PREEMPTION_VICTIMS.labels(outcome="completed").inc()
+    return answer

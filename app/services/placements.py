@@ -2,7 +2,9 @@
 
 The preview makes the same snapshot read as a reconciler pass (pools, ledgers, heartbeat
 freshness, and the tenant's placed tasks for affinity) and runs ``select(..., explain=True)``.
-A task submitted right after may still land elsewhere if the ledger moves.
+For a spec that may preempt and fits nowhere, it also plans the preemption a pass would make,
+with every candidate pool and the victims each would need. A task submitted right after may
+still land elsewhere if the ledger moves.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ from datetime import UTC, datetime
 
 from app.auth import Principal
 from app.db import Database
+from app.ledger.preemption import victims_read
 from app.ledger.snapshot import placements_read, pools_read
 from app.scheduling.framework import select
+from app.scheduling.preemption import Preemption, VictimIndex, plan_preemption
 from app.scheduling.results import Result
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import TaskSpec, compile_spec
@@ -29,12 +33,24 @@ async def placement_preview(
     spec: TaskSpec,
     freshness_seconds: float,
     strategy: str,
-) -> Result:
-    """Return the explained result of placing ``spec`` now: every candidate and rejection."""
+) -> tuple[Result, Preemption | None]:
+    """Return the explained result of placing ``spec`` now (every candidate and rejection)
+    and, for a preemptor that fits nowhere, the preemption it would make."""
     tenant_id = tenant_acting(principal, tenant)
+    compiled = compile_spec(spec, tenant_id=tenant_id)
     async with db.connection() as conn:
         # Every pool is read, as in a pass; the core shows the tenant only the pools listing it.
         pools = await pools_read(conn, now=datetime.now(UTC), freshness_seconds=freshness_seconds)
         placed = await placements_read(conn, tenant_ids=[tenant_id])
+        victims = (
+            await victims_read(conn, below={tenant_id: compiled.priority})
+            if compiled.may_preempt else []
+        )
     snapshot = Snapshot.build(pools, placed, strategy=strategy)
-    return select(compile_spec(spec, tenant_id=tenant_id), snapshot, explain=True)
+    result = select(compiled, snapshot, explain=True)
+    preemption = None
+    if result.placement is None and victims:
+        preemption = plan_preemption(
+            compiled, snapshot, VictimIndex(snapshot, victims), explain=True
+        )
+    return result, preemption

@@ -153,3 +153,24 @@ async def test_an_alternative_that_stops_listing_the_tenant_leaves_the_explanati
     assert task["placement"]["alternatives"] == []
     listed = (await client.get("/v1/tasks", headers=keys.tenant_a)).json()["items"]
     assert listed[0]["placement"]["alternatives"] == []
+
+
+async def test_gang_task_view_names_the_same_pools_in_placement_and_leases(
+    client, keys, pool_make, reconcile
+):
+    # pool-a sorts first by id but costs more: the placement's pool is pool-b.
+    await pool_make("pool-a", capacity=CAPACITY, costWeight=5.0)
+    await pool_make("pool-b", capacity=CAPACITY)
+    await client.post("/v1/runtimes/rt-1/heartbeat", headers=keys.runtime_1)
+    spec = {"runtimeClass": "gpu-small", "requests": REQUESTS,
+            "gang": {"members": 2, "maxPerPool": 1}}
+    submitted = await client.post("/v1/tasks", json=spec, headers=keys.tenant_a)
+    assert submitted.status_code == 201, submitted.text
+    assert (await reconcile()).leased == 1
+
+    task = (await client.get(submitted.headers["location"], headers=keys.tenant_a)).json()
+    placement = task["placement"]
+    assert placement["poolId"] == "pool-b"
+    assert [m["poolId"] for m in placement["members"]] == ["pool-b", "pool-a"]
+    assert task["lease"]["poolId"] == placement["poolId"]
+    assert [lease["poolId"] for lease in task["leases"]] == ["pool-b", "pool-a"]

@@ -90,7 +90,8 @@ def test_task_shape_matches_spec(doc):
     assert set(placement["properties"]) == {"poolId", "score", "components", "members",
                                             "alternatives"}
     preview = doc["components"]["schemas"]["PlacementPreview"]
-    assert set(preview["properties"]) == {"placement", "candidates", "rejected", "reason"}
+    assert set(preview["properties"]) == {"placement", "candidates", "rejected", "reason",
+                                          "preemption"}
 
 
 async def test_the_app_serves_the_same_document(client, doc):

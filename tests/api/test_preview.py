@@ -145,3 +145,44 @@ async def test_preview_validates_like_submit_and_is_for_tenants(client, keys, po
         assert r.status_code == 403, role
     r = await client.post("/v1/placements/preview", json=SPEC)
     assert r.status_code == 401
+
+
+async def test_preview_of_a_preemptor_shows_the_victims_each_candidate_would_need(
+    client, keys, pool_make, db: Database
+) -> None:
+    from app.config import SHARD_SLOTS
+    from app.reconciler import Reconciler, ReconcilerConfig
+
+    one = {"cpuMillis": 1000, "memoryMiB": 1024, "llmSlots": 1}
+    await pool_make("pool-x", capacity=one)
+    await pool_make("pool-y", capacity=one, costWeight=5.0)
+    await heartbeat(db, "rt-1")
+    low = {}
+    for priority in (1, 0):
+        r = await client.post("/v1/tasks", json={**SPEC, "priority": priority},
+                              headers=keys.tenant_a)
+        low[priority] = r.json()["id"]
+    rec = Reconciler(db, ReconcilerConfig(), owner_id="preview",
+                     slots=frozenset(range(SHARD_SLOTS)))
+    assert (await rec.run_once(now=datetime.now(UTC))).leased == 2
+
+    body = {**SPEC, "priority": 5, "preemption": "lowerPriority"}
+    r = await client.post("/v1/placements/preview", json=body, headers=keys.tenant_a)
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    PlacementPreview.model_validate(doc)
+    assert doc["placement"] is None and doc["reason"]["code"] == "insufficient_cpu"
+    preemption = doc["preemption"]
+    # The priority-0 task is the cheaper victim, wherever it runs.
+    assert [v["taskId"] for v in preemption["victims"]] == [low[0]]
+    # Every candidate pool with the victims it would need, cheapest set first.
+    assert [[v["priority"] for v in c["victims"]] for c in preemption["candidates"]] == [
+        [0], [1]]
+    assert {c["poolId"] for c in preemption["candidates"]} == {"pool-x", "pool-y"}
+    assert preemption["poolId"] == preemption["candidates"][0]["poolId"]
+
+    # Without preemption (or at the same priority) nothing would be displaced.
+    r = await client.post("/v1/placements/preview", json={**SPEC, "priority": 5},
+                          headers=keys.tenant_a)
+    assert r.json()["preemption"] is None
+    assert await ledger_totals(db) == [("pool-x", 1000, 1024, 1), ("pool-y", 1000, 1024, 1)]

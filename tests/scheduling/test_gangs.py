@@ -114,3 +114,54 @@ def test_gang_members_are_all_or_nothing_with_assumed_usage():
     assert select(second, snap, assumed=assumed).reason.code == Reason.GANG_UNSATISFIABLE
     third = spec(task_id="g3", requests={"llmSlots": 1}, gang={"members": 3})
     assert dict(select(third, snap, assumed=assumed).placement.members) == {"two": 2, "one": 1}
+
+
+UNEVEN_POOLS = [
+    pool("a-one", capacity=(1000, 8192, 4)),
+    pool("b-two", capacity=(2000, 8192, 4)),
+    pool("c-four", capacity=(4000, 8192, 4)),
+]
+
+
+def test_seven_members_use_pools_with_room_for_one_two_and_four():
+    s = spec(requests={"cpuMillis": 1000}, gang={"members": 7})
+    result = select(s, snapshot(UNEVEN_POOLS))
+    assert result.placement is not None
+    assert dict(result.placement.members) == {"a-one": 1, "b-two": 2, "c-four": 4}
+    assert sum(c for _, c in result.placement.members) == 7
+    assert result.placement.pool_id == result.placement.members[0][0]
+
+
+@pytest.mark.parametrize(
+    "slots,members,min_pools,max_per_pool,expected",
+    [
+        pytest.param([4, 2, 1], 7, 1, None, ((0, 4), (1, 2), (2, 1)), id="greedy-in-rank-order"),
+        pytest.param([4, 2, 1], 6, 1, None, ((0, 4), (1, 2)), id="stops-when-complete"),
+        pytest.param([4, 2, 1], 5, 1, 2, ((0, 2), (1, 2), (2, 1)), id="max-per-pool"),
+        pytest.param([5, 0, 1], 5, 2, None, ((0, 4), (2, 1)), id="keeps-one-back-for-min-pools"),
+        pytest.param([4, 2, 1], 8, 1, None, None, id="not-enough-room"),
+        pytest.param([9, 0, 0], 3, 2, None, None, id="too-few-pools-with-room"),
+        pytest.param([2, 2, 2], 7, 1, 2, None, id="capped-room-too-small"),
+    ],
+)
+def test_uneven_plan(slots, members, min_pools, max_per_pool, expected):
+    got = gangs.fit_uneven(
+        members, np.array(slots), min_pools=min_pools, max_per_pool=max_per_pool
+    )
+    assert got == expected
+
+
+def test_an_even_spread_is_preferred_to_the_uneven_plan():
+    # 6 members: 2 pools x 3 fits on c-four and (after a-one, b-two) nothing else; even wins.
+    pools = [pool("a", capacity=(3000, 8192, 4)), pool("b", capacity=(3000, 8192, 4)),
+             pool("c", capacity=(5000, 8192, 4))]
+    s = spec(requests={"cpuMillis": 1000}, gang={"members": 6})
+    members = dict(select(s, snapshot(pools)).placement.members)
+    assert sorted(members.values()) == [3, 3]
+
+
+def test_uneven_gang_is_all_or_nothing_when_room_is_one_short():
+    s = spec(requests={"cpuMillis": 1000}, gang={"members": 8})
+    result = select(s, snapshot(UNEVEN_POOLS))
+    assert result.placement is None
+    assert result.reason.code == Reason.GANG_UNSATISFIABLE

@@ -203,16 +203,11 @@ def test_counts_cover_exactly_the_visible_pools(world, spec):
 
 
 def _some_plan_fits(slots: list[int], members: int, min_pools: int, max_per_pool):
-    slots = sorted(slots, reverse=True)
-    for k in range(min_pools, members + 1):
-        base, extra = divmod(members, k)
-        if max_per_pool is not None and -(-members // k) > max_per_pool:
-            continue
-        if k <= len(slots) and all(
-            s >= base + (1 if j < extra else 0) for j, s in enumerate(slots[:k])
-        ):
-            return True
-    return False
+    """Return whether any assignment of the members fits (the last, uneven plan finds one
+    whenever one exists): enough pools with room, and enough room under maxPerPool."""
+    cap = members if max_per_pool is None else max_per_pool
+    usable = [s for s in slots if s >= 1]
+    return len(usable) >= min_pools and sum(min(s, cap) for s in usable) >= members
 
 
 @SETTINGS

@@ -190,7 +190,8 @@ def test_explain_lists_each_rejected_pool_with_its_first_reason():
     }
     assert result.placement.pool_id == "d"
     shape = preview_document(result)
-    assert set(shape) == {"placement", "candidates", "rejected", "reason"}
+    assert set(shape) == {"placement", "candidates", "rejected", "reason", "preemption"}
+    assert shape["preemption"] is None
     assert set(shape["placement"]) == {"poolId", "score", "components", "members", "alternatives"}
 
 

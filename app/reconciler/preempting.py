@@ -1,0 +1,160 @@
+"""A pass's preemptions: what its preemptors hold and wait for, and the preemptions it plans.
+
+Only claimed tasks whose spec says ``preemption: "lowerPriority"`` cost anything here; a pass
+without such tasks reads nothing more. For those:
+
+* :meth:`PassPreemption.load` reads their holds (capacity nominated for them, free for them
+  only), whether victims of theirs are still revoking, and the displaceable leased tasks of
+  their tenants;
+* a preemptor still waiting for victims is handed back parked as it was (:meth:`waiting`);
+* a preemptor that fits nowhere asks the core for the cheapest preemption
+  (:meth:`plan`): its victims are kept from later preemptors of the pass, its hold on the
+  free capacity is assumed so later tasks see it, and it is handed back parked with the
+  pending code ``preempting`` (the count of victims and the deadline);
+* at commit the plan carries the preemptions and the holds given back
+  (:meth:`holds_taken`); a preemption whose victims changed meanwhile is lost and the
+  preemptor goes back to the queue unparked (:meth:`drop`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection, Iterable, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from app.db import Connection
+from app.ledger.claims import ClaimedTask, Unclaim
+from app.ledger.preemption import (
+    PREEMPTING,
+    PreemptionGrant,
+    holds_read,
+    preemptors_waiting,
+    victims_read,
+)
+from app.ledger.reservations import Vector
+from app.scheduling.assumed import Assumed
+from app.scheduling.preemption import VictimIndex, plan_preemption
+from app.scheduling.results import NoPlacement
+from app.scheduling.snapshot import Snapshot
+from app.scheduling.spec import CompiledSpec
+
+#: Event reason of a preemptor whose victims changed before its preemption committed.
+PREEMPTION_CONFLICT = "preemption_conflict"
+
+
+def _iso(at: datetime) -> str:
+    return at.isoformat().replace("+00:00", "Z")
+
+
+def preempting_document(
+    victims: int, revoke_by: datetime, *, rejections: Mapping[str, int] | None = None,
+    victim_ids: Iterable[str] = (), pool_ids: Iterable[str] = (),
+) -> dict[str, Any]:
+    """Build the pending reason of a preemptor waiting for ``victims`` tasks to stop."""
+    noun = "task" if victims == 1 else "tasks"
+    doc: dict[str, Any] = {
+        "code": PREEMPTING,
+        "message": f"preempting: waiting for {victims} lower-priority {noun} of this tenant "
+        f"to stop, at the latest by {_iso(revoke_by)}",
+        "rejections": dict(rejections or {}),
+        "victims": victims,
+        "revokeBy": _iso(revoke_by),
+    }
+    if victim_ids:
+        doc["victimIds"] = list(victim_ids)
+    if pool_ids:
+        doc["poolIds"] = list(pool_ids)
+    return doc
+
+
+class PassPreemption:
+    """The preemption state of one pass (empty, and free, without preemptors)."""
+
+    def __init__(self, *, grace_seconds: float) -> None:
+        self.grace_seconds = grace_seconds
+        self.holds: dict[uuid.UUID, dict[str, Vector]] = {}
+        self._waiting: dict[uuid.UUID, tuple[int, datetime]] = {}
+        self._victims: list = []
+        self._index: VictimIndex | None = None
+        self._taken: set[str] = set()
+        self.grants: dict[uuid.UUID, PreemptionGrant] = {}
+
+    async def load(
+        self, conn: Connection, *, claimed: Iterable[ClaimedTask],
+        specs: Mapping[uuid.UUID, CompiledSpec],
+    ) -> None:
+        """Read the holds, waits and possible victims of the claimed preemptors."""
+        preemptors = [t for t in claimed if t.id in specs and specs[t.id].may_preempt]
+        if not preemptors:
+            return
+        ids = [t.id for t in preemptors]
+        self.holds = await holds_read(conn, task_ids=ids)
+        self._waiting = await preemptors_waiting(conn, task_ids=ids)
+        below: dict[str, int] = {}
+        for t in preemptors:
+            below[t.tenant_id] = max(below.get(t.tenant_id, t.priority), t.priority)
+        self._victims = await victims_read(conn, below=below)
+
+    def waiting(self, task: ClaimedTask) -> Unclaim | None:
+        """Return the hand-back of a preemptor whose victims are still revoking, else None."""
+        wait = self._waiting.get(task.id)
+        if wait is None:
+            return None
+        return Unclaim(task.id, PREEMPTING, preempting_document(*wait), parked=True)
+
+    def plan(
+        self, task: ClaimedTask, spec: CompiledSpec, reason: NoPlacement, *,
+        snapshot: Snapshot, assumed: Assumed, now: datetime,
+    ) -> Unclaim | None:
+        """Plan a preemption for a task that fits nowhere; return its hand-back, or None."""
+        if not spec.may_preempt or not self._victims:
+            return None
+        if self._index is None:
+            self._index = VictimIndex(snapshot, self._victims)
+        planned = plan_preemption(
+            spec, snapshot, self._index, assumed=assumed, taken=self._taken,
+            holds=self.holds.get(task.id),
+        )
+        if planned is None:
+            return None
+        victims = tuple(v.task_id for v in planned.victims)
+        self._taken.update(victims)
+        assumed.hold(spec.task_id or str(task.id), [(p, a) for p, _, a in planned.holds])
+        revoke_by = now + timedelta(seconds=self.grace_seconds)
+        self.grants[task.id] = PreemptionGrant(
+            task.id, tuple(uuid.UUID(v) for v in victims), planned.holds, revoke_by
+        )
+        doc = preempting_document(
+            len(victims), revoke_by, rejections=reason.rejections, victim_ids=victims,
+            pool_ids=[p for p, _ in planned.members],
+        )
+        return Unclaim(task.id, PREEMPTING, doc, parked=True)
+
+    def holds_taken(
+        self, granted: Iterable[uuid.UUID], unclaims: Iterable[Unclaim]
+    ) -> tuple[uuid.UUID, ...]:
+        """Return the tasks whose holds the plan gives back: placed ones, and ones handed back
+        parked for another reason than waiting (a new preemption takes new holds)."""
+        if not self.holds:
+            return ()
+        out = [t for t in granted if t in self.holds]
+        for u in unclaims:
+            if u.task_id in self.holds and u.parked and u.task_id not in self._waiting:
+                out.append(u.task_id)
+        return tuple(sorted(set(out)))
+
+    def holding_on(self, pools: Collection[str] | None) -> set[uuid.UUID]:
+        """Return the planned preemptors that reserve a positive hold on one of ``pools``
+        (None: on any pool) — those a lost ledger race can refuse."""
+        return {
+            t for t, g in self.grants.items()
+            if any(any(a) and (pools is None or p in pools) for p, _, a in g.holds)
+        }
+
+    def drop(self, lost: Collection[uuid.UUID], unclaims: list[Unclaim]) -> None:
+        """Forget the lost preemptions: their preemptors go back to the queue unparked."""
+        for i, u in enumerate(unclaims):
+            if u.task_id in lost:
+                unclaims[i] = Unclaim(u.task_id, PREEMPTION_CONFLICT, None, parked=False)
+                self.grants.pop(u.task_id, None)
