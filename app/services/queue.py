@@ -19,6 +19,7 @@ one waiting task, in queue order. Otherwise it is null and ``estimate`` says why
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -45,11 +46,17 @@ COMPLETIONS_COUNTED = 1000
 
 
 class QueueCache:
-    """Snapshots of competing queues by runtime class, each kept ``max_age_seconds``."""
+    """Snapshots of competing queues by runtime class, each kept ``max_age_seconds``.
+
+    One read refreshes a class at a time: while it runs, concurrent requests get the stale
+    snapshot (or, when there is none yet, wait for that one read), so an expiry under load
+    costs one queue read, not one per request in flight.
+    """
 
     def __init__(self, max_age_seconds: float = 1.0) -> None:
         self.max_age_seconds = max_age_seconds
         self._entries: dict[tuple[str, int, float], tuple[float, ClassQueue]] = {}
+        self._reading: dict[tuple[str, int, float], asyncio.Future[ClassQueue]] = {}
 
     async def get(
         self, conn: Connection, *, runtime_class: str, limit: int, aging_seconds: float
@@ -60,16 +67,33 @@ class QueueCache:
         hit = self._entries.get(key)
         if hit is not None and now - hit[0] < self.max_age_seconds:
             return hit[1]
-        entries = await queue_class_read(conn, runtime_class=runtime_class, limit=limit)
-        queue = ClassQueue(
-            [(e.seq, e.tenant_id, e.priority, e.admitted_at) for e in entries],
-            complete=len(entries) < limit,
-            aging_seconds=aging_seconds,
-        )
-        if len(self._entries) >= 1024:
-            self._entries.clear()
-        self._entries[key] = (now, queue)
-        return queue
+        reading = self._reading.get(key)
+        if reading is not None:
+            return hit[1] if hit is not None else await asyncio.shield(reading)
+        reading = self._reading[key] = asyncio.get_running_loop().create_future()
+        # A failed read is raised to this caller; waiters see it too, and nobody else must
+        # log it as never retrieved.
+        reading.add_done_callback(lambda f: f.cancelled() or f.exception())
+        try:
+            entries = await queue_class_read(conn, runtime_class=runtime_class, limit=limit)
+            queue = ClassQueue(
+                [(e.seq, e.tenant_id, e.priority, e.admitted_at) for e in entries],
+                complete=len(entries) < limit,
+                aging_seconds=aging_seconds,
+            )
+            if len(self._entries) >= 1024:
+                self._entries.clear()
+            self._entries[key] = (now, queue)
+            reading.set_result(queue)
+            return queue
+        except asyncio.CancelledError:
+            reading.cancel()
+            raise
+        except Exception as exc:
+            reading.set_exception(exc)
+            raise
+        finally:
+            del self._reading[key]
 
 _DIMENSIONS = (("cpuMillis", "cpu"), ("memoryMiB", "memory"), ("llmSlots", "llm slots"))
 
