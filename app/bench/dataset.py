@@ -41,6 +41,7 @@ from app.schema import schema_upgrade
 from app.shards import shard_of
 
 __all__ = [
+    "MIXES",
     "Dataset",
     "database_create",
     "database_drop",
@@ -140,12 +141,54 @@ def _spec(rng: random.Random, rc: str, tenant: int, anchor: _Pool) -> tuple[str,
     return kind, spec, members
 
 
+#: Spec mixes of ``--mix``: the default, or 10% of tasks replaced by one kind on top of it.
+MIXES = ("default", "antiaffinity", "gangs")
+#: Share of tasks a non-default mix adds.
+MIX_SHARE = 0.10
+
+
+def _spec_mixed(
+    rng: random.Random, rc: str, tenant: int, anchor: _Pool, mix: str
+) -> tuple[str, dict, int]:
+    """Return (kind, spec JSON, members) for one task of ``mix``.
+
+    ``antiaffinity``: 10% of tasks carry one *required* anti-affinity term, half with
+    ``topology: pool``, half ``failureDomain``; the selector names an ``app`` label that
+    other tasks of the same tenant carry (the default mix labels half of the simple tasks
+    and every preferred-affinity task with one of the tenant's four ``app-<tenant>-<k>``),
+    so the term excludes the pools (or failure domains) where those tasks were placed. The
+    anti-affine task itself carries a label no selector names, so anti-affine tasks never
+    exclude each other: each excludes at most the few pools of one label's tasks of its
+    tenant in its cell (about 1 in 20 of the tenant's tasks), which leaves every task a
+    feasible placement and the run completes.
+
+    ``gangs``: 10% of tasks are gangs of 2–4 members (on top of the default mix's 2%).
+    The extra draw happens only for a non-default mix: the default dataset is unchanged.
+    """
+    if mix == "default" or rng.random() >= MIX_SHARE:
+        return _spec(rng, rc, tenant, anchor)
+    spec: dict[str, Any] = {"runtimeClass": rc, "requests": _requests(rng, rc)}
+    if mix == "gangs":
+        members = rng.choice((2, 3, 4))
+        spec["gang"] = {"members": members}
+        return "gang", spec, members
+    topology = rng.choice(("pool", "failureDomain"))
+    spec["labels"] = {"app": f"anti-{tenant}"}
+    spec["affinity"] = {"required": [
+        {"selector": {"app": f"app-{tenant}-{rng.randrange(4)}"}, "topology": topology,
+         "anti": True}]}
+    return ("antiAffinityPool" if topology == "pool" else "antiAffinityFailureDomain"), spec, 1
+
+
 def _groups(tenants: int, pools: int) -> int:
     return max(1, min(16, tenants // 25, pools // (2 * len(CLASSES))))
 
 
-def dataset_generate(*, pools: int, tasks: int, seed: int = 1) -> Dataset:
-    """Generate ``pools`` pools sized so that all ``tasks`` (mixed specs) fit; deterministic."""
+def dataset_generate(*, pools: int, tasks: int, seed: int = 1, mix: str = "default") -> Dataset:
+    """Generate ``pools`` pools sized so that all ``tasks`` (specs of ``mix``) fit;
+    deterministic."""
+    if mix not in MIXES:
+        raise ValueError(f"mix must be one of {', '.join(MIXES)}, not {mix!r}")
     if pools < len(CLASSES):
         raise ValueError(f"need at least {len(CLASSES)} pools (one per runtime class)")
     rng = random.Random(seed)
@@ -174,7 +217,7 @@ def dataset_generate(*, pools: int, tasks: int, seed: int = 1) -> Dataset:
         tenant_id = f"tenant-{tenant:03d}"
         rc = _weighted(rng, class_table)
         anchor = rng.choice(cells[(tenant % n_groups, rc)])
-        kind, raw, members = _spec(rng, rc, tenant, anchor)
+        kind, raw, members = _spec_mixed(rng, rc, tenant, anchor, mix)
         spec = TaskSpec.model_validate(raw).model_dump(mode="json", by_alias=True)
         req = spec["requests"]
         for d, key in enumerate(("cpuMillis", "memoryMiB", "llmSlots")):

@@ -13,12 +13,20 @@ One run:
 4. unless ``--skip-naive``, load the identical dataset into a second fresh database and time
    the naive baseline (:mod:`app.bench.naive`) with R workers on ``min(T, --naive-tasks)``
    tasks;
-5. print ONE JSON line. ``placementsPerSec`` = T / (wall time from the start of the
+5. unless ``--skip-ceiling``, load the identical dataset into a third fresh database and time
+   the raw-SQL ceiling (:mod:`app.bench.ceiling`) with ``--ceiling-clients`` clients on all
+   T tasks: ``fractionOfCeiling`` = placementsPerSec / ceilingPlacementsPerSec;
+6. print ONE JSON line. ``placementsPerSec`` = T / (wall time from the start of the
    admission transaction to the poll that saw the last task leased); lease latencies come
    from ``leased_at - admitted_at`` in the database.
 
 ``--sweep pools=1000,5000 reconcilers=1,2,4 --chart docs/img/bench-e2e.png`` runs every
-combination (naive skipped), prints one JSON line each, and draws the chart.
+combination (naive and ceiling skipped), prints one JSON line each, and draws the chart.
+
+``--mix antiaffinity|gangs`` swaps 10% of the tasks for required anti-affinity or gangs
+(:func:`app.bench.dataset.dataset_generate`); ``--finished N`` preloads N finished tasks with
+their events and ended leases into the reconcilers' database first (:mod:`app.bench.history`),
+to show what history costs a pass (``passPhasesMs``).
 """
 
 from __future__ import annotations
@@ -41,7 +49,9 @@ import asyncpg
 import orjson
 import psutil
 
+from app.bench.ceiling import ceiling_run
 from app.bench.dataset import (
+    MIXES,
     Dataset,
     database_create,
     database_drop,
@@ -52,6 +62,7 @@ from app.bench.dataset import (
     ledger_check,
     runtimes_heartbeat,
 )
+from app.bench.history import history_load
 from app.bench.naive import naive_run, postgres_cpu_seconds
 from app.config import Settings
 
@@ -84,6 +95,10 @@ class E2EConfig:
     py_spy: str | None = None
     keep_logs: str | None = None
     pg_settings: tuple[tuple[str, str], ...] = ()
+    skip_ceiling: bool = False
+    ceiling_clients: int = 4
+    mix: str = "default"
+    finished: int = 0
 
 
 class BenchFailed(RuntimeError):
@@ -275,7 +290,7 @@ async def _latency(conn: asyncpg.Connection) -> dict[str, Any]:
                   max(ms) AS max
            FROM (SELECT state,
                         extract(epoch FROM leased_at - admitted_at) * 1000 AS ms
-                 FROM tasks) t"""
+                 FROM tasks WHERE state = 'LEASED') t"""
     )
     return {k: (v if k == "leased" or v is None else float(v)) for k, v in dict(row).items()}
 
@@ -283,6 +298,7 @@ async def _latency(conn: asyncpg.Connection) -> dict[str, Any]:
 async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
                                   logdir: Path) -> dict[str, Any]:
     await dataset_load(url, ds, now=datetime.now(UTC))
+    history_seconds = await history_load(url, ds, finished=cfg.finished, now=datetime.now(UTC))
     conn = await asyncpg.connect(url)
     procs = _start_reconcilers(url, cfg, logdir)
     spy = None
@@ -321,7 +337,8 @@ async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
             elif now - progress_at > cfg.stall_seconds:
                 stuck = await conn.fetch(
                     """SELECT state, pending_reason ->> 'code' AS code, count(*) AS n FROM tasks
-                       WHERE state <> 'LEASED' GROUP BY 1, 2 ORDER BY n DESC LIMIT 5"""
+                       WHERE state IN ('ADMITTED', 'CLAIMED') GROUP BY 1, 2
+                       ORDER BY n DESC LIMIT 5"""
                 )
                 raise BenchFailed(
                     f"no progress for {cfg.stall_seconds:.0f} s at {leased}/{total} leased; "
@@ -359,6 +376,7 @@ async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
     return {
         "wall": wall,
         "admit": admit_seconds,
+        "history": history_seconds,
         "rss": peak_rss,
         "cpu": cpu,
         "wal": float(wal),
@@ -389,6 +407,20 @@ async def _place_naive(url: str, ds: Dataset, cfg: E2EConfig) -> dict[str, Any]:
     return {"result": result, "invariants": invariants, "leased": leased, "limited": limit}
 
 
+async def _place_ceiling(url: str, ds: Dataset, cfg: E2EConfig) -> dict[str, Any]:
+    await dataset_load(url, ds, now=datetime.now(UTC))
+    await dataset_admit(url)
+    result = await asyncio.to_thread(ceiling_run, url, clients=cfg.ceiling_clients,
+                                     lease_ttl_seconds=LEASE_TTL_SECONDS)
+    conn = await asyncpg.connect(url)
+    try:
+        invariants = await ledger_check(conn)
+        leased = await conn.fetchval("SELECT count(*) FROM tasks WHERE state = 'LEASED'")
+    finally:
+        await conn.close()
+    return {"result": result, "invariants": invariants, "leased": leased}
+
+
 async def _server_facts(server_url: str) -> dict[str, Any]:
     from app.bench.dataset import plain_url
 
@@ -410,7 +442,7 @@ def _logdir(path: str) -> Path:
 
 async def e2e_run(cfg: E2EConfig) -> dict[str, Any]:
     """Run the benchmark described by ``cfg`` and return its one-line JSON result."""
-    ds = dataset_generate(pools=cfg.pools, tasks=cfg.tasks, seed=cfg.seed)
+    ds = dataset_generate(pools=cfg.pools, tasks=cfg.tasks, seed=cfg.seed, mix=cfg.mix)
     facts = await _server_facts(cfg.server_url)
     with tempfile.TemporaryDirectory(prefix="berth-bench-") as tmp:
         logdir = _logdir(cfg.keep_logs or tmp)
@@ -424,6 +456,13 @@ async def e2e_run(cfg: E2EConfig) -> dict[str, Any]:
         url = await database_create(cfg.server_url)
         try:
             naive = await _place_naive(url, ds, cfg)
+        finally:
+            await database_drop(cfg.server_url, url)
+    ceiling: dict[str, Any] | None = None
+    if not cfg.skip_ceiling:
+        url = await database_create(cfg.server_url)
+        try:
+            ceiling = await _place_ceiling(url, ds, cfg)
         finally:
             await database_drop(cfg.server_url, url)
     rate = cfg.tasks / run["wall"] if run["wall"] > 0 else 0.0
@@ -468,7 +507,18 @@ async def e2e_run(cfg: E2EConfig) -> dict[str, Any]:
         "naiveCpuMsPerPlacement": None,
         "naiveCpuBoundPlacementsPerSec": None,
         "ratioVsNaiveCpuBound": None,
+        "ceilingPlacementsPerSec": None,
+        "ceilingCpuMsPerPlacement": None,
+        "ceilingClients": None,
+        "ceilingLeased": None,
+        "ceilingUnplaced": None,
+        "ceilingConflicts": None,
+        "ceilingInvariantsOk": None,
+        "fractionOfCeiling": None,
+        "mix": cfg.mix,
         "specMix": ds.kinds,
+        "finished": cfg.finished,
+        "finishedLoadSeconds": round(run["history"], 1),
         "seed": cfg.seed,
         "cpus": os.cpu_count(),
         **facts,
@@ -486,6 +536,18 @@ async def e2e_run(cfg: E2EConfig) -> dict[str, Any]:
             out["naiveCpuMsPerPlacement"] = round(1000 * n.cpu_seconds / n.placed, 3)
             out["naiveCpuBoundPlacementsPerSec"] = round(naive_bound, 1)
             out["ratioVsNaiveCpuBound"] = round(out["cpuBoundPlacementsPerSec"] / naive_bound, 2)
+    if ceiling is not None:
+        c = ceiling["result"]
+        out["ceilingPlacementsPerSec"] = round(c.rate, 1)
+        out["ceilingCpuMsPerPlacement"] = (
+            round(1000 * c.cpu_seconds / c.placed, 3) if c.placed else None
+        )
+        out["ceilingClients"] = c.clients
+        out["ceilingLeased"] = ceiling["leased"]
+        out["ceilingUnplaced"] = c.unplaced
+        out["ceilingConflicts"] = c.conflicts
+        out["ceilingInvariantsOk"] = not any(ceiling["invariants"].values())
+        out["fractionOfCeiling"] = round(rate / c.rate, 3) if c.rate > 0 else None
     return out
 
 
@@ -530,6 +592,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-naive", action="store_true", help="do not run the naive baseline")
     p.add_argument("--naive-tasks", type=int, default=5000,
                    help="tasks the naive baseline places (default min(T, 5000))")
+    p.add_argument("--skip-ceiling", action="store_true",
+                   help="do not run the raw-SQL ceiling")
+    p.add_argument("--ceiling-clients", type=int, default=4,
+                   help="client processes of the raw-SQL ceiling (default 4)")
+    p.add_argument("--mix", choices=MIXES, default="default",
+                   help="spec mix: default, antiaffinity (10%% required anti-affinity) or "
+                        "gangs (10%% gangs of 2-4)")
+    p.add_argument("--finished", type=int, default=0, metavar="N",
+                   help="preload N finished tasks (events, ended leases) into the "
+                        "reconcilers' database before the run (default 0)")
     p.add_argument("--stall-seconds", type=float, default=60.0,
                    help="give up after this long without a new lease (default 60)")
     p.add_argument("--py-spy", metavar="PATH",
@@ -549,14 +621,19 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     """Run ``berth bench e2e`` with ``argv`` and print one JSON line per run."""
     args = build_parser().parse_args(argv)
-    for name in ("pools", "tasks", "reconcilers"):
+    for name in ("pools", "tasks", "reconcilers", "ceiling_clients"):
         if getattr(args, name) < 1:
-            raise SystemExit(f"berth bench e2e: --{name} must be at least 1")
+            flag = name.replace("_", "-")
+            raise SystemExit(f"berth bench e2e: --{flag} must be at least 1")
+    if args.finished < 0:
+        raise SystemExit("berth bench e2e: --finished must be at least 0")
     base = E2EConfig(
         pools=args.pools, tasks=args.tasks, reconcilers=args.reconcilers, batch=args.batch,
         server_url=args.server_url, seed=args.seed, skip_naive=args.skip_naive,
         naive_tasks=args.naive_tasks, stall_seconds=args.stall_seconds, py_spy=args.py_spy,
         keep_logs=args.logs, pg_settings=_pg_settings(args.pg_setting),
+        skip_ceiling=args.skip_ceiling, ceiling_clients=args.ceiling_clients, mix=args.mix,
+        finished=args.finished,
     )
     if not args.sweep:
         if args.chart:
@@ -567,7 +644,8 @@ def main(argv: list[str]) -> int:
             print(f"berth bench e2e: {exc}", file=sys.stderr)
             return 1
         print(orjson.dumps(result).decode(), flush=True)
-        return 0 if result["invariantsOk"] and result["leased"] == base.tasks else 1
+        sound = result["invariantsOk"] and result["ceilingInvariantsOk"] is not False
+        return 0 if sound and result["leased"] == base.tasks else 1
     axes = _sweep_axes(args.sweep)
     keys = list(axes)
     results = []
@@ -576,6 +654,7 @@ def main(argv: list[str]) -> int:
         cfg_kwargs = {f.name: getattr(base, f.name) for f in base.__dataclass_fields__.values()}
         cfg_kwargs.update(dict(zip(keys, combo, strict=True)))
         cfg_kwargs["skip_naive"] = True
+        cfg_kwargs["skip_ceiling"] = True
         cfg_kwargs["py_spy"] = None
         runs = []
         for _ in range(max(1, args.repeat)):
