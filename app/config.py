@@ -9,7 +9,7 @@ from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: Fixed number of shard slots. A tenant's slot is a stable hash of its id over this count.
@@ -100,6 +100,15 @@ class Settings(BaseSettings):
         description="How long an Idempotency-Key's stored answer is replayed; older records "
         "are deleted by the reconciler leader's sweeper.",
     )
+    finished_task_retention_hours: float = Field(
+        default=168.0,
+        ge=0,
+        description="How long a finished task (succeeded, failed, cancelled) is kept, with "
+        "its events and leases, after it finished; older ones are deleted by the reconciler "
+        "leader's sweeper, and GET /v1/tasks/{id} answers 404 for them. A task's "
+        "Idempotency-Key deduplicates as long as the task is kept, so this must be at least "
+        "idempotency_retention_hours. 0 keeps finished tasks forever.",
+    )
     log_level: str = Field(default="info", description="debug, info, warning or error.")
     bootstrap_admin_key_file: Path | None = Field(
         default=None,
@@ -188,6 +197,17 @@ class Settings(BaseSettings):
         default=None,
         description="Static shard ownership INDEX/COUNT; unset = dynamic via advisory locks.",
     )
+
+    @field_validator("finished_task_retention_hours")
+    @classmethod
+    def _retention_covers_idempotency(cls, value: float, info: ValidationInfo) -> float:
+        keys = info.data.get("idempotency_retention_hours")
+        if value and keys is not None and value < keys:
+            raise ValueError(
+                f"must be 0 (keep forever) or at least BERTH_IDEMPOTENCY_RETENTION_HOURS "
+                f"({keys:g}): a task's Idempotency-Key is honoured only while the task is kept"
+            )
+        return value
 
     @field_validator("log_level")
     @classmethod

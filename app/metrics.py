@@ -63,6 +63,11 @@ IDEMPOTENCY_RECORDS_EXPIRED = Counter(
     "berth_idempotency_records_expired_total",
     "Idempotency records deleted by the sweeper after BERTH_IDEMPOTENCY_RETENTION_HOURS.",
 )
+TASKS_PRUNED = Counter(
+    "berth_tasks_pruned_total",
+    "Finished tasks deleted (with their events and leases) after "
+    "BERTH_FINISHED_TASK_RETENTION_HOURS.",
+)
 TRANSIENT_RETRIES = Counter(
     "berth_transient_retries_total",
     "Transaction retries after a transient failure, by kind.",

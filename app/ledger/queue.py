@@ -24,6 +24,15 @@ __all__ = [
     "queue_pending_counts",
 ]
 
+#: Waiting tasks (ADMITTED or CLAIMED), one arm per partial index that covers it (claimable,
+#: parked, claimed): a query with this predicate gets a BitmapOr of those indexes and never
+#: reads finished tasks, while ``state IN ('ADMITTED', 'CLAIMED')`` matches no index and
+#: scans the whole table, history included (230 ms at 1,000,000 finished tasks).
+WAITING = (
+    "((state = 'ADMITTED' AND NOT parked) OR (state = 'ADMITTED' AND parked) "
+    "OR state = 'CLAIMED')"
+)
+
 _COMPETING = (
     "state IN ('ADMITTED', 'CLAIMED') AND (pending_stage IS NULL OR pending_stage >= 4)"
 )
@@ -112,7 +121,7 @@ _PENDING = (
     "FROM pools WHERE id = ANY($2::text[])), "
     "q AS (SELECT t.runtime_class, coalesce(t.pending_reason ->> 'code', 'unexamined') AS code, "
     "t.parked, t.admitted_at FROM tasks t "
-    "WHERE t.state IN ('ADMITTED', 'CLAIMED') "
+    f"WHERE {WAITING} "
     "AND ($1::text[] IS NULL OR t.tenant_id = ANY($1::text[])) "
     "AND ($2::text[] IS NULL OR EXISTS (SELECT 1 FROM scope s "
     "WHERE s.tenant_id = t.tenant_id AND s.runtime_class = t.runtime_class))) "
@@ -148,7 +157,7 @@ async def pools_operated(conn: Connection, *, subject: str) -> list[str]:
 _BY_CODE = (
     "SELECT coalesce(pending_reason ->> 'code', 'unexamined'), count(*), "
     "count(*) FILTER (WHERE parked) FROM tasks "
-    "WHERE state IN ('ADMITTED', 'CLAIMED') AND shard = ANY($1::int[]) GROUP BY 1"
+    f"WHERE {WAITING} AND shard = ANY($1::int[]) GROUP BY 1"
 )
 
 

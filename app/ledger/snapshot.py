@@ -70,10 +70,14 @@ _PLACED_GROUPED = (
     "GROUP BY t.tenant_id, t.labels::text ORDER BY 1, 2"
 )
 
+# Reservations are live rows only (deleted when released), so the read starts there and
+# looks each task up by id: ``OFFSET 0`` keeps the lookup a per-reservation probe, where a
+# join on ``tenant_id`` would read every task the tenants ever had (2.5 s per pass at
+# 1,000,000 finished tasks).
 _TENANT_USAGE = (
     "SELECT t.tenant_id, SUM(r.cpu), SUM(r.memory), SUM(r.llm) FROM reservations r "
-    "JOIN tasks t ON t.id = r.task_id WHERE t.tenant_id = ANY($1::text[]) "
-    "GROUP BY t.tenant_id"
+    "CROSS JOIN LATERAL (SELECT tenant_id FROM tasks WHERE id = r.task_id OFFSET 0) t "
+    "WHERE t.tenant_id = ANY($1::text[]) GROUP BY t.tenant_id"
 )
 
 _LEDGERS = (

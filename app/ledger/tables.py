@@ -206,6 +206,11 @@ Index(
 )
 # A tenant's own tasks, newest first / by cursor.
 Index("ix_tasks_tenant_seq", tasks.c.tenant_id, tasks.c.seq)
+FINISHED = "state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')"
+# The leased tasks of a few tenants: affinity counts, preemption victims (0007_history).
+Index("ix_tasks_leased_tenant", tasks.c.tenant_id, postgresql_where=text("state = 'LEASED'"))
+# Finished tasks by finish time: the retention sweep's range (0007_history).
+Index("ix_tasks_finished", tasks.c.finished_at, postgresql_where=text(FINISHED))
 
 reservations = Table(
     "reservations",
@@ -257,6 +262,8 @@ Index(
     postgresql_where=text(LIVE_LEASE),
 )
 Index("ix_leases_expiry", leases.c.expires_at, postgresql_where=text("state = 'ACTIVE'"))
+# Every lease of a task: the retention sweep deletes a pruned task's leases (0007_history).
+Index("ix_leases_task_id", leases.c.task_id)
 Index(
     "ix_leases_runtime_instance",
     leases.c.runtime_instance_id,

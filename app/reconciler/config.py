@@ -52,7 +52,10 @@ class ReconcilerConfig:
     recovery_batch: int = 500
     #: Idempotency records older than this are deleted by the leader's sweeper.
     idempotency_retention_seconds: float = 24 * 3600.0
-    #: How often the leader sweeps expired idempotency records.
+    #: Finished tasks (with their events and leases) older than this are deleted by the
+    #: leader's sweeper; 0 keeps them forever.
+    finished_retention_seconds: float = 7 * 24 * 3600.0
+    #: How often the leader sweeps expired idempotency records and finished tasks.
     sweep_seconds: float = 60.0
     #: Records deleted per sweep transaction.
     sweep_batch: int = 1000
@@ -90,6 +93,7 @@ class ReconcilerConfig:
             "strategy": str(settings.strategy),
             "priority_aging_seconds": settings.priority_aging_seconds,
             "idempotency_retention_seconds": settings.idempotency_retention_hours * 3600.0,
+            "finished_retention_seconds": settings.finished_task_retention_hours * 3600.0,
             "preemption_grace_seconds": settings.preemption_grace_seconds,
             # Enough ranked candidates for every walk the limit allows.
             "top_k": max(TOP_K_DEFAULT, settings.reservation_walk_limit + 1),

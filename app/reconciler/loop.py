@@ -16,8 +16,9 @@ directly). ``Reconciler.run(stop)`` is the loop:
 * the leader recovers expired leases, revokes the leases of pools whose drain deadline
   passed and the revoking leases of preemption victims whose grace period ended, and
   unparks preemptors none of whose victims is still revoking; and (every ``sweep_seconds``)
-  deletes idempotency records older than the retention, in batches of ``sweep_batch`` rows,
-  each batch its own transaction;
+  deletes idempotency records older than their retention, and finished tasks (with their
+  events and leases) older than ``finished_retention_seconds``, in batches of ``sweep_batch``
+  rows, each batch its own transaction;
 * a failing pass is logged loudly and the loop carries on after a pause; its claims expire.
 
 Stopping finishes the current pass and releases the locks; cancelling the task abandons
@@ -36,6 +37,7 @@ import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from app.db import Connection, Database
 from app.ledger.claims import tasks_unpark, tasks_wake
@@ -44,6 +46,7 @@ from app.ledger.leases import pool_leases_revoke
 from app.ledger.preemption import preemptors_unpark, victims_revoke_overdue
 from app.ledger.queue import queue_pending_by_code
 from app.ledger.recovery import leases_expired_recover, pools_drain_overdue
+from app.ledger.retention import tasks_finished_prune
 from app.ledger.snapshot import SnapshotCache
 from app.ledger.wakeups import WakeSource, Wakeup, wakeup_keys
 from app.metrics import (
@@ -53,6 +56,7 @@ from app.metrics import (
     PREEMPTION_VICTIMS,
     TASKS_PARKED,
     TASKS_PENDING,
+    TASKS_PRUNED,
     WAKEUPS,
 )
 from app.reconciler.config import ReconcilerConfig
@@ -261,6 +265,36 @@ class Reconciler:
 
         return await self.ownership.as_leader(recover) or 0
 
+    async def _leader_batches(
+        self,
+        expire: Callable[..., Awaitable[int]],
+        *,
+        retention_seconds: float,
+        now: datetime | None,
+        counter: Any,
+        what: str,
+    ) -> int:
+        """As leader, call ``expire(conn, before=now - retention, limit=sweep_batch)`` (one
+        batch, its own transaction on the leadership session) up to ``sweep_batches_max``
+        times, until a batch comes back short; count and log what went, and return it (0 on
+        a replica that is not the leader)."""
+        cfg = self.config
+        before = (now or datetime.now(UTC)) - timedelta(seconds=retention_seconds)
+
+        async def batch(conn: Connection) -> int:
+            return await expire(conn, before=before, limit=cfg.sweep_batch)
+
+        total = 0
+        for _ in range(cfg.sweep_batches_max):
+            deleted = await self.ownership.as_leader(batch) or 0
+            total += deleted
+            if deleted < cfg.sweep_batch:
+                break
+        if total:
+            counter.inc(total)
+            log.info(what, extra={"owner": self.owner_id, "deleted": total})
+        return total
+
     async def sweep_once(self, *, now: datetime | None = None) -> int:
         """As leader, delete idempotency records older than the retention; return how many.
 
@@ -268,23 +302,22 @@ class Reconciler:
         at most ``sweep_batches_max`` of them; a replica that is not the leader deletes
         nothing.
         """
-        cfg = self.config
-        before = (now or datetime.now(UTC)) - timedelta(seconds=cfg.idempotency_retention_seconds)
+        return await self._leader_batches(
+            idempotency_records_expire,
+            retention_seconds=self.config.idempotency_retention_seconds, now=now,
+            counter=IDEMPOTENCY_RECORDS_EXPIRED, what="expired idempotency records deleted",
+        )
 
-        async def sweep(conn: Connection) -> int:
-            return await idempotency_records_expire(conn, before=before, limit=cfg.sweep_batch)
-
-        total = 0
-        for _ in range(cfg.sweep_batches_max):
-            deleted = await self.ownership.as_leader(sweep) or 0
-            total += deleted
-            if deleted < cfg.sweep_batch:
-                break
-        if total:
-            IDEMPOTENCY_RECORDS_EXPIRED.inc(total)
-            log.info("expired idempotency records deleted",
-                     extra={"owner": self.owner_id, "deleted": total})
-        return total
+    async def prune_once(self, *, now: datetime | None = None) -> int:
+        """As leader, delete the tasks that finished longer than the retention ago, with their
+        events and leases, in batches as :meth:`sweep_once`; return how many tasks (0 when
+        ``finished_retention_seconds`` is 0: history is kept)."""
+        if self.config.finished_retention_seconds <= 0:
+            return 0
+        return await self._leader_batches(
+            tasks_finished_prune, retention_seconds=self.config.finished_retention_seconds,
+            now=now, counter=TASKS_PRUNED, what="finished tasks past the retention deleted",
+        )
 
     async def queue_gauges_refresh(self) -> None:
         """Set the pending-by-reason and parked gauges from the owned slots' waiting tasks."""
@@ -368,6 +401,13 @@ class Reconciler:
                         raise
                     except Exception:
                         log.exception("idempotency sweep failed; the next round tries again",
+                                      extra={"owner": self.owner_id})
+                    try:
+                        await self.prune_once()
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception:
+                        log.exception("retention sweep failed; the next round tries again",
                                       extra={"owner": self.owner_id})
                 try:
                     # Clear first: a wakeup that arrives from here on triggers another pass.
