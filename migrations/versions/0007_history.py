@@ -10,6 +10,10 @@
   pruned task's leases by task (and the foreign key's cascade needs it too; the only other
   index led by ``task_id`` covers live leases).
 
+The indexes are created ``IF NOT EXISTS``: on a large ``tasks`` table an operator may build
+them first with ``CREATE INDEX CONCURRENTLY`` under the same names (docs/operations.md,
+"History and retention") and the migration then takes no lock for them.
+
 Revision ID: 0007_history
 Revises: 0006_preemption
 Create Date: 2026-12-01
@@ -34,10 +38,10 @@ FINISHED = "state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')"
 def upgrade() -> None:
     """Apply this revision."""
     op.create_index("ix_tasks_leased_tenant", "tasks", ["tenant_id"],
-                    postgresql_where=sa.text(LEASED))
+                    postgresql_where=sa.text(LEASED), if_not_exists=True)
     op.create_index("ix_tasks_finished", "tasks", ["finished_at"],
-                    postgresql_where=sa.text(FINISHED))
-    op.create_index("ix_leases_task_id", "leases", ["task_id"])
+                    postgresql_where=sa.text(FINISHED), if_not_exists=True)
+    op.create_index("ix_leases_task_id", "leases", ["task_id"], if_not_exists=True)
 
 
 def downgrade() -> None:

@@ -107,3 +107,96 @@ def test_tiny_run_leases_every_task_with_a_sound_ledger(
     assert result["peakRssMiB"] > 0
     assert result["naiveTasks"] == 200 and result["naiveLeased"] == 200
     assert result["naiveInvariantsOk"]
+
+
+def test_mixes_add_ten_percent_of_their_kind_and_leave_the_default_alone() -> None:
+    plain = dataset_generate(pools=20, tasks=1000, seed=3)
+    assert dataset_generate(pools=20, tasks=1000, seed=3, mix="default").tasks == plain.tasks
+    anti = dataset_generate(pools=20, tasks=1000, seed=3, mix="antiaffinity")
+    pool_kind, domain_kind = anti.kinds["antiAffinityPool"], anti.kinds["antiAffinityFailureDomain"]
+    assert 60 <= pool_kind + domain_kind <= 140 and pool_kind > 20 and domain_kind > 20
+    carried: dict[str, set[str]] = {}
+    for row in anti.tasks:
+        carried.setdefault(row[2], set()).add(orjson.loads(row[7]).get("app", ""))
+    for row in anti.tasks:
+        spec = orjson.loads(row[6])
+        for term in spec["affinity"]["required"]:
+            # A required anti-affinity term whose selector other tasks of the tenant carry,
+            # and which no anti-affine task carries itself.
+            assert term["anti"] and term["topology"] in ("pool", "failureDomain")
+            assert term["selector"]["app"] in carried[row[2]]
+            assert not term["selector"]["app"].startswith("anti-")
+    with pytest.raises(ValueError, match="mix"):
+        dataset_generate(pools=20, tasks=10, mix="chaos")
+    gangs = dataset_generate(pools=20, tasks=1000, seed=3, mix="gangs")
+    assert 90 <= gangs.kinds["gang"] <= 160
+    assert {orjson.loads(r[6])["gang"]["members"] for r in gangs.tasks
+            if orjson.loads(r[6])["gang"]} <= {2, 3, 4}
+
+
+def test_bad_bench_options_are_refused() -> None:
+    for argv, message in ((["--ceiling-clients", "0"], "--ceiling-clients"),
+                          (["--finished", "-1"], "--finished")):
+        with pytest.raises(SystemExit, match=message):
+            e2e.main(argv)
+    with pytest.raises(SystemExit):
+        e2e.main(["--mix", "chaos"])
+
+
+@pytest.mark.slow
+def test_tiny_run_with_history_a_mix_and_the_ceiling(
+    server_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = e2e.main(
+        ["--pools", "20", "--tasks", "300", "--reconcilers", "2", "--server-url", server_url,
+         "--stall-seconds", "30", "--skip-naive", "--mix", "antiaffinity",
+         "--finished", "3000", "--ceiling-clients", "2"]
+    )
+    result = orjson.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert status == 0
+    assert result["leased"] == 300 and result["invariantsOk"], result["invariants"]
+    assert (result["mix"], result["finished"]) == ("antiaffinity", 3000)
+    assert result["specMix"]["antiAffinityPool"] + result["specMix"]["antiAffinityFailureDomain"]
+    # History does not count as placements, nor in the lease latencies.
+    assert 0 < result["p50LeaseMs"] < 60_000
+    assert set(result["passPhasesMs"]) >= {"claim", "snapshot"}
+    assert result["ceilingLeased"] == 300 and result["ceilingInvariantsOk"]
+    assert result["ceilingClients"] == 2 and result["ceilingUnplaced"] == 0
+    assert result["ceilingPlacementsPerSec"] > 0 and result["ceilingCpuMsPerPlacement"] > 0
+    assert result["fractionOfCeiling"] == pytest.approx(
+        result["placementsPerSec"] / result["ceilingPlacementsPerSec"], rel=0.01)
+
+
+async def test_history_is_loaded_as_the_lifecycle_leaves_it(server_url: str) -> None:
+    from datetime import UTC, datetime
+
+    import asyncpg
+
+    from app.bench.dataset import database_create, database_drop, dataset_load
+    from app.bench.history import history_load
+
+    ds = dataset_generate(pools=8, tasks=50, seed=2)
+    url = await database_create(server_url)
+    try:
+        await dataset_load(url, ds, now=datetime.now(UTC))
+        await history_load(url, ds, finished=1000, now=datetime.now(UTC))
+        conn = await asyncpg.connect(url)
+        try:
+            states = dict(await conn.fetch("SELECT state, count(*) FROM tasks GROUP BY 1"))
+            leases = await conn.fetchval(
+                "SELECT count(*) FROM leases WHERE state = 'COMPLETED' AND ended_at IS NOT NULL")
+            events = await conn.fetchval("SELECT count(*) FROM task_events")
+            queued = await conn.fetchval("SELECT coalesce(sum(queued), 0) FROM "
+                                         "tenant_queue_counts")
+            orphans = await conn.fetchval(
+                "SELECT count(*) FROM leases l WHERE NOT EXISTS "
+                "(SELECT 1 FROM tasks t WHERE t.id = l.task_id) OR NOT EXISTS "
+                "(SELECT 1 FROM pools p WHERE p.id = l.pool_id)")
+            reservations = await conn.fetchval("SELECT count(*) FROM reservations")
+        finally:
+            await conn.close()
+    finally:
+        await database_drop(server_url, url)
+    assert states == {"SUCCEEDED": 800, "FAILED": 100, "CANCELLED": 100}
+    assert leases == 900 and events == 900 * 4 + 100 * 2
+    assert (queued, orphans, reservations) == (0, 0, 0)
