@@ -2,8 +2,8 @@
 
 Claims and snapshots must not slow down with the finished tasks a ledger keeps. To show it,
 the bench preloads N finished tasks before the run, generated server-side with ``INSERT …
-SELECT … FROM generate_series`` (a million load in about 100 s on a 2-vCPU machine), in the tenants and
-runtime classes of the dataset:
+SELECT … FROM generate_series`` (a million load in about 100 s on a 2-vCPU machine), in the
+tenants and runtime classes of the dataset:
 
 * 80% ``SUCCEEDED`` and 10% ``FAILED`` (reported by the runtime): events ``submitted``,
   ``claimed``, ``leased``, ``lease_succeeded``/``lease_failed``, and one ``COMPLETED`` lease
