@@ -362,9 +362,22 @@ async def dataset_admit(url: str) -> float:
         await conn.close()
 
 
-async def runtimes_heartbeat(conn: asyncpg.Connection) -> None:
-    """Mark every runtime instance as heard from now, as live runtimes would."""
-    await conn.execute("UPDATE runtime_instances SET last_heartbeat_at = now()")
+# Every instance heard from now; how many had gone stale (their previous heartbeat older than
+# the freshness window $1).
+_HEARTBEAT = """
+    WITH u AS (UPDATE runtime_instances r SET last_heartbeat_at = now()
+               FROM runtime_instances o WHERE o.id = r.id
+               RETURNING o.last_heartbeat_at <= now() - make_interval(secs => $1) AS stale)
+    SELECT count(*) FILTER (WHERE stale) FROM u"""
+
+
+async def runtimes_heartbeat(conn: asyncpg.Connection, *, freshness_seconds: float = 15.0) -> None:
+    """Mark every runtime instance as heard from now, as live runtimes would; when some had
+    gone stale (the bench fell behind on a loaded machine), wake the reconcilers with
+    ``pool_healthy``, as ``POST /v1/runtimes/{id}/heartbeat`` does, so tasks parked as
+    ``runtime_unhealthy`` meanwhile are retried instead of waiting for the safety sweep."""
+    if await conn.fetchval(_HEARTBEAT, freshness_seconds):
+        await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, WakeSource.POOL_HEALTHY.value)
 
 
 _CHECKS = {
