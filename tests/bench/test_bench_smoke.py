@@ -200,3 +200,31 @@ async def test_history_is_loaded_as_the_lifecycle_leaves_it(server_url: str) -> 
     assert states == {"SUCCEEDED": 800, "FAILED": 100, "CANCELLED": 100}
     assert leases == 900 and events == 900 * 4 + 100 * 2
     assert (queued, orphans, reservations) == (0, 0, 0)
+
+
+async def test_a_late_bulk_heartbeat_wakes_reconcilers_as_the_endpoint_does(db) -> None:
+    import asyncio
+
+    from app.bench.dataset import runtimes_heartbeat
+    from app.ledger.wakeups import CHANNEL
+
+    heard: list[str] = []
+
+    def listen(*args: object) -> None:
+        heard.append(str(args[3]))
+
+    async with db.connection() as conn:
+        await conn.execute("INSERT INTO runtime_instances (id, last_heartbeat_at) "
+                           "VALUES ('fresh', now()), ('late', now() - interval '20 seconds')")
+        await conn.add_listener(CHANNEL, listen)
+        try:
+            await runtimes_heartbeat(conn)  # 'late' had gone stale: pool_healthy, broad
+            await runtimes_heartbeat(conn)  # nobody stale: no wakeup
+            await conn.execute("SELECT pg_notify($1, 'marker')", CHANNEL)
+            for _ in range(500):
+                if "marker" in heard:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            await conn.remove_listener(CHANNEL, listen)
+    assert heard == ["pool_healthy", "marker"]
