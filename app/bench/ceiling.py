@@ -7,13 +7,15 @@ of ``clients`` processes (default 4) repeats, one transaction per loop:
 1. claim up to 64 admitted, unparked tasks in admission order with ``FOR UPDATE SKIP LOCKED``
    (their requests and gang size read out of the spec in the same statement);
 2. choose each task's pool trivially, in Python, from the client's own view of free capacity:
-   the next pool (round robin) of the task's runtime class that lists the task's tenant and
-   has room for the whole task (a gang goes whole on one pool). Regions, residency,
-   selectors, affinity, health, scoring: none of it;
+   among the pools of the task's runtime class that list the task's tenant and have room
+   for the whole task (a gang goes whole on one pool), the one with the most free CPU.
+   Regions, residency, selectors, affinity, health, scoring: none of it;
 3. lock the chosen ledger rows in pool-id order and add the amounts in ONE conditional
    multi-row ``UPDATE`` (``reserved + request <= total`` on every dimension); a pool whose
-   row is not returned lost a race with another client: the transaction rolls back, the
-   client re-reads its view of those pools, and claims again;
+   row is not returned lost a race with another client: its tasks are left out of this
+   batch (they stay admitted, unlocked at commit, and are claimed again), and the client
+   re-reads its whole view of free capacity (one read of the ledgers) — the rest of the
+   batch goes on;
 4. insert the reservations (one row per task) and the leases (one per task) with one
    ``INSERT … SELECT unnest(…)`` each, mark the tasks ``LEASED`` with one ``UPDATE``, and
    commit (durably, as the server is configured).
@@ -124,24 +126,13 @@ class CeilingResult:
         return self.placed / self.seconds if self.seconds > 0 else 0.0
 
 
-class _Lost(Exception):
-    """A ledger row refused its amount (another client took the room): roll back and
-    re-read ``pools`` (the batch's)."""
-
-    def __init__(self, pools: list[str]) -> None:
-        super().__init__(pools)
-        self.pools = pools
-
-
 class _View:
     """One client's idea of each pool's free capacity, grouped by (runtime class, tenant)."""
 
-    def __init__(self, rows: list[Any], start: int) -> None:
+    def __init__(self, rows: list[Any]) -> None:
         self.free: dict[str, list[int]] = {}
         self.instance: dict[str, str] = {}
         self.cells: dict[tuple[str, str], list[str]] = {}
-        self.cursor: dict[tuple[str, str], int] = {}
-        self.start = start
         for pool_id, rc, tenants, instance, cpu, memory, llm in rows:
             self.free[pool_id] = [cpu, memory, llm]
             self.instance[pool_id] = instance
@@ -149,20 +140,21 @@ class _View:
                 self.cells.setdefault((rc, tenant), []).append(pool_id)
 
     def choose(self, rc: str, tenant: str, need: tuple[int, int, int]) -> str | None:
-        """Return the next pool of the cell with room for ``need`` (and count it taken)."""
-        pools = self.cells.get((rc, tenant), ())
-        n = len(pools)
-        at = self.cursor.get((rc, tenant), self.start)
-        for k in range(n):
-            pool_id = pools[(at + k) % n]
+        """Return the pool of the cell with the most free CPU that has room for ``need``
+        (and count it taken): with four clients' views slightly stale, the roomiest pool is
+        the least likely to refuse."""
+        best: list[int] | None = None
+        best_id = None
+        for pool_id in self.cells.get((rc, tenant), ()):
             free = self.free[pool_id]
-            if free[0] >= need[0] and free[1] >= need[1] and free[2] >= need[2]:
-                free[0] -= need[0]
-                free[1] -= need[1]
-                free[2] -= need[2]
-                self.cursor[(rc, tenant)] = (at + k + 1) % n
-                return pool_id
-        return None
+            if (free[0] >= need[0] and free[1] >= need[1] and free[2] >= need[2]
+                    and (best is None or free[0] > best[0])):
+                best, best_id = free, pool_id
+        if best is not None:
+            best[0] -= need[0]
+            best[1] -= need[1]
+            best[2] -= need[2]
+        return best_id
 
     def pools_of(self, rc: str, tenant: str) -> list[str]:
         """Return the pools of a cell."""
@@ -174,12 +166,14 @@ async def _refresh(conn: Any, view: _View, pools: list[str]) -> None:
         view.free[pool_id] = [cpu, memory, llm]
 
 
-async def _place_batch(conn: Any, view: _View, skip: list[Any], ttl: float) -> tuple[int, int]:
-    """Claim and place one batch; return (tasks claimed, tasks placed)."""
+async def _place_batch(
+    conn: Any, view: _View, skip: list[Any], ttl: float
+) -> tuple[int, int, int]:
+    """Claim and place one batch; return (tasks claimed, tasks placed, pools that refused)."""
     async with conn.transaction():
         tasks = await conn.fetch(_CLAIM, CEILING_BATCH, skip)
         if not tasks:
-            return 0, 0
+            return 0, 0, 0
         chosen: list[tuple[Any, str, int, int, int, int]] = []
         amounts: dict[str, list[int]] = {}
         for task_id, tenant, rc, members, cpu, memory, llm in tasks:
@@ -198,7 +192,7 @@ async def _place_batch(conn: Any, view: _View, skip: list[Any], ttl: float) -> t
             acc[1] += need[1]
             acc[2] += need[2]
         if not chosen:
-            return len(tasks), 0
+            return len(tasks), 0, 0
         pools = sorted(amounts)
         rows = await conn.fetch(
             _RESERVE, pools, [amounts[p][0] for p in pools], [amounts[p][1] for p in pools],
@@ -206,9 +200,15 @@ async def _place_batch(conn: Any, view: _View, skip: list[Any], ttl: float) -> t
         )
         for pool_id, cpu, memory, llm in rows:
             view.free[pool_id] = [cpu, memory, llm]
-        if len(rows) < len(pools):
-            # Every amount of the batch is rolled back: re-read all of its pools.
-            raise _Lost(pools)
+        refused = set(pools) - {r[0] for r in rows}
+        if refused:
+            # Another client took the room: those tasks wait for the next claim. The view is
+            # stale where the others placed: read every pool's free capacity afresh (one
+            # read of the ledgers, no locks).
+            await _refresh(conn, view, list(view.free))
+            chosen = [c for c in chosen if c[1] not in refused]
+        if not chosen:
+            return len(tasks), 0, len(refused)
         ids = [c[0] for c in chosen]
         where = [c[1] for c in chosen]
         await conn.execute(
@@ -217,29 +217,25 @@ async def _place_batch(conn: Any, view: _View, skip: list[Any], ttl: float) -> t
         )
         await conn.execute(_LEASES, ids, where, [view.instance[p] for p in where], ttl)
         await conn.execute(_LEASED, ids)
-        return len(tasks), len(chosen)
+        return len(tasks), len(chosen), len(refused)
 
 
-async def _client(url: str, index: int, lease_ttl: float) -> dict[str, Any]:
+async def _client(url: str, lease_ttl: float) -> dict[str, Any]:
     import asyncpg
 
     conn = await asyncpg.connect(url)
     try:
-        view = _View(list(await conn.fetch(_POOLS)), start=index)
+        view = _View(list(await conn.fetch(_POOLS)))
 
         async def work() -> dict[str, Any]:
             placed = conflicts = 0
             skip: list[Any] = []
             while True:
-                try:
-                    claimed, done = await _place_batch(conn, view, skip, lease_ttl)
-                except _Lost as lost:
-                    conflicts += 1
-                    await _refresh(conn, view, lost.pools)
-                    continue
+                claimed, done, refused = await _place_batch(conn, view, skip, lease_ttl)
                 if not claimed:
                     break
                 placed += done
+                conflicts += refused
             return {"placed": placed, "unplaced": len(skip), "conflicts": conflicts}
 
         return await worker_serve(work)
@@ -249,8 +245,7 @@ async def _client(url: str, index: int, lease_ttl: float) -> dict[str, Any]:
 
 def ceiling_run(url: str, *, clients: int = 4, lease_ttl_seconds: float = 3600.0) -> CeilingResult:
     """Run ``clients`` ceiling client processes until no admitted task is left."""
-    argvs = [["-m", "app.bench.ceiling", url, str(i), str(lease_ttl_seconds)]
-             for i in range(clients)]
+    argvs = [["-m", "app.bench.ceiling", url, str(lease_ttl_seconds)]] * clients
     results, pg_cpu = workers_run(url, argvs)
     return CeilingResult(
         placed=sum(r["placed"] for r in results),
@@ -263,4 +258,4 @@ def ceiling_run(url: str, *, clients: int = 4, lease_ttl_seconds: float = 3600.0
 
 
 if __name__ == "__main__":
-    asyncio.run(_client(sys.argv[1], int(sys.argv[2]), float(sys.argv[3])))
+    asyncio.run(_client(sys.argv[1], float(sys.argv[2])))
