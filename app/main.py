@@ -17,6 +17,7 @@ from fastapi_offline import FastAPIOffline
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from app import __version__
+from app.api import batches
 from app.api.http_metrics import http_metrics_install
 from app.api.limits import BodySizeLimit
 from app.api.openapi import openapi_install
@@ -109,7 +110,10 @@ def create_app(
         swagger_ui_parameters={"validatorUrl": None},
     )
     problems_install(app)
-    app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodySizeLimit, max_body_bytes=settings.max_body_bytes,
+        path_limits={batches.PATH: settings.max_batch_body_bytes},
+    )
     app.router.routes[0:0] = api_routes()
     openapi_install(app)
 
