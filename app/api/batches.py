@@ -25,7 +25,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Request, Response
 from pydantic import Field, ValidationError, WithJsonSchema
 
-from app.api.bodies import StrictRoute, json_body_read
+from app.api.bodies import StrictRoute, json_decode_large, media_type_check
 from app.api.common import CamelModel, RequestModel, problems
 from app.api.lean import header_parameter, string_read, validation_raise
 from app.api.problems import problem_json, validation_problem_json
@@ -133,6 +133,18 @@ def _envelope_items(body: Any, errors: list[dict[str, Any]]) -> list[Any] | None
     return items if not errors else None
 
 
+def _admitted_json(task: service.Admitted) -> dict[str, Any]:
+    """Return :func:`task_json` of a task stored just now (ADMITTED, as a new task is)."""
+    spec = task.spec
+    return {
+        "id": task.id, "tenantId": task.tenant_id, "state": "ADMITTED", "spec": spec,
+        "priority": spec["priority"], "attempts": 0, "maxAttempts": spec["maxAttempts"],
+        "createdAt": task.created_at, "updatedAt": task.created_at, "leasedAt": None,
+        "finishedAt": None, "pendingReason": None, "placement": None, "lease": None,
+        "leases": [], "failureReason": None, "queue": None,
+    }
+
+
 def _error_json(error: BerthError) -> dict[str, Any]:
     extra = {k: v for k, v in error.extra.items() if k != "headers"}
     return problem_json(error.status, title=error.title, detail=error.detail,
@@ -172,7 +184,10 @@ async def create_task_batch(request: Request) -> Response:
     not `{"items": [...]}` with 1 to 1,000 items is 422 as a whole.
     """
     raw = await request.body()
-    body = json_body_read(raw, request.headers.get("content-type")) if raw else None
+    body = None
+    if raw:
+        media_type_check(request.headers.get("content-type"))
+        body = json_decode_large(raw)
     principal = role_check(await principal_from_request(request), TENANT)
     errors: list[dict[str, Any]] = []
     tenant = string_read(request.headers.get(TENANT_HEADER), ("header", TENANT_HEADER), errors,
@@ -206,10 +221,14 @@ async def create_task_batch(request: Request) -> Response:
         max_queued=request.app.state.settings.max_queued_tasks_per_tenant,
     )
     for index, outcome in outcomes.items():
+        if outcome.admitted is not None:
+            task = _admitted_json(outcome.admitted)
+        else:
+            task = task_json(outcome.row) if outcome.row is not None else None
         results[index] = {
             "index": index,
             "status": outcome.status,
-            "task": task_json(outcome.row) if outcome.row is not None else None,
+            "task": task,
             "problem": _error_json(outcome.error) if outcome.error is not None else None,
         }
     return FastJSONResponse({"items": results})

@@ -19,7 +19,6 @@ does; its task is read back by key with :func:`tasks_by_key`.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -86,7 +85,7 @@ class BatchInserted:
     concurrently; read it back by key)."""
 
     index: int
-    id: uuid.UUID
+    id: str
     seq: int | None
     refused: bool
 
@@ -97,7 +96,7 @@ async def task_batch_insert(
     tenant_id: str,
     shard: int,
     indexes: Sequence[int],
-    specs: Sequence[bytes | str],
+    specs: Sequence[str],
     keys: Sequence[str | None],
     hashes: Sequence[str | None],
     now: datetime,
@@ -112,10 +111,10 @@ async def task_batch_insert(
     """
     rows = await conn.fetch(
         _INSERT, tenant_id, shard, now, max_queued,
-        list(indexes), [s.decode() if isinstance(s, bytes) else s for s in specs],
+        list(indexes), list(specs),
         list(keys), list(hashes),
     )
-    return [BatchInserted(r[0], uuid.UUID(r[1]), r[2], r[3]) for r in rows]
+    return [BatchInserted(r[0], r[1], r[2], r[3]) for r in rows]
 
 
 async def tasks_by_key(

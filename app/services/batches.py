@@ -19,10 +19,10 @@ another, or is 429 when the first was refused for the cap.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import orjson
 
@@ -42,11 +42,11 @@ from app.services.idempotency import request_hash
 from app.services.tenancy import tenant_acting
 from app.shards import shard_of
 
-__all__ = ["BatchEntry", "BatchOutcome", "task_batch_submit"]
+__all__ = ["Admitted", "BatchEntry", "BatchOutcome", "task_batch_submit"]
 
 #: An escaped NUL in JSON text (``\u0000`` not itself escaped); checked only when the
 #: cheap substring test finds one.
-_NUL_ESCAPE = b"\\u0000"
+_NUL_ESCAPE = "\\u0000"
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,10 +59,24 @@ class BatchEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class Admitted:
+    """A task this batch stored: everything else about it is a new task's default."""
+
+    id: str
+    seq: int
+    tenant_id: str
+    #: The validated spec as stored (camelCase JSON, every default spelled out).
+    spec: dict[str, Any]
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class BatchOutcome:
-    """One item's answer: its status and the task, or the error it would have got alone."""
+    """One item's answer: its status and the task (stored now, or found by its key), or
+    the error it would have got alone."""
 
     status: int
+    admitted: Admitted | None = None
     row: TaskRow | None = None
     error: BerthError | None = None
 
@@ -70,8 +84,8 @@ class BatchOutcome:
 @dataclass(slots=True)
 class _Prepared:
     entry: BatchEntry
-    payload: dict
-    spec_json: bytes
+    payload: dict[str, Any]
+    spec_json: str
     digest: str | None
 
 
@@ -90,7 +104,7 @@ def _queue_full(tenant_id: str, max_queued: int) -> TenantQueueFull:
     )
 
 
-def _has_nul(spec_json: bytes) -> bool:
+def _has_nul(spec_json: str) -> bool:
     if _NUL_ESCAPE not in spec_json:
         return False
     # Count the backslashes before each match: an even number (none included) means the
@@ -98,24 +112,12 @@ def _has_nul(spec_json: bytes) -> bool:
     at = spec_json.find(_NUL_ESCAPE)
     while at >= 0:
         slashes = 0
-        while at - slashes - 1 >= 0 and spec_json[at - slashes - 1] == 0x5C:
+        while at - slashes - 1 >= 0 and spec_json[at - slashes - 1] == "\\":
             slashes += 1
         if slashes % 2 == 0:
             return True
         at = spec_json.find(_NUL_ESCAPE, at + 1)
     return False
-
-
-def _created(prepared: _Prepared, tenant_id: str, task_id: uuid.UUID, seq: int,
-             now: datetime) -> TaskRow:
-    payload = prepared.payload
-    return TaskRow(
-        id=task_id, seq=seq, tenant_id=tenant_id, state="ADMITTED",
-        priority=payload["priority"], runtime_class=payload["runtimeClass"], spec=payload,
-        labels=payload["labels"], pending_reason=None, placement=None, attempts=0,
-        max_attempts=payload["maxAttempts"], failure_reason=None, created_at=now,
-        updated_at=now, leased_at=None, finished_at=None, created=True,
-    )
 
 
 async def task_batch_submit(
@@ -134,8 +136,9 @@ async def task_batch_submit(
     repeats: list[_Prepared] = []
     submitted: list[_Prepared] = []
     for entry in entries:
-        payload = entry.spec.model_dump(mode="json", by_alias=True)
-        spec_json = orjson.dumps(payload)
+        # The JSON of model_dump(mode="json"), in about half the time.
+        spec_json = entry.spec.model_dump_json(by_alias=True)
+        payload = orjson.loads(spec_json)
         if _has_nul(spec_json):
             outcomes[entry.index] = BatchOutcome(422, error=SpecHasNul())
             continue
@@ -151,7 +154,7 @@ async def task_batch_submit(
             submitted.append(prepared)
 
     now = datetime.now(UTC)
-    by_key: dict[str, tuple[TaskRow, str | None]] = {}
+    by_key: dict[str, tuple[TaskRow | Admitted, str | None]] = {}
     async with db.connection() as conn:
         if submitted:
             results = await ledger.task_batch_insert(
@@ -174,10 +177,10 @@ async def task_batch_submit(
             result = considered.get(index)
             key = prepared.entry.idempotency_key
             if result is not None and result.seq is not None:
-                row = _created(prepared, tenant_id, result.id, result.seq, now)
-                outcomes[index] = BatchOutcome(201, row)
+                admitted = Admitted(result.id, result.seq, tenant_id, prepared.payload, now)
+                outcomes[index] = BatchOutcome(201, admitted)
                 if key is not None:
-                    by_key[key] = (row, prepared.digest)
+                    by_key[key] = (admitted, prepared.digest)
             elif result is not None and result.refused:
                 outcomes[index] = BatchOutcome(429, error=_queue_full(tenant_id, max_queued))
             else:  # the key names an earlier task, or one committed while we waited
@@ -195,7 +198,9 @@ async def task_batch_submit(
             owner = outcomes[owners[key].entry.index]
             outcomes[index] = BatchOutcome(owner.status, error=owner.error or _key_reused())
         elif stored[1] == prepared.digest:
-            outcomes[index] = BatchOutcome(200, stored[0])
+            task = stored[0]
+            outcomes[index] = (BatchOutcome(200, admitted=task) if isinstance(task, Admitted)
+                               else BatchOutcome(200, row=task))
         else:
             outcomes[index] = BatchOutcome(409, error=_key_reused())
     return outcomes

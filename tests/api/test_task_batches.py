@@ -11,6 +11,7 @@ import httpx
 import orjson
 import pytest
 
+from app.api.bodies import MalformedBody, json_decode, json_decode_large
 from app.db import Database
 from app.ledger.keys import api_key_create
 from tests.api.configured import serving
@@ -292,3 +293,51 @@ async def test_one_statement_stores_the_batch_and_wakes_the_reconcilers(client, 
     finally:
         await conn.close()
     assert woken == ["submitted"]
+
+
+COMPLEX = {
+    "runtimeClass": "gpu-small", "requests": {"cpuMillis": 250, "memoryMiB": 1, "llmSlots": 2},
+    "constraints": {"regions": ["eu-west-1"], "poolSelector": {"tier": "std"},
+                    "artifactRegion": "eu-west-1", "dataResidency": "eu"},
+    "affinity": {"preferred": [{"selector": {"app": "web"}, "topology": "pool", "weight": 10}],
+                 "required": [{"selector": {"app": "db"}, "topology": "region", "anti": True}]},
+    "gang": {"members": 4, "minPools": 2}, "priority": 5, "labels": {"app": "web"},
+    "maxAttempts": 2, "preemption": "lowerPriority",
+}
+
+
+async def test_a_spec_with_every_field_replays_across_single_and_batch(client, keys):
+    single = await client.post("/v1/tasks", json=COMPLEX,
+                               headers={**keys.tenant_a, "Idempotency-Key": "full"})
+    assert single.status_code == 201, single.text
+    [x] = await batch(client, keys.tenant_a, {"spec": COMPLEX, "idempotencyKey": "full"})
+    assert x["status"] == 200 and x["task"] == single.json()
+    [y] = await batch(client, keys.tenant_a, {"spec": COMPLEX, "idempotencyKey": "full-2"})
+    again = await client.post("/v1/tasks", json=COMPLEX,
+                              headers={**keys.tenant_a, "Idempotency-Key": "full-2"})
+    assert again.status_code == 200 and again.json()["id"] == y["task"]["id"]
+    assert y["task"]["spec"] == single.json()["spec"]
+
+
+DOCUMENTS = [
+    b'{"a":1}', b'  {"a" : 1 ,\n"b":[1,2, {"c" :"d"}]}  ', b'{"a":1,"a":2}',
+    b'{"a":{"b":1,"b" :2}}', b'{"a":[{"b":1},{"b":2,"b":3}]}', b'{"a":NaN}', b'{"a":1e400}',
+    b'{"a":123456789012345678901234567890}', b'{"a":-9223372036854775809}', b'{"a":-0}',
+    b'{"a":1} x', b'\xef\xbb\xbf{"a":1}', b"\xff", b'{"a":"x\\"y"}', b'{"a":"\\u0000"}',
+    b'{"a":"b\\":\\"c","a":1}', b'{"a:":1,"b":"\\": "}', b'{"a":"\\ud800"}', b'"x"', b"[]",
+    b"[" * 64 + b"]" * 64, b"[" * 65 + b"]" * 65, b'{"a":' * 64 + b"1" + b"}" * 64,
+    b'{"a":' * 65 + b"1" + b"}" * 65, b"[" * 64 + b"{}" + b"]" * 64,
+    b"[" * 63 + b'{"a":[]}' + b"]" * 63, b"[" * 63 + b'{"a":{}}' + b"]" * 63,
+]
+
+
+@pytest.mark.parametrize("raw", DOCUMENTS, ids=lambda raw: raw[:24].decode("latin-1"))
+def test_the_batch_decoder_answers_as_the_strict_one(raw: bytes) -> None:
+    def answer(decode: Any) -> Any:
+        try:
+            value = decode(raw)
+        except MalformedBody as e:
+            return ("400", e.detail)
+        return ("ok", repr(value))  # repr tells an int from a float, and inf apart
+
+    assert answer(json_decode_large) == answer(json_decode)
