@@ -16,6 +16,7 @@ Prints ONE JSON line::
 
     {"submissions": {"count", "rps", "p50Ms", "p99Ms", "errors"}, "reads": {...},
      "batches": {..., "tasksAccepted", "batchSize"}, "batchTasksPerSec",
+     "batchDatabaseCpuMsPerTask",
      "batchServerCpuMsPerTask", "clients": N, "cpus": 2, "server": "...", ...}
 """
 
@@ -319,15 +320,18 @@ def _cpu_seconds(pid: int | None) -> float:
 
 def _measure(
     url: str, key: str, args: argparse.Namespace, server_pid: int | None = None,
-    batch_key: str | None = None,
+    batch_key: str | None = None, database: str | None = None,
 ) -> dict[str, Any]:
     """Run the warm-up, submission and read phases; return their summaries.
 
     With the server's pid, each summary also gives the server's CPU time per request: unlike
     requests/s it hardly depends on what else the machine is running. Batches are sent with
     ``batch_key`` (another tenant's, so that they and the single submissions stay within
-    ``BERTH_MAX_QUEUED_TASKS_PER_TENANT`` each), else with ``key``.
+    ``BERTH_MAX_QUEUED_TASKS_PER_TENANT`` each), else with ``key``. With the ``database``
+    name (a server on this machine), the batch phase also reports PostgreSQL's CPU per task.
     """
+    from app.bench.naive import postgres_cpu_seconds
+
     batch_key = batch_key or key
     with ProcessPoolExecutor(max_workers=1) as pool:
         if args.warmup:
@@ -350,11 +354,13 @@ def _measure(
                         count=args.batch_clients, seconds=args.seconds,
                         batch_size=args.batch_size).result()
             cpu3 = _cpu_seconds(server_pid)
+            pg3 = postgres_cpu_seconds(database) if database else None
             batches = pool.submit(drive, url, batch_key, phase="batch",
                                   clients=args.batch_clients,
                                   count=args.batches, seconds=args.seconds,
                                   batch_size=args.batch_size).result()
             cpu4 = _cpu_seconds(server_pid)
+            pg_batches = postgres_cpu_seconds(database, pg3) if pg3 is not None else None
     out: dict[str, Any] = {"submissions": _summary(submitted), "reads": _summary(reads)}
     if server_pid is not None:
         for name, phase, cpu in (("submissions", submitted, cpu1 - cpu0),
@@ -371,6 +377,8 @@ def _measure(
         )
         if server_pid is not None and batches.accepted:
             out["batchServerCpuMsPerTask"] = round((cpu4 - cpu3) / batches.accepted * 1000, 4)
+        if pg_batches is not None and batches.accepted:
+            out["batchDatabaseCpuMsPerTask"] = round(pg_batches / batches.accepted * 1000, 4)
     return out
 
 
@@ -409,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             base, pid = stack.enter_context(_uvicorn(url, _free_port(), args.pool_size))
             info["server"] = "uvicorn, 1 worker, uvloop + httptools, same machine"
             info["database"] = described
-            result = _measure(base, key, args, pid, batch_key)
+            result = _measure(base, key, args, pid, batch_key, urlsplit(url).path.lstrip("/"))
     print(json.dumps({**result, **info}), flush=True)
     return 0
 

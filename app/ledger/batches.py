@@ -29,14 +29,16 @@ from app.ledger.wakeups import CHANNEL, WakeSource
 
 __all__ = ["BatchInserted", "task_batch_insert", "tasks_by_key"]
 
-#: The batch's columns arrive as parallel arrays ($5..$8). The priority, runtime class,
-#: labels and attempts are read from the spec itself (the validated JSON always has them),
-#: so the client sends each spec once. ``input`` is referenced twice, so PostgreSQL computes
-#: it once and every id drawn by ``gen_random_uuid()`` is the one inserted and returned.
+#: The batch arrives as parallel arrays ($5..$7); an item is its position in them (from 1).
+#: Keys and hashes may be empty arrays (no item has a key): ``unnest`` pads them with NULL.
+#: The priority, runtime class, labels and attempts are read from the spec itself (the
+#: validated JSON always has them), so the client sends each spec once. ``input`` is
+#: referenced twice, so PostgreSQL computes it once and every id drawn by
+#: ``gen_random_uuid()`` is the one inserted and returned.
 _INSERT = f"""
     WITH input AS (
         SELECT i.idx, gen_random_uuid() AS id, i.spec::jsonb AS spec, i.key, i.hash
-        FROM unnest($5::int[], $6::text[], $7::text[], $8::text[]) AS i(idx, spec, key, hash)
+        FROM unnest($5::text[], $6::text[], $7::text[]) WITH ORDINALITY AS i(spec, key, hash, idx)
     ), fresh AS (
         SELECT n.*, row_number() OVER (ORDER BY n.idx) AS rank
         FROM input n
@@ -84,7 +86,8 @@ class BatchInserted:
     none): stored it (``seq``), refused it for the cap, or neither (its key was taken
     concurrently; read it back by key)."""
 
-    index: int
+    #: The item's position in the arrays given to :func:`task_batch_insert` (from 0).
+    position: int
     id: str
     seq: int | None
     refused: bool
@@ -95,26 +98,24 @@ async def task_batch_insert(
     *,
     tenant_id: str,
     shard: int,
-    indexes: Sequence[int],
     specs: Sequence[str],
     keys: Sequence[str | None],
     hashes: Sequence[str | None],
     now: datetime,
     max_queued: int = 0,
 ) -> list[BatchInserted]:
-    """Store validated specs (camelCase JSON) as ADMITTED tasks in request order, in one
+    """Store validated specs (camelCase JSON) as ADMITTED tasks in their order, in one
     statement, and notify reconcilers; return one entry per item whose key was unused.
 
+    ``keys`` and ``hashes`` are parallel to ``specs``, or both empty when no item has a key.
     Items whose key the tenant already used are left out of the answer (read them with
     :func:`tasks_by_key`). With ``max_queued`` (0: no cap), new items past the tenant's room
     are ``refused``. The caller sends each key at most once.
     """
     rows = await conn.fetch(
-        _INSERT, tenant_id, shard, now, max_queued,
-        list(indexes), list(specs),
-        list(keys), list(hashes),
+        _INSERT, tenant_id, shard, now, max_queued, list(specs), list(keys), list(hashes)
     )
-    return [BatchInserted(r[0], r[1], r[2], r[3]) for r in rows]
+    return [BatchInserted(r[0] - 1, r[1], r[2], r[3]) for r in rows]
 
 
 async def tasks_by_key(

@@ -96,6 +96,10 @@ def _key_reused() -> IdempotencyKeyReused:
     )
 
 
+def _key_busy() -> IdempotencyKeyReused:
+    return IdempotencyKeyReused("the idempotencyKey is in use by a concurrent request; retry")
+
+
 def _queue_full(tenant_id: str, max_queued: int) -> TenantQueueFull:
     return TenantQueueFull(
         f"tenant {tenant_id!r} has {max_queued} queued tasks, the most "
@@ -156,25 +160,24 @@ async def task_batch_submit(
     now = datetime.now(UTC)
     by_key: dict[str, tuple[TaskRow | Admitted, str | None]] = {}
     async with db.connection() as conn:
+        results = []
         if submitted:
+            keyed = bool(owners)
             results = await ledger.task_batch_insert(
                 conn,
                 tenant_id=tenant_id,
                 shard=shard_of(tenant_id),
-                indexes=[p.entry.index for p in submitted],
                 specs=[p.spec_json for p in submitted],
-                keys=[p.entry.idempotency_key for p in submitted],
-                hashes=[p.digest for p in submitted],
+                keys=[p.entry.idempotency_key for p in submitted] if keyed else [],
+                hashes=[p.digest for p in submitted] if keyed else [],
                 now=now,
                 max_queued=max_queued,
             )
-        else:
-            results = []
-        considered = {r.index: r for r in results}
+        considered = {r.position: r for r in results}
         unsettled: list[str] = []
-        for prepared in submitted:
+        for position, prepared in enumerate(submitted):
             index = prepared.entry.index
-            result = considered.get(index)
+            result = considered.get(position)
             key = prepared.entry.idempotency_key
             if result is not None and result.seq is not None:
                 admitted = Admitted(result.id, result.seq, tenant_id, prepared.payload, now)
@@ -194,9 +197,11 @@ async def task_batch_submit(
         key = prepared.entry.idempotency_key
         assert key is not None
         stored = by_key.get(key)
-        if stored is None:  # the owner was refused for the cap: so is its repeat
-            owner = outcomes[owners[key].entry.index]
-            outcomes[index] = BatchOutcome(owner.status, error=owner.error or _key_reused())
+        if stored is None:
+            # The owner was refused for the cap, and so is its repeat; or the task that took
+            # the key is gone again (deleted since), which only a retry can settle.
+            owner = outcomes.get(owners[key].entry.index)
+            outcomes[index] = owner if owner is not None else BatchOutcome(409, error=_key_busy())
         elif stored[1] == prepared.digest:
             task = stored[0]
             outcomes[index] = (BatchOutcome(200, admitted=task) if isinstance(task, Admitted)
