@@ -57,6 +57,11 @@ class Settings(BaseSettings):
     host: str = Field(default="127.0.0.1", description="Address `berth serve` listens on.")
     port: int = Field(default=8000, ge=0, le=65535, description="Port `berth serve` listens on.")
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024, description="Larger bodies: 413.")
+    max_batch_body_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        ge=1024,
+        description="Larger bodies of POST /v1/task-batches (up to 1,000 specs): 413.",
+    )
     max_in_flight_requests: int = Field(
         default=256,
         ge=1,

@@ -17,6 +17,7 @@ from fastapi_offline import FastAPIOffline
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from app import __version__
+from app.api import batches
 from app.api.http_metrics import http_metrics_install
 from app.api.limits import BodySizeLimit
 from app.api.openapi import openapi_install
@@ -28,6 +29,7 @@ from app.auth import KeyCache
 from app.config import Settings, get_settings
 from app.db import Database
 from app.errors import ConfigurationError
+from app.gc_tuning import gc_tuned
 from app.schema import schema_current, schema_head
 from app.services.queue import QueueCache
 
@@ -88,7 +90,8 @@ def create_app(
         app.state.queue_cache = QueueCache(settings.queue_snapshot_seconds)
         stops = [start(app.state.db) for start in background]
         try:
-            yield
+            with gc_tuned():
+                yield
         finally:
             for stop in reversed(stops):
                 await stop()
@@ -109,7 +112,10 @@ def create_app(
         swagger_ui_parameters={"validatorUrl": None},
     )
     problems_install(app)
-    app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodySizeLimit, max_body_bytes=settings.max_body_bytes,
+        path_limits={batches.PATH: settings.max_batch_body_bytes},
+    )
     app.router.routes[0:0] = api_routes()
     openapi_install(app)
 

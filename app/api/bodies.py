@@ -27,6 +27,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 from urllib.parse import parse_qsl
 
+import orjson
 from fastapi import Request, Response
 from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
@@ -42,6 +43,7 @@ __all__ = [
     "UnsupportedMediaType",
     "json_body_read",
     "json_decode",
+    "json_decode_large",
     "media_type_check",
 ]
 
@@ -234,3 +236,43 @@ class StrictRoute(APIRoute):
             return await handler(request)
 
         return strict_handler
+
+
+#: A key and its colon (the closing quote, optional whitespace, the colon) in JSON text that
+#: holds no backslash: there no string can contain a quote, so each match is one member.
+_MEMBER = re.compile(rb'"[ \t\n\r]*:')
+_QUOTE_SPACES = (b'" ', b'"\t', b'"\n', b'"\r')
+#: Every digit read as 0, so that one search finds an integer of 19 digits or more (orjson
+#: reads those past 64 bits as floats).
+_DIGITS = bytes.maketrans(b"123456789", b"000000000")
+_LONG_DIGITS = b"0" * 19
+#: A line nested past DEPTH_MAX in orjson's two-space indented output (a member of a
+#: container at depth DEPTH_MAX, which may itself be a container).
+_DEEP_LINE = b"\n" + b" " * (2 * DEPTH_MAX)
+
+
+def _members(raw: bytes) -> int:
+    """Return the number of object members in JSON text that holds no backslash."""
+    if any(q in raw for q in _QUOTE_SPACES):
+        return len(_MEMBER.findall(raw))
+    return raw.count(b'":')
+
+
+def json_decode_large(raw: bytes) -> Any:
+    """Return :func:`json_decode` of ``raw``, faster for large plain documents.
+
+    orjson parses the document when it holds no backslash (so no escape, no quote inside a
+    string) and no integer long enough for orjson to read as a float; its result counts as
+    the strict one when every member of the text is in it (no object repeated a key) and
+    it nests no deeper than :data:`DEPTH_MAX`. Any other document, and any error, goes
+    through :func:`json_decode`, which gives the answer and the message.
+    """
+    if b"\\" not in raw and _LONG_DIGITS not in raw.translate(_DIGITS):
+        try:
+            value = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return json_decode(raw)
+        indented = orjson.dumps(value, option=orjson.OPT_INDENT_2)
+        if _DEEP_LINE not in indented and indented.count(b'": ') == _members(raw):
+            return value
+    return json_decode(raw)

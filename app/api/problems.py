@@ -46,14 +46,22 @@ def problem_response(
     **extra: Any,
 ) -> JSONResponse:
     """Return an ``application/problem+json`` response."""
-    body = {
+    body = problem_json(status, title=title, detail=detail, type_uri=type_uri, **extra)
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+
+
+def problem_json(
+    status: int, *, title: str | None = None, detail: str, type_uri: str = "about:blank",
+    **extra: Any,
+) -> dict[str, Any]:
+    """Return the body of a problem answer (RFC 9457)."""
+    return {
         "type": type_uri,
         "title": title or _TITLES.get(status, "Error"),
         "status": status,
         "detail": detail,
         **extra,
     }
-    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
 
 
 def _loc(loc: tuple[Any, ...] | list[Any]) -> list[str | int]:
@@ -84,18 +92,24 @@ async def _berth_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(exc)
 
 
-async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RequestValidationError)
-    errors = validation_errors(list(exc.errors()))
+def validation_problem_json(raw_errors: list[dict[str, Any]]) -> dict[str, Any]:
+    """Return the body of the 422 problem of pydantic/FastAPI validation errors."""
+    errors = validation_errors(raw_errors)
     first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
     where = ".".join(str(p) for p in first["loc"])
-    return problem_response(
+    return problem_json(
         422,
         title=Unprocessable.title,
         detail=f"{where}: {first['msg']}" if where else first["msg"],
         type_uri="https://berth.dev/problems/validation",
         errors=errors,
     )
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    body = validation_problem_json(list(exc.errors()))
+    return JSONResponse(body, status_code=422, media_type=PROBLEM_JSON)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from starlette.routing import BaseRoute
 
-from app.api import keys, leases, placements, pools, queue, runtimes, tasks
+from app.api import batches, keys, leases, placements, pools, queue, runtimes, tasks
 
 
 def api_routes() -> list[BaseRoute]:
@@ -16,6 +16,6 @@ def api_routes() -> list[BaseRoute]:
     which look the route up again for its label) try routes in order. So the hot createTask
     and getTask (:class:`app.api.lean.LeanRoute`) come first.
     """
-    routers = (tasks.lean_router, tasks.router, pools.router, placements.router, queue.router,
-               runtimes.router, leases.router, keys.router)
+    routers = (tasks.lean_router, tasks.router, batches.router, pools.router, placements.router,
+               queue.router, runtimes.router, leases.router, keys.router)
     return [route for router in routers for route in router.routes]

@@ -5,7 +5,9 @@ database on ``BERTH_DATABASE_URL``'s server, dropped afterwards, or the embedded
 in a temporary directory — with NO reconciler, so only the API and its SQL are measured; or
 targets a running server with ``--url`` and a tenant ``--key``. A tenant key is created,
 then N concurrent keep-alive clients drive ``POST /v1/tasks`` for a bounded time (or
-count), then ``GET /v1/tasks/{id}`` over the created tasks. The clients run in a separate
+count), then ``GET /v1/tasks/{id}`` over the created tasks, then a few clients drive
+``POST /v1/task-batches`` with ``--batch-size`` specs each (tasks accepted per second and
+server CPU per task; ``--batch-size 0`` skips it). The clients run in a separate
 process with a minimal HTTP/1.1 client so that they cost the server as little CPU as
 possible; on a small machine client, server and PostgreSQL still share the cores, which
 the output reports.
@@ -13,7 +15,9 @@ the output reports.
 Prints ONE JSON line::
 
     {"submissions": {"count", "rps", "p50Ms", "p99Ms", "errors"}, "reads": {...},
-     "clients": N, "cpus": 2, "server": "...", "reconciler": "disabled", ...}
+     "batches": {..., "tasksAccepted", "batchSize"}, "batchTasksPerSec",
+     "batchDatabaseCpuMsPerTask",
+     "batchServerCpuMsPerTask", "clients": N, "cpus": 2, "server": "...", ...}
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ class PhaseResult:
     elapsed: float
     ids: list[str]
     statuses: dict[int, int]
+    #: Items answered 201 in the batches of a ``batch`` phase.
+    accepted: int = 0
 
 
 async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
@@ -78,7 +84,7 @@ async def _client(
     requests: list[bytes],
     deadline: float,
     out: PhaseResult,
-    collect_ids: bool,
+    phase: str,
 ) -> None:
     reader, writer = await asyncio.open_connection(host, port)
     sock = writer.get_extra_info("socket")
@@ -95,17 +101,21 @@ async def _client(
             out.statuses[status] = out.statuses.get(status, 0) + 1
             if 200 <= status < 300:
                 out.latencies.append(took)
-                if collect_ids:
+                if phase == "submit":
                     out.ids.append(orjson.loads(body)["id"])
+                elif phase == "batch":
+                    out.accepted += sum(
+                        1 for item in orjson.loads(body)["items"] if item["status"] == 201
+                    )
             else:
                 out.errors += 1
     finally:
         writer.close()
 
 
-def _post(host: str, key: str, body: bytes) -> bytes:
+def _post(host: str, key: str, body: bytes, path: bytes = b"/v1/tasks") -> bytes:
     return (
-        b"POST /v1/tasks HTTP/1.1\r\nHost: " + host.encode() + b"\r\n"
+        b"POST " + path + b" HTTP/1.1\r\nHost: " + host.encode() + b"\r\n"
         b"Authorization: Bearer " + key.encode() + b"\r\n"
         b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode()
         + b"\r\n\r\n" + body
@@ -128,8 +138,10 @@ def drive(
     count: int,
     seconds: float,
     ids: Sequence[str] = (),
+    batch_size: int = 1000,
 ) -> PhaseResult:
-    """Run one phase (``submit`` or ``read``) with ``clients`` connections; return its result."""
+    """Run one phase (``submit``, ``read`` or ``batch``: ``count`` requests of
+    ``batch_size`` specs) with ``clients`` connections; return its result."""
     try:
         import uvloop
 
@@ -143,6 +155,9 @@ def drive(
     per = [count // clients + (1 if i < count % clients else 0) for i in range(clients)]
     if phase == "submit":
         batches = [[_post(host_port, key, body)] * n for n in per]
+    elif phase == "batch":
+        batch = orjson.dumps({"items": [{"spec": SPEC}] * batch_size})
+        batches = [[_post(host_port, key, batch, b"/v1/task-batches")] * n for n in per]
     else:
         batches = []
         start = 0
@@ -156,7 +171,7 @@ def drive(
         t0 = time.perf_counter()
         deadline = t0 + seconds
         await asyncio.gather(
-            *(_client(host, port, b, deadline, out, phase == "submit") for b in batches)
+            *(_client(host, port, b, deadline, out, phase) for b in batches)
         )
         out.elapsed = time.perf_counter() - t0
 
@@ -288,6 +303,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, default=10.0, help="max seconds per phase (10)")
     p.add_argument("--warmup", type=int, default=500, help="unmeasured submissions first (500)")
     p.add_argument("--pool-size", type=int, default=16, help="server DB connections (16)")
+    p.add_argument("--batch-size", type=int, default=1000,
+                   help="specs per POST /v1/task-batches (1000; 0 skips the batch phase)")
+    p.add_argument("--batches", type=int, default=50, help="max batches (50)")
+    p.add_argument("--batch-clients", type=int, default=4,
+                   help="concurrent connections of the batch phase (4)")
     return p
 
 
@@ -299,13 +319,20 @@ def _cpu_seconds(pid: int | None) -> float:
 
 
 def _measure(
-    url: str, key: str, args: argparse.Namespace, server_pid: int | None = None
+    url: str, key: str, args: argparse.Namespace, server_pid: int | None = None,
+    batch_key: str | None = None, database: str | None = None,
 ) -> dict[str, Any]:
     """Run the warm-up, submission and read phases; return their summaries.
 
     With the server's pid, each summary also gives the server's CPU time per request: unlike
-    requests/s it hardly depends on what else the machine is running.
+    requests/s it hardly depends on what else the machine is running. Batches are sent with
+    ``batch_key`` (another tenant's, so that they and the single submissions stay within
+    ``BERTH_MAX_QUEUED_TASKS_PER_TENANT`` each), else with ``key``. With the ``database``
+    name (a server on this machine), the batch phase also reports PostgreSQL's CPU per task.
     """
+    from app.bench.naive import postgres_cpu_seconds
+
+    batch_key = batch_key or key
     with ProcessPoolExecutor(max_workers=1) as pool:
         if args.warmup:
             pool.submit(drive, url, key, phase="submit", clients=args.clients,
@@ -320,12 +347,38 @@ def _measure(
         reads = pool.submit(drive, url, key, phase="read", clients=args.clients,
                             count=args.reads, seconds=args.seconds, ids=ids).result()
         cpu2 = _cpu_seconds(server_pid)
-    out = {"submissions": _summary(submitted), "reads": _summary(reads)}
+        batches = None
+        if args.batch_size:
+            # One warm-up batch per connection, then the measured ones.
+            pool.submit(drive, url, batch_key, phase="batch", clients=args.batch_clients,
+                        count=args.batch_clients, seconds=args.seconds,
+                        batch_size=args.batch_size).result()
+            cpu3 = _cpu_seconds(server_pid)
+            pg3 = postgres_cpu_seconds(database) if database else None
+            batches = pool.submit(drive, url, batch_key, phase="batch",
+                                  clients=args.batch_clients,
+                                  count=args.batches, seconds=args.seconds,
+                                  batch_size=args.batch_size).result()
+            cpu4 = _cpu_seconds(server_pid)
+            pg_batches = postgres_cpu_seconds(database, pg3) if pg3 is not None else None
+    out: dict[str, Any] = {"submissions": _summary(submitted), "reads": _summary(reads)}
     if server_pid is not None:
         for name, phase, cpu in (("submissions", submitted, cpu1 - cpu0),
                                  ("reads", reads, cpu2 - cpu1)):
             if phase.latencies:
                 out[name]["serverCpuMsPerRequest"] = round(cpu / len(phase.latencies) * 1000, 3)
+    if batches is not None:
+        summary = _summary(batches)
+        summary.update(batchSize=args.batch_size, clients=args.batch_clients,
+                       tasksAccepted=batches.accepted)
+        out["batches"] = summary
+        out["batchTasksPerSec"] = (
+            round(batches.accepted / batches.elapsed, 1) if batches.elapsed else 0.0
+        )
+        if server_pid is not None and batches.accepted:
+            out["batchServerCpuMsPerTask"] = round((cpu4 - cpu3) / batches.accepted * 1000, 4)
+        if pg_batches is not None and batches.accepted:
+            out["batchDatabaseCpuMsPerTask"] = round(pg_batches / batches.accepted * 1000, 4)
     return out
 
 
@@ -335,6 +388,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.clients < 1 or args.count < 1 or args.seconds <= 0:
         print("berth bench api: --clients, --count and --seconds must be positive",
               file=sys.stderr)
+        return 2
+    if not 0 <= args.batch_size <= 1000 or args.batches < 1 or args.batch_clients < 1:
+        print("berth bench api: --batch-size is 0..1000, --batches and --batch-clients "
+              "positive", file=sys.stderr)
         return 2
     info: dict[str, Any] = {
         "clients": args.clients,
@@ -356,10 +413,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _fresh_database(os.environ.get("BERTH_DATABASE_URL"))
             )
             key = asyncio.run(_tenant_key(url, "bench-tenant"))
+            batch_key = asyncio.run(_tenant_key(url, "bench-batch-tenant"))
             base, pid = stack.enter_context(_uvicorn(url, _free_port(), args.pool_size))
             info["server"] = "uvicorn, 1 worker, uvloop + httptools, same machine"
             info["database"] = described
-            result = _measure(base, key, args, pid)
+            result = _measure(base, key, args, pid, batch_key, urlsplit(url).path.lstrip("/"))
     print(json.dumps({**result, **info}), flush=True)
     return 0
 

@@ -293,6 +293,16 @@ WRITES = [
         lambda live, _: _visible_tasks(live, lambda items: len(items) == 1),
     ),
     Write(
+        "createTaskBatch", _nothing,
+        lambda live, _: live.http.post(
+            "/v1/task-batches",
+            json={"items": [{"spec": spec_make(cpu=100)}, {"spec": spec_make(cpu=200),
+                                                           "idempotencyKey": "batch-1"}]},
+            headers=live.tenant,
+        ),
+        lambda live, _: _visible_tasks(live, lambda items: len(items) == 2),
+    ),
+    Write(
         "cancelTask", _with_task,
         lambda live, ctx: live.http.post(f"/v1/tasks/{ctx['task']}/cancel", headers=live.tenant),
         lambda live, ctx: _visible_tasks(

@@ -1,0 +1,126 @@
+"""Task batch SQL: up to 1,000 validated specs stored by one statement.
+
+:func:`task_batch_insert` sends the batch as arrays and one statement unnests them, skips
+the items whose idempotency key the tenant already used, applies the per-tenant cap on
+queued tasks in request order, inserts the tasks (``seq`` follows the request order) and
+their ``ADMITTED`` events, and notifies the reconcilers once. On an autocommit connection
+that statement is its own transaction: when it returns, every task it reports is committed.
+
+The cap reads the same per-tenant counter as a single submission (revision 0005): with
+``queued`` tasks counted and a cap of ``max_queued``, the first ``max_queued - queued`` new
+items of the batch are stored and the rest are refused. Like concurrent single submissions,
+concurrent batches of one tenant do not see each other's inserts, so together they can pass
+the cap by what they insert at the same moment.
+
+An item whose key another transaction inserted after the statement's snapshot waits for it
+(the unique index on (tenant, key)) and then inserts nothing, exactly as a single submit
+does; its task is read back by key with :func:`tasks_by_key`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from app.db import Connection
+from app.ledger.tasks import _COLUMNS, TaskRow, _row
+from app.ledger.wakeups import CHANNEL, WakeSource
+
+__all__ = ["BatchInserted", "task_batch_insert", "tasks_by_key"]
+
+#: The batch arrives as parallel arrays ($5..$7); an item is its position in them (from 1).
+#: Keys and hashes may be empty arrays (no item has a key): ``unnest`` pads them with NULL.
+#: The priority, runtime class, labels and attempts are read from the spec itself (the
+#: validated JSON always has them), so the client sends each spec once. ``input`` is
+#: referenced twice, so PostgreSQL computes it once and every id drawn by
+#: ``gen_random_uuid()`` is the one inserted and returned.
+_INSERT = f"""
+    WITH input AS (
+        SELECT i.idx, gen_random_uuid() AS id, i.spec::jsonb AS spec, i.key, i.hash
+        FROM unnest($5::text[], $6::text[], $7::text[]) WITH ORDINALITY AS i(spec, key, hash, idx)
+    ), fresh AS (
+        SELECT n.*, row_number() OVER (ORDER BY n.idx) AS rank
+        FROM input n
+        WHERE n.key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM tasks t WHERE t.tenant_id = $1 AND t.idempotency_key = n.key)
+    ), gate AS (
+        SELECT CASE WHEN $4::bigint > 0
+                    THEN $4::bigint - coalesce(sum(queued), 0)
+                    ELSE NULL END AS room
+        FROM tenant_queue_counts WHERE tenant_id = $1
+    ), ins AS (
+        INSERT INTO tasks (id, tenant_id, shard, state, priority, runtime_class, spec, labels,
+                           max_attempts, idempotency_key, request_hash,
+                           created_at, admitted_at, updated_at)
+        SELECT f.id, $1::text, $2::int, 'ADMITTED', (f.spec->>'priority')::int,
+               f.spec->>'runtimeClass', f.spec, f.spec->'labels',
+               (f.spec->>'maxAttempts')::int, f.key, f.hash,
+               $3::timestamptz, $3::timestamptz, $3::timestamptz
+        FROM fresh f, gate
+        WHERE gate.room IS NULL OR f.rank <= gate.room
+        ORDER BY f.idx
+        ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+        RETURNING id, seq
+    ), ev AS (
+        INSERT INTO task_events (task_id, at, from_state, to_state, reason)
+        SELECT id, $3::timestamptz, NULL, 'ADMITTED', 'submitted' FROM ins
+    )
+    SELECT f.idx, f.id::text, ins.seq,
+           gate.room IS NOT NULL AND f.rank > gate.room AS refused,
+           (SELECT pg_notify('{CHANNEL}', '{WakeSource.SUBMITTED.value}')
+              FROM (SELECT 1 FROM ins LIMIT 1) AS any_inserted) AS woken
+    FROM fresh f CROSS JOIN gate LEFT JOIN ins ON ins.id = f.id
+    ORDER BY f.idx
+"""
+
+_BY_KEYS = f"""
+    SELECT {_COLUMNS}, t.request_hash, t.idempotency_key FROM tasks t
+    WHERE t.tenant_id = $1 AND t.idempotency_key = ANY($2::text[])
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchInserted:
+    """What the statement did with one item it considered (an item with an unused key or
+    none): stored it (``seq``), refused it for the cap, or neither (its key was taken
+    concurrently; read it back by key)."""
+
+    #: The item's position in the arrays given to :func:`task_batch_insert` (from 0).
+    position: int
+    id: str
+    seq: int | None
+    refused: bool
+
+
+async def task_batch_insert(
+    conn: Connection,
+    *,
+    tenant_id: str,
+    shard: int,
+    specs: Sequence[str],
+    keys: Sequence[str | None],
+    hashes: Sequence[str | None],
+    now: datetime,
+    max_queued: int = 0,
+) -> list[BatchInserted]:
+    """Store validated specs (camelCase JSON) as ADMITTED tasks in their order, in one
+    statement, and notify reconcilers; return one entry per item whose key was unused.
+
+    ``keys`` and ``hashes`` are parallel to ``specs``, or both empty when no item has a key.
+    Items whose key the tenant already used are left out of the answer (read them with
+    :func:`tasks_by_key`). With ``max_queued`` (0: no cap), new items past the tenant's room
+    are ``refused``. The caller sends each key at most once.
+    """
+    rows = await conn.fetch(
+        _INSERT, tenant_id, shard, now, max_queued, list(specs), list(keys), list(hashes)
+    )
+    return [BatchInserted(r[0] - 1, r[1], r[2], r[3]) for r in rows]
+
+
+async def tasks_by_key(
+    conn: Connection, *, tenant_id: str, keys: Sequence[str]
+) -> dict[str, tuple[TaskRow, str | None]]:
+    """Return the tenant's tasks stored under ``keys``, with their request hashes, by key."""
+    rows = await conn.fetch(_BY_KEYS, tenant_id, list(keys))
+    return {r[-1]: (_row(r), r[-2]) for r in rows}
