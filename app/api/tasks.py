@@ -38,7 +38,7 @@ from app.api.task_schemas import (
     task_event_json,
     task_json,
 )
-from app.auth import TENANT, TenantDep, principal_from_request, role_check
+from app.auth import TENANT, TenantDep, app_state, principal_from_request, role_check
 from app.errors import BadRequest
 from app.ledger.tasks import TaskNotFound
 from app.scheduling.spec import TaskSpec
@@ -144,13 +144,14 @@ async def create_task(request: Request) -> Response:
     spec = body_validate(body, TaskSpec, errors)
     validation_raise(errors)
     assert spec is not None
+    state = app_state(request)
     row = await service.task_submit(
-        request.app.state.db,
+        state["db"],
         principal=principal,
         tenant=tenant,
         spec=spec,
         idempotency_key=idempotency_key,
-        max_queued=request.app.state.settings.max_queued_tasks_per_tenant,
+        max_queued=state["settings"].max_queued_tasks_per_tenant,
     )
     return FastJSONResponse(
         task_json(row),
@@ -222,9 +223,10 @@ async def get_task(request: Request) -> Response:
     tenant = _tenant_header(request, errors)
     validation_raise(errors)
     task_id = task_id_parse(request.path_params["taskId"])
+    state = app_state(request)
     row, queue = await service.task_get(
-        request.app.state.db, principal=principal, tenant=tenant, task_id=task_id,
-        settings=request.app.state.settings, queue_cache=request.app.state.queue_cache,
+        state["db"], principal=principal, tenant=tenant, task_id=task_id,
+        settings=state["settings"], queue_cache=state["queue_cache"],
     )
     return FastJSONResponse(task_json(row, queue))
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Coroutine, Generator
+from types import CoroutineType
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -63,6 +65,36 @@ def _has_body(scope: Scope) -> bool:
     return False
 
 
+class _Resumed:
+    """Awaits the rest of a coroutine already run up to its first wait (``first``, what it
+    yielded): the task then drives it as if it were awaited directly."""
+
+    __slots__ = ("_coro", "_first")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], first: Any) -> None:
+        self._coro = coro
+        self._first = first
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, step = self._coro, self._first
+        while True:
+            try:
+                sent = yield step
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # a cancellation (the deadline), passed on
+                try:
+                    step = coro.throw(exc)
+                except StopIteration as done:
+                    return done.value
+            else:
+                try:
+                    step = coro.send(sent)
+                except StopIteration as done:
+                    return done.value
+
+
 class BodyReadTimeout:
     """ASGI middleware answering 408 when a request body is not in within ``timeout_seconds``.
 
@@ -92,9 +124,21 @@ class BodyReadTimeout:
                 return await receive()
             if late:
                 return {"type": "http.disconnect"}
+            pending: Any = receive()
             try:
-                async with asyncio.timeout_at(deadline):
-                    message = await receive()
+                if type(pending) is CoroutineType:
+                    # Run receive() up to its first wait: a body that has already arrived
+                    # (the usual case) comes back without one, and needs no deadline armed.
+                    try:
+                        waiting_on = pending.send(None)
+                    except StopIteration as done:
+                        message = done.value
+                        pending = None
+                    else:
+                        pending = _Resumed(pending, waiting_on)
+                if pending is not None:
+                    async with asyncio.timeout_at(deadline):
+                        message = await pending
             except TimeoutError:
                 late = True
                 return {"type": "http.disconnect"}

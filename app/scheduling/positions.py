@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
 __all__ = ["ClassQueue", "Position"]
@@ -36,45 +36,70 @@ class Position:
     exact: bool
 
 
-@dataclass(frozen=True, slots=True)
 class ClassQueue:
-    """The oldest competing tasks of one runtime class, indexed for each policy."""
+    """The oldest competing tasks of one runtime class, indexed for each policy.
 
-    #: (seq, tenant, priority, admitted_at) in admission order.
-    entries: Sequence[tuple[int, str, int, datetime]]
-    #: False when the class has more competitors than ``entries``.
-    complete: bool
-    aging_seconds: float = 60.0
-    _seqs: list[int] = field(init=False, repr=False)
-    _prio: list[tuple[float, int]] = field(init=False, repr=False)
-    _tenants: dict[str, list[int]] = field(init=False, repr=False)
+    The columns are in admission order (ascending ``seq``). The index a policy needs is
+    built on its first position, so a process serving one policy pays for that one only.
+    """
 
-    def __post_init__(self) -> None:
-        seqs = [e[0] for e in self.entries]
-        prio = sorted(self._priority_key(e[2], e[3], e[0]) for e in self.entries)
-        tenants: dict[str, list[int]] = {}
-        for seq, tenant, _, _ in self.entries:
-            tenants.setdefault(tenant, []).append(seq)
-        object.__setattr__(self, "_seqs", seqs)
-        object.__setattr__(self, "_prio", prio)
-        object.__setattr__(self, "_tenants", tenants)
+    __slots__ = ("_prio", "_tenants", "admitted", "aging_seconds", "complete", "priorities",
+                 "seqs", "tenant_ids")
 
-    def _priority_key(self, priority: int, admitted_at: datetime, seq: int) -> tuple[float, int]:
+    def __init__(
+        self,
+        *,
+        seqs: Sequence[int],
+        tenant_ids: Sequence[str],
+        priorities: Sequence[int],
+        admitted: Sequence[float],
+        complete: bool,
+        aging_seconds: float = 60.0,
+    ) -> None:
+        self.seqs = seqs
+        self.tenant_ids = tenant_ids
+        self.priorities = priorities
+        #: ``admitted_at`` as seconds since the epoch (``datetime.timestamp()``).
+        self.admitted = admitted
+        #: False when the class has more competitors than the snapshot holds.
+        self.complete = complete
+        self.aging_seconds = aging_seconds
+        self._prio: list[tuple[float, int]] | None = None
+        self._tenants: dict[str, list[int]] | None = None
+
+    def _priority_key(self, priority: int, admitted: float, seq: int) -> tuple[float, int]:
         # Ascending sort = descending effective priority, then admission order.
-        return (admitted_at.timestamp() / self.aging_seconds - priority, seq)
+        return (admitted / self.aging_seconds - priority, seq)
+
+    def _priority_index(self) -> list[tuple[float, int]]:
+        if self._prio is None:
+            self._prio = sorted(
+                map(self._priority_key, self.priorities, self.admitted, self.seqs)
+            )
+        return self._prio
+
+    def _tenant_index(self) -> dict[str, list[int]]:
+        if self._tenants is None:
+            tenants: dict[str, list[int]] = {}
+            for seq, tenant in zip(self.seqs, self.tenant_ids, strict=True):
+                tenants.setdefault(tenant, []).append(seq)
+            self._tenants = tenants
+        return self._tenants
 
     def position(
         self, *, seq: int, tenant_id: str, priority: int, admitted_at: datetime, policy: str
     ) -> Position:
         """Return where a task (competing or not) stands among the snapshot's tasks."""
         if policy == "priority":
-            ahead = bisect_left(self._prio, self._priority_key(priority, admitted_at, seq))
+            key = self._priority_key(priority, admitted_at.timestamp(), seq)
+            ahead = bisect_left(self._priority_index(), key)
         elif policy == "fair":
-            own = bisect_left(self._tenants.get(tenant_id, []), seq)
+            by_tenant = self._tenant_index()
+            own = bisect_left(by_tenant.get(tenant_id, []), seq)
             ahead = own + sum(
                 min(len(seqs), own + (1 if other < tenant_id else 0))
-                for other, seqs in self._tenants.items() if other != tenant_id
+                for other, seqs in by_tenant.items() if other != tenant_id
             )
         else:
-            ahead = bisect_left(self._seqs, seq)
-        return Position(ahead=ahead, competing=len(self.entries), exact=self.complete)
+            ahead = bisect_left(self.seqs, seq)
+        return Position(ahead=ahead, competing=len(self.seqs), exact=self.complete)

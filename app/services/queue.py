@@ -75,10 +75,13 @@ class QueueCache:
         # log it as never retrieved.
         reading.add_done_callback(lambda f: f.cancelled() or f.exception())
         try:
-            entries = await queue_class_read(conn, runtime_class=runtime_class, limit=limit)
+            columns = await queue_class_read(conn, runtime_class=runtime_class, limit=limit)
             queue = ClassQueue(
-                [(e.seq, e.tenant_id, e.priority, e.admitted_at) for e in entries],
-                complete=len(entries) < limit,
+                seqs=columns.seqs,
+                tenant_ids=columns.tenant_ids,
+                priorities=columns.priorities,
+                admitted=columns.admitted,
+                complete=len(columns.seqs) < limit,
                 aging_seconds=aging_seconds,
             )
             if len(self._entries) >= 1024:

@@ -79,3 +79,38 @@ async def test_the_deadline_ends_with_the_body_not_with_the_answer() -> None:
 
     assert answer.status_code == 200
     assert answer.content == b"all of it"
+
+
+async def test_a_body_arriving_in_pieces_after_waits_reaches_the_app_whole() -> None:
+    """A receive() that has to wait is awaited to its end under the deadline (the one that
+    does not wait is answered at once): every piece arrives, in order."""
+    pieces = [b'{"runtimeClass":', b' "gpu-small"', b"}"]
+    waits = []
+
+    async def receive():  # type: ignore[no-untyped-def]
+        waits.append(len(pieces))
+        await asyncio.sleep(0.01)  # the piece is not there yet
+        body = pieces.pop(0)
+        return {"type": "http.request", "body": body, "more_body": bool(pieces)}
+
+    async def echo(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": body})
+
+    sent: list[dict] = []
+
+    async def send(message) -> None:  # type: ignore[no-untyped-def]
+        sent.append(message)
+
+    scope = {"type": "http", "headers": [(b"content-length", b"32")]}
+    await BodyReadTimeout(echo, timeout_seconds=5)(scope, receive, send)
+
+    assert waits == [3, 2, 1]
+    assert sent[0]["status"] == 200
+    assert sent[1]["body"] == b'{"runtimeClass": "gpu-small"}'

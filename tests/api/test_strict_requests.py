@@ -231,6 +231,30 @@ def test_json_decode_refuses_what_json_does_not_mean() -> None:
             json_decode(raw)
 
 
+
+@pytest.mark.parametrize("raw", [
+    b'{"a": 1, "a": 1}',  # a plain repeat
+    b'{"a": {"x": 1}, "a": 2}',  # a repeat whose dropped value held keys of its own
+    b'{"\\u0061": 1, "a": 2}',  # the same key, once escaped
+    b'{"a": 1, "a": 2, "b": "\\u003a"}',  # an escaped colon where the dropped key's was
+    b'{"a:": 1, "a:": 2, "b": ":"}',  # keys and values holding colons
+])
+def test_json_decode_refuses_a_repeated_key_however_written(raw: bytes) -> None:
+    with pytest.raises(MalformedBody):
+        json_decode(raw)
+
+
+@pytest.mark.parametrize(("raw", "value"), [
+    (b'{"image": "repo:tag", "at": "12:00:00", "k:v": " : "}',
+     {"image": "repo:tag", "at": "12:00:00", "k:v": " : "}),
+    (b'{"colon": "\\u003a"}', {"colon": ":"}),
+    (b"[12345678901234567890, -9223372036854775809]", [12345678901234567890, -9223372036854775809]),
+    (b"[1e400, 0.1, -0.0]", [float("inf"), 0.1, -0.0]),
+])
+def test_json_decode_reads_values_exactly_as_python_does(raw: bytes, value: Any) -> None:
+    assert json_decode(raw) == value
+    assert [type(v) for v in json_decode(raw)] == [type(v) for v in value]
+
 # --- one timestamp format ---------------------------------------------------------------------
 
 TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}")
