@@ -40,7 +40,6 @@ async def test_pass_leases_tasks_and_reserves_capacity(db: Database) -> None:
     assert reserved == 900
     assert task["state"] == "LEASED"
     assert task["placement"]["poolId"] == "p1"
-    assert task["claim_owner"] is None
     assert lease[0] == "rt-p1" and lease[1] == 1
     assert await ledger_violations(db) == []
 

@@ -63,7 +63,7 @@ def _rival_clock(dsn: str, sql: str):
 
 async def _run(db: Database, database_url: str, sql: str, **config: object):
     ctx = PassContext(
-        db=db, config=ReconcilerConfig(**config), claim_owner="walker/1", slots=ALL,
+        db=db, config=ReconcilerConfig(**config), slots=ALL,
         rng=lambda: 0.0, sleep=asyncio.sleep, clock=_rival_clock(database_url, sql),
     )
     return await pass_run(ctx, pass_id="walker/1", now=NOW)
@@ -144,8 +144,9 @@ async def test_a_pass_whose_last_reserving_round_loses_hands_everything_back(
     result = await _run(db, database_url,
                         "UPDATE ledgers SET cpu_total = 300 WHERE pool_id = 'p1'",
                         commit_rounds_max=1)
-    # Round 1 reserved and lost; round 2 only handed the task back (it cannot lose).
-    assert (result.commit_rounds, result.conflicts, result.walked) == (2, 1, 0)
+    # Round 1 reserved and lost; it was the last: the task is handed back in the same
+    # transaction, its lease undone.
+    assert (result.commit_rounds, result.conflicts, result.walked) == (1, 1, 0)
     assert (result.leased, result.requeued, result.lost) == (0, 1, 0)
     async with db.connection() as conn:
         task = await task_get(conn, task_id)
