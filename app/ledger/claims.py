@@ -91,13 +91,15 @@ _CLAIM_FIFO = (
     "ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED"
 )
 
-# $1 slots, $2 limit, $3 now, $4 aging seconds.
+# $1 slots, $2 limit, $3 now, $4 aging seconds. The candidates (the highest raw priorities
+# and the oldest) are computed once and fetched through the primary key: no join over every
+# claimable task.
 _CLAIM_PRIORITY = (
-    f"SELECT {_COLUMNS} FROM tasks WHERE {_CLAIMABLE} AND id IN ("
+    f"SELECT {_COLUMNS} FROM tasks WHERE id = ANY(ARRAY("
     f"SELECT id FROM (SELECT id FROM tasks WHERE {_CLAIMABLE} "
     "ORDER BY priority DESC, seq LIMIT $2) top "
     f"UNION SELECT id FROM (SELECT id FROM tasks WHERE {_CLAIMABLE} "
-    "ORDER BY seq LIMIT $2) old) "
+    "ORDER BY seq LIMIT $2) old)) AND state = 'ADMITTED' AND NOT parked "
     "ORDER BY priority + EXTRACT(EPOCH FROM ($3::timestamptz - admitted_at)) "
     "/ $4::float8 DESC, seq LIMIT $2 FOR UPDATE SKIP LOCKED"
 )
