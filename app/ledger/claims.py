@@ -128,13 +128,22 @@ _CLAIM_FAIR = (
 )
 
 
-_IDLE_LIMIT = "SELECT set_config('idle_in_transaction_session_timeout', $1, true)"
+# A pass's statements take arrays of a thousand ids joined through unnest(). A generic plan
+# (cached after five runs) guesses 10 elements per array and joins them in a nested loop:
+# quadratic in the batch (1,024 x 1,024 comparisons per statement, seconds per pass once
+# the table is large). Custom plans see the arrays and cost a millisecond to plan.
+_PASS_SETTINGS = (
+    "SELECT set_config('idle_in_transaction_session_timeout', $1, true), "
+    "set_config('plan_cache_mode', 'force_custom_plan', true)"
+)
 
 
-async def claims_idle_limit(conn: Connection, *, seconds: float) -> None:
-    """Have the server end this session if its transaction (the pass holding its claims)
-    sits idle longer than ``seconds``: a hung reconciler's claims then return to the queue."""
-    await conn.execute(_IDLE_LIMIT, f"{max(int(seconds * 1000), 1)}ms")
+async def claims_settings(conn: Connection, *, idle_seconds: float) -> None:
+    """Set up the caller's transaction for a pass: the server ends the session if the
+    transaction (holding its claims) sits idle longer than ``idle_seconds`` — a hung
+    reconciler's claims then return to the queue — and statements are planned for the
+    arrays they get."""
+    await conn.execute(_PASS_SETTINGS, f"{max(int(idle_seconds * 1000), 1)}ms")
 
 
 def _claimed(rows: Sequence[Any]) -> list[ClaimedTask]:

@@ -48,7 +48,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from app.db import Connection, Database
-from app.ledger.claims import ClaimedTask, claims_idle_limit, tasks_claim, tasks_unclaim
+from app.ledger.claims import ClaimedTask, claims_settings, tasks_claim, tasks_unclaim
 from app.ledger.plans import (
     ApplyResult,
     Grant,
@@ -234,7 +234,7 @@ async def pass_run(ctx: PassContext, *, pass_id: str, now: datetime) -> PassResu
     async def attempt() -> PassResult:
         async with ctx.db.transaction() as conn:
             # A pass that hangs holding its claims is ended by the server (and rolled back).
-            await claims_idle_limit(conn, seconds=ctx.config.claim_ttl_seconds)
+            await claims_settings(conn, idle_seconds=ctx.config.claim_ttl_seconds)
             return await _pass_in(conn, ctx, pass_id=pass_id, now=now)
 
     result: PassResult = await ctx.retry(attempt, "pass")
