@@ -59,6 +59,7 @@ from app.ledger.plans import (
 )
 from app.ledger.reservations import Vector, amounts_sum
 from app.ledger.snapshot import (
+    LedgerRow,
     SnapshotCache,
     ledgers_read,
     placements_grouped_read,
@@ -468,15 +469,22 @@ async def _plan_commit(
 
     events = dict(applied.leased)
     kept = [d for d in decisions if d.task.id in events]
+    # The grants of the last ledger statement: only they can be refused by it (the amounts
+    # of earlier rounds' grants are in the ledger already).
+    last = kept
     released: list[Decision] = []
     refused = applied.refused
     # Holds given back on refused pools: their rows are gone, so their amounts must go too.
     release_first: dict[str, Vector] = dict(applied.taken_refused)
+    # Pools a later round's statement refused: it skips rows other transactions hold, and
+    # a fresh read of such a row does not show that it is held, so the walk counts them full.
+    blocked: set[str] = set()
     while refused:
         result.conflicts += len(refused)
         result.refused_pools += len(refused)
-        hit = [d for d in kept if any(p in refused for p, _ in d.members)]
-        kept = [d for d in kept if not any(p in refused for p, _ in d.members)]
+        hit = [d for d in last if any(p in refused for p, _ in d.members)]
+        undone = {id(d) for d in hit}
+        kept = [d for d in kept if id(d) not in undone]
         # The members of a refused grant on pools that accepted (a gang's) were reserved.
         release = amounts_sum((p, *a) for m in (
             release_first, _members_amounts(hit, skip=refused)
@@ -487,6 +495,8 @@ async def _plan_commit(
             result.commit_rounds += 1
             pools = set(refused) | {c.pool_id for d in hit for c in d.result.candidates}
             fresh = await ledgers_read(conn, pool_ids=pools)
+            for pool_id in blocked & fresh.keys():
+                fresh[pool_id] = LedgerRow(fresh[pool_id].total, fresh[pool_id].total)
             walks_before = sum(d.walks for d in hit)
             walked, dropped = decisions_walk(
                 hit, fresh=fresh, snapshot=snapshot, walk_limit=cfg.reservation_walk_limit
@@ -499,8 +509,11 @@ async def _plan_commit(
             conn, undo=[d.task for d in hit], events=events, release=release,
             grants=_grants(walked, instance), now=commit_now, lease_ttl_seconds=ttl,
         )
+        blocked |= refused
         events.update(leased)
-        kept += [d for d in walked if d.task.id in leased]
+        last = [d for d in walked if d.task.id in leased]
+        released += [d for d in walked if d.task.id not in leased]
+        kept += last
 
     # The placements refused in every round go back to the queue, unparked.
     await tasks_unclaim(conn, items=[
