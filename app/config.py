@@ -164,7 +164,11 @@ class Settings(BaseSettings):
         default=True, description="Run a reconciler inside `berth serve`."
     )
     batch_size: int = Field(default=1024, ge=1, le=5000, description="Tasks claimed per pass.")
-    claim_ttl_seconds: float = Field(default=30.0, gt=0, description="Claim expiry.")
+    claim_ttl_seconds: float = Field(
+        default=30.0, gt=0,
+        description="Longest a reconcile pass may sit idle in its transaction holding its "
+        "claims (row locks) before the server ends its session and the claims return.",
+    )
     lease_ttl_seconds: float = Field(
         default=60.0, gt=0, description="Lease expiry; each heartbeat renews it."
     )

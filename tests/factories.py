@@ -174,7 +174,8 @@ async def ledger_violations(db: Database) -> list[str]:
     """Return every broken ledger invariant (empty when the ledger is consistent).
 
     No pool over its totals; every pool's reserved equals the sum of its live reservations;
-    reservations only for LEASED tasks and preemptors' holds; every LEASED task has
+    reservations only for LEASED tasks and preemptors' holds; no reservation, lease or event
+    of a missing task, none on a missing pool; every LEASED task has
     reservations and a live lease on each of its pools; no task with live leases unless
     LEASED; a revoking lease has a deadline and a preemptor; every ADMITTED task
     that was looked at carries a pending reason or is queued unparked.
@@ -190,11 +191,22 @@ async def ledger_violations(db: Database) -> list[str]:
             "ON r.pool_id = l.pool_id WHERE l.cpu_reserved != COALESCE(r.c, 0) "
             "OR l.memory_reserved != COALESCE(r.m, 0) OR l.llm_reserved != COALESCE(r.s, 0)"
         ),
-        # A preemptor waiting (ADMITTED) or being scheduled (CLAIMED) may hold capacity.
+        # A preemptor waiting (ADMITTED, perhaps being scheduled) may hold capacity.
         "reservation of a task not LEASED (nor a preemptor's hold)": (
             "SELECT r.task_id FROM reservations r JOIN tasks t ON t.id = r.task_id "
-            "WHERE t.state != 'LEASED' AND NOT (t.state IN ('ADMITTED', 'CLAIMED') "
+            "WHERE t.state != 'LEASED' AND NOT (t.state = 'ADMITTED' "
             "AND t.spec ->> 'preemption' = 'lowerPriority')"
+        ),
+        # No foreign keys on these tables (docs/decisions/0007): the writers keep them valid.
+        "reservation, lease or event of a task that does not exist": (
+            "SELECT x.task_id FROM (SELECT task_id FROM reservations UNION ALL "
+            "SELECT task_id FROM leases UNION ALL SELECT task_id FROM task_events) x "
+            "WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = x.task_id)"
+        ),
+        "reservation or live lease on a pool that does not exist": (
+            "SELECT x.pool_id FROM (SELECT pool_id FROM reservations UNION ALL "
+            "SELECT pool_id FROM leases WHERE state IN ('ACTIVE', 'REVOKING')) x "
+            "WHERE NOT EXISTS (SELECT 1 FROM pools p WHERE p.id = x.pool_id)"
         ),
         "revoking lease without a deadline or preemptor": (
             "SELECT id FROM leases WHERE state = 'REVOKING' "

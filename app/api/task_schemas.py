@@ -23,7 +23,12 @@ from app.scheduling.spec import TaskSpec
 
 
 class TaskState(StrEnum):
-    """A task's state: ADMITTED -> CLAIMED -> LEASED -> SUCCEEDED | FAILED | CANCELLED."""
+    """A task's state: ADMITTED -> LEASED -> SUCCEEDED | FAILED | CANCELLED.
+
+    CLAIMED is never reported: a task being placed stays ADMITTED, row-locked by the
+    reconciler pass placing it, until that pass commits. It stays in the enum so that
+    clients matching on it keep parsing (a list filtered on it is empty).
+    """
 
     ADMITTED = "ADMITTED"
     CLAIMED = "CLAIMED"
@@ -33,7 +38,7 @@ class TaskState(StrEnum):
     CANCELLED = "CANCELLED"
 
 
-assert tuple(TaskState) == TASK_STATES
+assert tuple(s for s in TaskState if s != TaskState.CLAIMED) == TASK_STATES
 
 
 class ScoreComponent(CamelModel):

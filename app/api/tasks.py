@@ -276,7 +276,9 @@ async def cancel_task(
 ) -> Response:
     """Cancel a task that has not finished; a leased task's capacity is released.
 
-    A task that already succeeded, failed or was cancelled answers 409.
+    A task that already succeeded, failed or was cancelled answers 409. So does a task a
+    reconciler pass has been placing for more than a second (`task-being-scheduled`, with
+    `Retry-After`): retry, and the cancel applies to the task as the pass left it.
     """
     row = await service.task_cancel(
         request.app.state.db, principal=principal, tenant=tenant, task_id=task_id_parse(task_id)

@@ -1,8 +1,13 @@
-"""Claims: a reconciler's expiring ownership of admitted tasks, and how a pass hands them back.
+"""Claims: the row locks a pass holds on the admitted tasks it schedules, and how it applies
+its decisions to them.
 
-``tasks_claim`` takes up to ``batch`` tasks of the owned slots with ``FOR UPDATE SKIP LOCKED``
-(concurrent reconcilers skip each other's rows instead of waiting), first re-taking claims
-that expired (their reconciler died), then admitted tasks in the policy's claim order:
+A pass runs in one transaction (:mod:`app.reconciler.passes`). :func:`tasks_claim` selects up
+to ``batch`` admitted, unparked tasks of the owned slots ``FOR UPDATE SKIP LOCKED``: the row
+locks *are* the claim (docs/decisions/0006-claims-are-row-locks.md). Nothing is written to
+claim: concurrent reconcilers skip each other's locked rows, a pass that dies (its process
+killed, its connection lost, its session ended by ``idle_in_transaction_session_timeout``)
+aborts and the rows are claimable again at once, and nothing was leaked. The claim order is
+the policy's:
 
 * ``fifo`` — admission order;
 * ``priority`` — effective priority (priority plus aging) among the highest raw priorities
@@ -10,17 +15,20 @@ that expired (their reconciler died), then admitted tasks in the policy's claim 
 * ``fair`` — at most ``ceil(batch / tenants present)`` tasks per tenant, so one tenant's deep
   backlog cannot fill the batch; the rest of the batch is then filled in admission order.
 
-``tasks_lease`` and ``tasks_unclaim`` apply a pass's decisions (through
-:func:`app.ledger.plans.plan_apply`); both touch only tasks still ``CLAIMED`` by the calling
-owner, so a task whose claim expired (and was re-taken) or which was cancelled meanwhile is
-silently left out.
+Every claim reads only the partial indexes of admitted, unparked tasks: its cost does not
+grow with finished tasks kept in the table.
 
-**Events grow with changes, not with time** (SPEC §5). A task that already carries a pending
-reason (it was parked, then woken) is claimed *silently*: no ``claimed`` event. If the pass
-finds it pending for the same reason code, it is parked again with no event at all (its
-pending reason, wake keys and stage are refreshed in place). If the outcome differs (leased,
-another reason, a lost race), the deferred ``claimed`` event is written first, at the claim's
-time, then the outcome's: the history reads as it always did, minus the repetitions.
+:func:`tasks_lease` marks granted tasks ``LEASED`` with their reservations, leases and one
+``leased`` event in one statement; :func:`tasks_unlease` undoes that for the few tasks whose
+pools refused their amounts (the pass walks them or hands them back);
+:func:`tasks_unclaim` parks the tasks that fit nowhere. All of them touch only rows the pass
+holds locked.
+
+**Events grow with changes, not with time** (SPEC §5). A claim writes no event. A task that
+already carries a pending reason (it was parked, then woken) and is found pending for the
+same reason code is parked again with no event at all (its pending reason, wake keys and
+stage are refreshed in place); any other outcome writes one event (``leased``, the new
+reason, a lost race).
 
 ``tasks_wake`` and ``tasks_unpark`` make parked tasks claimable again: the first only those
 whose wake keys (:mod:`app.scheduling.parking`) overlap a wakeup's, the second all of a set
@@ -31,7 +39,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -47,7 +55,7 @@ FAIR_TENANTS_MAX = 512
 
 @dataclass(frozen=True, slots=True)
 class ClaimedTask:
-    """A task claimed by this pass, with what scheduling it needs."""
+    """A task claimed (row-locked) by this pass, with what scheduling it needs."""
 
     id: uuid.UUID
     tenant_id: str
@@ -57,9 +65,12 @@ class ClaimedTask:
     spec_json: str
     admitted_at: datetime
     attempts: int
-    #: The stored pending code, when the task was claimed silently (a re-examination of a
-    #: woken task: its ``claimed`` event is written only if the outcome changes).
+    #: The stored pending code, when the task was looked at before (a re-examination of a
+    #: woken task: parked again for the same code, it writes no event).
     pending_code: str | None = None
+    #: The stored pending reason (JSON text) and stage, restored if a lease is undone.
+    pending_json: str | None = None
+    pending_stage: int | None = None
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -67,47 +78,30 @@ class ClaimedTask:
         return orjson.loads(self.spec_json)
 
 
-# Parameters shared by every claim statement: $1 owner, $2 claim expiry, $3 now,
-# $4 the event's from_state, $5 the event's reason. A fresh claim of a task that carries a
-# pending reason is silent (its code is returned); a claim taken over from a dead pass is not.
-_CLAIM_TAIL = (
-    "u AS (UPDATE tasks t SET state = 'CLAIMED', claim_owner = $1, "
-    "claim_expires_at = $2, updated_at = $3 FROM c WHERE t.id = c.id "
-    "RETURNING t.id, t.tenant_id, t.seq, t.priority, t.spec::text, t.admitted_at, t.attempts, "
-    "CASE WHEN $5::text = 'claimed' THEN t.pending_reason ->> 'code' END AS silent), "
-    "e AS (INSERT INTO task_events (task_id, at, from_state, to_state, reason) "
-    "SELECT u.id, $3::timestamptz, $4::text, 'CLAIMED', $5::text FROM u "
-    "WHERE u.silent IS NULL) "
-    "SELECT * FROM u"
+_COLUMNS = (
+    "id, tenant_id, seq, priority, spec::text, admitted_at, attempts, "
+    "pending_reason ->> 'code', pending_reason::text, pending_stage"
 )
+_CLAIMABLE = "state = 'ADMITTED' AND NOT parked AND shard = ANY($1::int[])"
 
-# $6 slots, $7 limit.
-_CLAIM_EXPIRED = (
-    "WITH c AS (SELECT id FROM tasks WHERE state = 'CLAIMED' AND claim_expires_at <= $3 "
-    "AND shard = ANY($6::int[]) ORDER BY claim_expires_at LIMIT $7 "
-    "FOR UPDATE SKIP LOCKED), "
-    + _CLAIM_TAIL
-)
-
-_CLAIMABLE = "state = 'ADMITTED' AND NOT parked AND shard = ANY($6::int[])"
-
-# $6 slots, $7 limit.
+# $1 slots, $2 limit, $3 ids this transaction locked already (SKIP LOCKED does not skip
+# rows locked by the transaction itself).
 _CLAIM_FIFO = (
-    f"WITH c AS (SELECT id FROM tasks WHERE {_CLAIMABLE} ORDER BY seq LIMIT $7 "
-    "FOR UPDATE SKIP LOCKED), "
-    + _CLAIM_TAIL
+    f"SELECT {_COLUMNS} FROM tasks WHERE {_CLAIMABLE} AND id <> ALL($3::uuid[]) "
+    "ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED"
 )
 
-# $6 slots, $7 limit, $8 aging seconds.
+# $1 slots, $2 limit, $3 now, $4 aging seconds. The candidates (the highest raw priorities
+# and the oldest) are computed once and fetched through the primary key: no join over every
+# claimable task.
 _CLAIM_PRIORITY = (
-    f"WITH c AS (SELECT id FROM tasks WHERE {_CLAIMABLE} AND id IN ("
+    f"SELECT {_COLUMNS} FROM tasks WHERE id = ANY(ARRAY("
     f"SELECT id FROM (SELECT id FROM tasks WHERE {_CLAIMABLE} "
-    "ORDER BY priority DESC, seq LIMIT $7) top "
+    "ORDER BY priority DESC, seq LIMIT $2) top "
     f"UNION SELECT id FROM (SELECT id FROM tasks WHERE {_CLAIMABLE} "
-    "ORDER BY seq LIMIT $7) old) "
+    "ORDER BY seq LIMIT $2) old)) AND state = 'ADMITTED' AND NOT parked "
     "ORDER BY priority + EXTRACT(EPOCH FROM ($3::timestamptz - admitted_at)) "
-    "/ $8::float8 DESC, seq LIMIT $7 FOR UPDATE SKIP LOCKED), "
-    + _CLAIM_TAIL
+    "/ $4::float8 DESC, seq LIMIT $2 FOR UPDATE SKIP LOCKED"
 )
 
 # Loose index scan over ix_tasks_claim_tenant: one probe per (slot, tenant) in the queue.
@@ -125,33 +119,51 @@ _FAIR_TENANTS = (
     "LIMIT $4"
 )
 
-# $6 shards, $7 tenants, $8 per tenant, $9 limit.
+# $1 shards, $2 tenants, $3 per tenant, $4 limit.
 _CLAIM_FAIR = (
-    "WITH q AS (SELECT * FROM unnest($6::int[], $7::text[]) AS q(shard, tenant_id)), "
-    "c AS (SELECT x.id FROM q CROSS JOIN LATERAL (SELECT id FROM tasks "
+    "WITH q AS (SELECT * FROM unnest($1::int[], $2::text[]) AS q(shard, tenant_id)) "
+    "SELECT x.* FROM q CROSS JOIN LATERAL (SELECT " + _COLUMNS + " FROM tasks "
     "WHERE shard = q.shard AND tenant_id = q.tenant_id AND state = 'ADMITTED' AND NOT parked "
-    "ORDER BY seq LIMIT $8 FOR UPDATE SKIP LOCKED) x LIMIT $9), "
-    + _CLAIM_TAIL
+    "ORDER BY seq LIMIT $3 FOR UPDATE SKIP LOCKED) x LIMIT $4"
 )
 
 
+# A pass's statements take arrays of a thousand ids joined through unnest(). A generic plan
+# (cached after five runs) guesses 10 elements per array and joins them in a nested loop:
+# quadratic in the batch (1,024 x 1,024 comparisons per statement, seconds per pass once
+# the table is large). Custom plans see the arrays and cost a millisecond to plan.
+_PASS_SETTINGS = (
+    "SELECT set_config('idle_in_transaction_session_timeout', $1, true), "
+    "set_config('plan_cache_mode', 'force_custom_plan', true)"
+)
+
+
+async def claims_settings(conn: Connection, *, idle_seconds: float) -> None:
+    """Set up the caller's transaction for a pass: the server ends the session if the
+    transaction (holding its claims) sits idle longer than ``idle_seconds`` — a hung
+    reconciler's claims then return to the queue — and statements are planned for the
+    arrays they get."""
+    await conn.execute(_PASS_SETTINGS, f"{max(int(idle_seconds * 1000), 1)}ms")
+
+
 def _claimed(rows: Sequence[Any]) -> list[ClaimedTask]:
-    return [ClaimedTask(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]) for r in rows]
+    return [
+        ClaimedTask(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9]) for r in rows
+    ]
 
 
 async def tasks_claim(
     conn: Connection,
     *,
-    owner: str,
     slots: Collection[int],
     batch: int,
     now: datetime,
-    claim_ttl_seconds: float,
     policy: str = "fifo",
     aging_seconds: float = 60.0,
     fair_rotation: int = 0,
 ) -> list[ClaimedTask]:
-    """Claim up to ``batch`` tasks of ``slots`` for ``owner`` until ``now + claim_ttl``.
+    """Lock up to ``batch`` claimable tasks of ``slots`` in the caller's transaction (the
+    claim lasts until it ends) and return them in claim order.
 
     ``fair_rotation`` picks the slot where the fair claim starts listing tenants (pass a
     counter: the start moves every pass).
@@ -159,13 +171,9 @@ async def tasks_claim(
     if not slots or batch <= 0:
         return []
     owned = sorted(slots)
-    expires = now + timedelta(seconds=claim_ttl_seconds)
-    claimed = _claimed(await conn.fetch(
-        _CLAIM_EXPIRED, owner, expires, now, "CLAIMED", "claim_expired", owned, batch
-    ))
-    fresh = (owner, expires, now, "ADMITTED", "claimed")
-    left = batch - len(claimed)
-    if left > 0 and policy == "fair":
+    claimed: list[ClaimedTask] = []
+    left = batch
+    if policy == "fair":
         # Start at a rotating slot: with more tenants than FAIR_TENANTS_MAX, every tenant
         # still gets its turn at the head of the enumeration.
         start = fair_rotation % SHARD_SLOTS
@@ -176,18 +184,20 @@ async def tasks_claim(
                                         FAIR_TENANTS_MAX - len(tenants))
         if tenants:
             per_tenant = math.ceil(left / len(tenants))
-            rows = await conn.fetch(
-                _CLAIM_FAIR, *fresh, [int(t[0]) for t in tenants], [t[1] for t in tenants],
+            claimed = _claimed(await conn.fetch(
+                _CLAIM_FAIR, [int(t[0]) for t in tenants], [t[1] for t in tenants],
                 per_tenant, left,
-            )
-            claimed += _claimed(rows)
+            ))
             left = batch - len(claimed)
-    if left > 0 and policy == "priority":
-        rows = await conn.fetch(_CLAIM_PRIORITY, *fresh, owned, left, float(aging_seconds))
-        claimed += _claimed(rows)
+    elif policy == "priority":
+        claimed = _claimed(await conn.fetch(
+            _CLAIM_PRIORITY, owned, left, now, float(aging_seconds)
+        ))
         left = batch - len(claimed)
     if left > 0:
-        claimed += _claimed(await conn.fetch(_CLAIM_FIFO, *fresh, owned, left))
+        claimed += _claimed(
+            await conn.fetch(_CLAIM_FIFO, owned, left, [t.id for t in claimed])
+        )
     return claimed
 
 
@@ -201,65 +211,55 @@ class Grant:
     members: tuple[tuple[str, int, str], ...]
     #: What one member requests: (cpu, memory, llm).
     requests: tuple[int, int, int]
-    #: Claimed silently: the deferred ``claimed`` event is written with the lease's.
-    silent: bool = False
     #: Wake keys this placement carries once leased (``placed:<tenant>`` for a labelled
     #: task: parked tasks of its tenant waiting for an affinity match).
     wakes: tuple[str, ...] = ()
 
 
-# $1 owner, $2 now, $3 expires, $4 ids, $5 placements (JSON text), $6 first pools,
-# $7..$13 the member rows.
+# $1 now, $2 expires, $3 ids, $4 placements (JSON text), $5 first pools, $6..$12 the member
+# rows. The ``t.id = ANY($3)`` condition lets the planner reach the rows through the primary
+# key whatever it estimates for the unnest (never a scan of every task ever kept).
 _LEASE = (
-    "WITH g AS (SELECT * FROM unnest($4::uuid[], $5::text[], $6::text[]) "
+    "WITH g AS (SELECT * FROM unnest($3::uuid[], $4::text[], $5::text[]) "
     "AS g(id, placement, pool_id)), "
     "u AS (UPDATE tasks t SET state = 'LEASED', placement = g.placement::jsonb, "
-    "leased_at = $2, claim_owner = NULL, claim_expires_at = NULL, pending_reason = NULL, "
-    "parked = false, wake = NULL, pending_stage = NULL, updated_at = $2 FROM g "
-    "WHERE t.id = g.id AND t.state = 'CLAIMED' AND t.claim_owner = $1 "
+    "leased_at = $1, pending_reason = NULL, parked = false, wake = NULL, "
+    "pending_stage = NULL, updated_at = $1 FROM g "
+    "WHERE t.id = ANY($3::uuid[]) AND t.id = g.id AND t.state = 'ADMITTED' "
     "RETURNING t.id, t.attempts + t.preemptions AS attempts, g.pool_id), "
-    "m AS (SELECT * FROM unnest($7::uuid[], $8::text[], $9::int[], $10::bigint[], "
-    "$11::bigint[], $12::bigint[], $13::text[]) "
+    "m AS (SELECT * FROM unnest($6::uuid[], $7::text[], $8::int[], $9::bigint[], "
+    "$10::bigint[], $11::bigint[], $12::text[]) "
     "AS m(task_id, pool_id, members, cpu, memory, llm, instance)), "
     "r AS (INSERT INTO reservations (task_id, pool_id, members, cpu, memory, llm, created_at) "
-    "SELECT m.task_id, m.pool_id, m.members, m.cpu, m.memory, m.llm, $2::timestamptz "
+    "SELECT m.task_id, m.pool_id, m.members, m.cpu, m.memory, m.llm, $1::timestamptz "
     "FROM m JOIN u ON u.id = m.task_id), "
     "l AS (INSERT INTO leases (id, task_id, pool_id, runtime_instance_id, epoch, state, "
     "granted_at, expires_at) SELECT gen_random_uuid(), m.task_id, m.pool_id, m.instance, "
-    "u.attempts + 1, 'ACTIVE', $2::timestamptz, $3::timestamptz "
-    "FROM m JOIN u ON u.id = m.task_id), "
-    "e AS (INSERT INTO task_events (task_id, at, from_state, to_state, reason, detail) "
-    "SELECT id, at, f, s, r, d FROM ("
-    "SELECT u.id, $15::timestamptz AS at, 'ADMITTED' AS f, 'CLAIMED' AS s, 'claimed' AS r, "
-    "NULL::jsonb AS d, 0 AS o FROM u WHERE u.id = ANY($14::uuid[]) "
-    "UNION ALL SELECT u.id, $2::timestamptz, 'CLAIMED', 'LEASED', 'leased', "
-    "jsonb_build_object('poolId', u.pool_id, 'epoch', u.attempts + 1), 1 FROM u"
-    ") v ORDER BY id, o) "
-    "SELECT id FROM u"
+    "u.attempts + 1, 'ACTIVE', $1::timestamptz, $2::timestamptz "
+    "FROM m JOIN u ON u.id = m.task_id) "
+    "INSERT INTO task_events (task_id, at, from_state, to_state, reason, detail) "
+    "SELECT u.id, $1::timestamptz, 'ADMITTED', 'LEASED', 'leased', "
+    "jsonb_build_object('poolId', u.pool_id, 'epoch', u.attempts + 1) FROM u ORDER BY u.id "
+    "RETURNING task_id, id"
 )
 
 
 async def tasks_lease(
     conn: Connection,
     *,
-    owner: str,
     grants: Sequence[Grant],
     now: datetime,
     lease_ttl_seconds: float,
-    claimed_at: datetime | None = None,
-) -> set[uuid.UUID]:
-    """Mark the granted tasks LEASED with reservations rows and leases; return those applied.
-
-    A silently claimed grant gets its deferred ``claimed`` event at ``claimed_at`` (default
-    ``now``) before its ``leased`` event.
+) -> dict[uuid.UUID, int]:
+    """Mark the granted (locked, admitted) tasks LEASED with their reservations, one lease
+    per pool and their ``leased`` event; return the event id of each task leased.
 
     The ledger is not touched here: :func:`app.ledger.plans.plan_apply` adds the returned
-    tasks' amounts last, before COMMIT. Each lease's fencing epoch is
-    ``attempts + preemptions + 1``: recovery raises ``attempts`` and a preemption
-    ``preemptions``, so a re-grant is newer.
+    tasks' amounts after this. Each lease's fencing epoch is ``attempts + preemptions + 1``:
+    recovery raises ``attempts`` and a preemption ``preemptions``, so a re-grant is newer.
     """
     if not grants:
-        return set()
+        return {}
     ordered = sorted(grants, key=lambda g: g.task_id)
     m_task, m_pool, m_members, m_cpu, m_memory, m_llm, m_instance = [], [], [], [], [], [], []
     for g in ordered:
@@ -273,17 +273,51 @@ async def tasks_lease(
             m_instance.append(instance)
     rows = await conn.fetch(
         _LEASE,
-        owner,
         now,
         now + timedelta(seconds=lease_ttl_seconds),
         [g.task_id for g in ordered],
         [orjson.dumps(g.placement).decode() for g in ordered],
         [g.members[0][0] for g in ordered],
         m_task, m_pool, m_members, m_cpu, m_memory, m_llm, m_instance,
-        [g.task_id for g in ordered if g.silent],
-        claimed_at or now,
     )
-    return {r[0] for r in rows}
+    return {r[0]: r[1] for r in rows}
+
+
+# $1 now, $2 ids, $3 pending reasons (JSON text), $4 stages, $5 the leased events' ids.
+# The tasks were ADMITTED and locked before this transaction leased them, and held no live
+# lease: every live lease and reservation they have was written by it.
+_UNLEASE = (
+    "WITH x AS (SELECT * FROM unnest($2::uuid[], $3::text[], $4::smallint[]) "
+    "AS x(id, pending, stage)), "
+    "r AS (DELETE FROM reservations WHERE task_id = ANY($2::uuid[])), "
+    "l AS (DELETE FROM leases WHERE task_id = ANY($2::uuid[]) AND state = 'ACTIVE'), "
+    "e AS (DELETE FROM task_events WHERE id = ANY($5::bigint[])) "
+    "UPDATE tasks t SET state = 'ADMITTED', placement = NULL, leased_at = NULL, "
+    "pending_reason = x.pending::jsonb, pending_stage = x.stage, updated_at = $1 "
+    "FROM x WHERE t.id = ANY($2::uuid[]) AND t.id = x.id AND t.state = 'LEASED'"
+)
+
+
+async def tasks_unlease(
+    conn: Connection,
+    *,
+    tasks: Sequence[ClaimedTask],
+    events: Mapping[uuid.UUID, int],
+    now: datetime,
+) -> None:
+    """Undo :func:`tasks_lease` of this transaction for ``tasks`` (back to ADMITTED with
+    their pending reason, their reservations, leases and ``leased`` events deleted).
+
+    The caller gives the amounts the ledger received for them back (or never added them).
+    """
+    if not tasks:
+        return
+    ordered = sorted(tasks, key=lambda t: t.id)
+    await conn.execute(
+        _UNLEASE, now, [t.id for t in ordered], [t.pending_json for t in ordered],
+        [t.pending_stage for t in ordered],
+        [events[t.id] for t in ordered if t.id in events],
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,8 +325,8 @@ class Unclaim:
     """A claimed task handed back to the queue: parked with a pending reason, or not.
 
     ``event`` False hands it back without an event (a re-examination that found the same
-    reason); ``silent`` marks a task claimed silently, whose deferred ``claimed`` event is
-    written before the hand-back's when there is one.
+    reason). A hand-back that neither parks nor carries a pending reason (a lost race)
+    leaves the row as it is: only its event is written.
     """
 
     task_id: uuid.UUID
@@ -304,66 +338,62 @@ class Unclaim:
     #: Stage of the pending reason's closest miss (with ``pending_reason``).
     stage: int | None = None
     event: bool = True
-    silent: bool = False
+
+    @property
+    def changes_row(self) -> bool:
+        """Return whether the hand-back writes the task row (not only an event)."""
+        return self.parked or self.pending_reason is not None
 
 
-# $1 owner, $2 now, $3 ids, $4 pending reasons (JSON text or NULL), $5 parked, $6 reasons,
-# $7 wake keys (JSON arrays as text), $8 stages, $9 event, $10 silent, $11 claim time.
+# $1 now, $2 ids, $3 pending reasons (JSON text or NULL), $4 parked, $5 wake keys (JSON
+# arrays as text), $6 stages: the rows to update. $7 ids, $8 reasons, $9 pending reasons:
+# the events.
 _UNCLAIM = (
-    "WITH x AS (SELECT * FROM unnest($3::uuid[], $4::text[], $5::boolean[], $6::text[], "
-    "$7::text[], $8::smallint[], $9::boolean[], $10::boolean[]) "
-    "AS x(id, pending, parked, reason, wake, stage, event, silent)), "
-    "u AS (UPDATE tasks t SET state = 'ADMITTED', claim_owner = NULL, claim_expires_at = NULL, "
-    "parked = x.parked, pending_reason = COALESCE(x.pending::jsonb, t.pending_reason), "
+    "WITH x AS (SELECT * FROM unnest($2::uuid[], $3::text[], $4::boolean[], $5::text[], "
+    "$6::smallint[]) AS x(id, pending, parked, wake, stage)), "
+    "u AS (UPDATE tasks t SET parked = x.parked, "
+    "pending_reason = COALESCE(x.pending::jsonb, t.pending_reason), "
     "pending_stage = CASE WHEN x.pending IS NULL THEN t.pending_stage ELSE x.stage END, "
     "wake = CASE WHEN x.parked THEN "
     "ARRAY(SELECT jsonb_array_elements_text(COALESCE(x.wake, '[]')::jsonb)) END, "
-    "updated_at = $2 FROM x WHERE t.id = x.id AND t.state = 'CLAIMED' "
-    "AND t.claim_owner = $1 RETURNING t.id, x.reason, x.pending, x.event, x.silent), "
-    "e AS (INSERT INTO task_events (task_id, at, from_state, to_state, reason, detail) "
-    "SELECT id, at, f, s, r, d FROM ("
-    "SELECT u.id, $11::timestamptz AS at, 'ADMITTED' AS f, 'CLAIMED' AS s, 'claimed' AS r, "
-    "NULL::jsonb AS d, 0 AS o FROM u WHERE u.event AND u.silent "
-    "UNION ALL SELECT u.id, $2::timestamptz, 'CLAIMED', 'ADMITTED', u.reason, "
-    "u.pending::jsonb, 1 FROM u WHERE u.event"
-    ") v ORDER BY id, o) "
-    "SELECT id FROM u"
+    "updated_at = $1 FROM x WHERE t.id = ANY($2::uuid[]) AND t.id = x.id "
+    "AND t.state = 'ADMITTED' RETURNING t.id) "
+    "INSERT INTO task_events (task_id, at, from_state, to_state, reason, detail) "
+    "SELECT e.id, $1::timestamptz, 'ADMITTED', 'ADMITTED', e.reason, e.pending::jsonb "
+    "FROM unnest($7::uuid[], $8::text[], $9::text[]) AS e(id, reason, pending) ORDER BY e.id"
 )
+
+
+def _json(value: Any) -> str | None:
+    return orjson.dumps(value).decode() if value is not None else None
 
 
 async def tasks_unclaim(
     conn: Connection,
     *,
-    owner: str,
     items: Sequence[Unclaim],
     now: datetime,
-    claimed_at: datetime | None = None,
 ) -> set[uuid.UUID]:
-    """Return claimed tasks to ADMITTED (parked when they fit nowhere); return those applied.
-
-    Deferred ``claimed`` events of silent claims carry ``claimed_at`` (default ``now``).
-    """
+    """Hand claimed (locked) tasks back as ADMITTED, parked when they fit nowhere; return
+    their ids."""
     if not items:
         return set()
     ordered = sorted(items, key=lambda i: i.task_id)
-    rows = await conn.fetch(
+    rows = [i for i in ordered if i.changes_row]
+    events = [i for i in ordered if i.event]
+    await conn.execute(
         _UNCLAIM,
-        owner,
         now,
-        [i.task_id for i in ordered],
-        [
-            orjson.dumps(i.pending_reason).decode() if i.pending_reason is not None else None
-            for i in ordered
-        ],
-        [i.parked for i in ordered],
-        [i.reason for i in ordered],
-        [orjson.dumps(list(i.wake)).decode() if i.wake is not None else None for i in ordered],
-        [i.stage for i in ordered],
-        [i.event for i in ordered],
-        [i.silent for i in ordered],
-        claimed_at or now,
+        [i.task_id for i in rows],
+        [_json(i.pending_reason) for i in rows],
+        [i.parked for i in rows],
+        [_json(list(i.wake)) if i.wake is not None else None for i in rows],
+        [i.stage for i in rows],
+        [i.task_id for i in events],
+        [i.reason for i in events],
+        [_json(i.pending_reason) for i in events],
     )
-    return {r[0] for r in rows}
+    return {i.task_id for i in ordered}
 
 
 # A preemptor waiting for its victims stays parked: it is unparked when its last victim's

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import asyncpg
+
 from app.db import Connection
 from app.errors import Conflict, NotFound, Unprocessable
 from app.ledger.events import task_events_add
@@ -47,9 +49,22 @@ class LeaseOutcomeInvalid(Unprocessable):
 
 
 class TaskNotCancellable(Conflict):
-    """The task already finished; only admitted, claimed or leased tasks can be cancelled."""
+    """The task already finished; only admitted or leased tasks can be cancelled."""
 
     type_slug = "task-not-cancellable"
+
+
+#: How long a cancel waits for a reconciler pass that is scheduling the task (the pass holds
+#: the task's row lock until it commits, usually well under this).
+CANCEL_LOCK_TIMEOUT_MS = 1000
+#: Retry-After of a cancel that found the task still being scheduled.
+CANCEL_RETRY_AFTER_SECONDS = 1
+
+
+class TaskBeingScheduled(Conflict):
+    """A reconciler pass is placing the task right now; retry the cancel in a moment."""
+
+    type_slug = "task-being-scheduled"
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,8 +188,7 @@ _LEASE_GET = "SELECT task_id, runtime_instance_id, state, epoch FROM leases WHER
 _TASK_LOCK = "SELECT state FROM tasks WHERE id = $1 FOR UPDATE"
 _TASK_FINISH = (
     "UPDATE tasks SET state = $2, finished_at = $3, updated_at = $3, "
-    "failure_reason = $4, claim_owner = NULL, claim_expires_at = NULL, "
-    "parked = false WHERE id = $1"
+    "failure_reason = $4, parked = false WHERE id = $1"
 )
 
 
@@ -253,6 +267,26 @@ async def lease_complete(
 
 
 _TASK_OF_TENANT_LOCK = "SELECT state FROM tasks WHERE id = $1 AND tenant_id = $2 FOR UPDATE"
+_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', $1, true)"
+_LOCK_TIMEOUT_RESET = "SET LOCAL lock_timeout TO DEFAULT"
+
+
+async def _task_lock_briefly(conn: Connection, *, task_id: uuid.UUID, tenant_id: str) -> str:
+    """Lock the tenant's task and return its state, waiting at most
+    ``CANCEL_LOCK_TIMEOUT_MS`` for a pass that holds it (TaskBeingScheduled)."""
+    await conn.execute(_LOCK_TIMEOUT, f"{CANCEL_LOCK_TIMEOUT_MS}ms")
+    try:
+        state = await conn.fetchval(_TASK_OF_TENANT_LOCK, task_id, tenant_id)
+    except asyncpg.LockNotAvailableError:
+        raise TaskBeingScheduled(
+            f"task {task_id} is being placed by a reconciler right now; retry the cancel",
+            extra={"headers": {"Retry-After": str(CANCEL_RETRY_AFTER_SECONDS)}},
+        ) from None
+    # The rest of the transaction waits for locks as usual (ledger rows are held briefly).
+    await conn.execute(_LOCK_TIMEOUT_RESET)
+    if state is None:
+        raise TaskNotFound(f"task {task_id} does not exist")
+    return state
 
 
 async def task_cancel(
@@ -260,12 +294,12 @@ async def task_cancel(
 ) -> str:
     """Cancel the tenant's task, ending its leases and releasing its capacity; return its state.
 
-    A claimed task is cancelled at once: the reconciler holding the claim only leases tasks
-    still claimed by itself, so it drops this one at commit. Runs in the caller's transaction.
+    A task a reconciler pass is scheduling is row-locked by that pass until it commits: the
+    cancel waits for it (then cancels the task placed or parked), for at most
+    ``CANCEL_LOCK_TIMEOUT_MS``, then raises TaskBeingScheduled (409, Retry-After). Runs in
+    the caller's transaction.
     """
-    state = await conn.fetchval(_TASK_OF_TENANT_LOCK, task_id, tenant_id)
-    if state is None:
-        raise TaskNotFound(f"task {task_id} does not exist")
+    state = await _task_lock_briefly(conn, task_id=task_id, tenant_id=tenant_id)
     if state in TERMINAL_STATES:
         raise TaskNotCancellable(f"task {task_id} is {state}; it can no longer be cancelled")
     heirs = {}

@@ -1,42 +1,76 @@
-"""Apply a pass's plan: leases, hand-backs and the ledger in one transaction, ledger last.
+"""Apply a pass's plan inside the pass's transaction: leases, hand-backs, then the ledger.
 
-A reconciler pass decides purely and produces a :class:`Plan`; :func:`plan_apply` is the one
-step that writes it (as Nomad's plan applier does). In one transaction, in the lock order
-every writer follows (task rows, then lease rows, then ledger rows in pool-id order):
+A reconciler pass decides purely and produces a :class:`Plan`; :func:`plan_apply` is the step
+that writes it (as Nomad's plan applier does), inside the pass's one transaction, whose row
+locks on the claimed tasks are the claim (:mod:`app.ledger.claims`). In the lock order every
+writer follows (task rows, then lease rows, then ledger rows in pool-id order, last):
 
-1. the granted tasks still ``CLAIMED`` by the pass become ``LEASED``, with their
-   reservations, one lease per pool and their events (:func:`~app.ledger.claims.tasks_lease`);
-2. the handed-back tasks go back to ``ADMITTED`` (:func:`~app.ledger.claims.tasks_unclaim`);
-   then the parked tasks that the leased tasks could help (``placed:<tenant>`` wake keys of
-   labelled placements: required affinity that had nothing to follow) are unparked
-   (:func:`~app.ledger.claims.tasks_wake`, which skips locked rows and so never waits);
-3. preemptions: the victims' leases go ``REVOKING`` only where they are all still
-   ``ACTIVE``, and each preemptor (handed back in step 2) gets its hold rows
+1. the holds of the plan's preemptors that are placed or parked again are deleted
+   (:func:`~app.ledger.preemption.holds_take`), and each preemption turns its victims'
+   leases ``REVOKING`` where they are all still ``ACTIVE`` and inserts its holds
    (:func:`~app.ledger.preemption.preemptions_apply`);
-4. last, each pool's amount is added only where ``reserved + amount <= total``
-   (:func:`~app.ledger.reservations.ledger_reserve_many`). The amount nets the grants and the
-   new holds against the holds the plan's preemptors give back (taken first, under their
-   task locks, by :func:`~app.ledger.preemption.holds_take`).
+2. the granted tasks become ``LEASED``, with their reservations, one lease per pool and one
+   event (:func:`~app.ledger.claims.tasks_lease`); the handed-back tasks are parked or left
+   queued (:func:`~app.ledger.claims.tasks_unclaim`); the parked tasks that the leased tasks
+   could help (``placed:<tenant>`` wake keys) are unparked
+   (:func:`~app.ledger.claims.tasks_wake`, which skips locked rows and so never waits);
+3. last, one statement adds each pool's amount only where ``reserved + amount <= total``
+   (:func:`~app.ledger.reservations.ledger_reserve_many`), locking every row of the plan in
+   pool-id order. The amount nets the grants and the new holds against the holds given back.
 
-When a pool refuses, or a victim is no longer active (another writer got there first), the
-whole transaction rolls back and the result names the pools or preemptors that lost the
-race: nothing of the plan is written, so the ledger's reserved amounts still equal the sum of
-the live reservations. The caller re-reads those pools, walks or hands back the affected
-tasks, and applies a new plan.
+A pool that refuses its amount (another reconciler got there first) does not undo the plan:
+the result names the refused pools and the caller settles only the grants on them
+(:func:`grants_settle`): their leases are undone, the pass walks them to other candidates
+(:mod:`app.reconciler.walk`) and leases them again with a ledger statement that never waits.
+Only a lost preemption (a victim no longer active, or a hold refused) rolls back: the plan
+of a pass with preemptions is applied in a savepoint, and the caller drops those preemptors
+and applies again.
 """
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from app.db import Connection
-from app.ledger.claims import Grant, Unclaim, tasks_lease, tasks_unclaim, tasks_wake
+from app.ledger.claims import (
+    ClaimedTask,
+    Grant,
+    Unclaim,
+    tasks_lease,
+    tasks_unclaim,
+    tasks_unlease,
+    tasks_wake,
+)
 from app.ledger.preemption import PreemptionGrant, holds_take, preemptions_apply
-from app.ledger.reservations import Vector, amounts_sum, ledger_reserve_many
+from app.ledger.reservations import (
+    Vector,
+    amounts_sum,
+    ledger_release_many,
+    ledger_reserve_many,
+)
 
-__all__ = ["ApplyResult", "Grant", "Plan", "PreemptionGrant", "Unclaim", "plan_apply"]
+__all__ = [
+    "ApplyResult",
+    "Grant",
+    "Plan",
+    "PreemptionGrant",
+    "Unclaim",
+    "grants_amounts",
+    "grants_settle",
+    "plan_apply",
+]
+
+
+def grants_amounts(grants: Sequence[Grant]) -> dict[str, Vector]:
+    """Return what ``grants`` add to each pool's ledger."""
+    return amounts_sum(
+        (p, c * g.requests[0], c * g.requests[1], c * g.requests[2])
+        for g in grants
+        for p, c, _ in g.members
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,52 +84,43 @@ class Plan:
     #: Tasks of the plan whose holds are given back first (placed, or handed back parked).
     holds_taken: tuple[uuid.UUID, ...] = ()
 
-    def amounts(self) -> dict[str, tuple[int, int, int]]:
+    def amounts(self) -> dict[str, Vector]:
         """Return what the grants add to each pool's ledger."""
-        return amounts_sum(
-            (p, c * g.requests[0], c * g.requests[1], c * g.requests[2])
-            for g in self.grants
-            for p, c, _ in g.members
-        )
+        return grants_amounts(self.grants)
 
 
 @dataclass(frozen=True, slots=True)
 class ApplyResult:
-    """What :func:`plan_apply` wrote: the tasks leased and handed back, or the pools that lost.
+    """What :func:`plan_apply` wrote.
 
-    When ``lost`` is not empty nothing was written (``leased`` and ``unclaimed`` are empty).
-    A planned task missing from ``leased``/``unclaimed`` of an applied plan was no longer
-    claimed by the pass (cancelled, or its claim expired and was taken again).
+    With ``lost_preemptions`` nothing was written (the savepoint rolled back). Otherwise
+    every grant is leased (``leased``: its ``leased`` event id) and every hand-back applied,
+    but the grants on ``refused`` pools hold no capacity yet: the caller settles them
+    (:func:`grants_settle`) before the transaction commits.
     """
 
-    leased: frozenset[uuid.UUID] = frozenset()
+    leased: Mapping[uuid.UUID, int] = field(default_factory=dict)
     unclaimed: frozenset[uuid.UUID] = frozenset()
-    lost: frozenset[str] = frozenset()
+    refused: frozenset[str] = frozenset()
+    #: Holds given back on the refused pools: their amounts are still in the ledger.
+    taken_refused: Mapping[str, Vector] = field(default_factory=dict)
     #: Parked tasks unparked because a leased task could help them.
     woken: int = 0
-    #: Preemptors whose victims were not all still active (nothing was written).
+    #: Preemptors whose victims were not all still active, or whose holds were refused.
     lost_preemptions: frozenset[uuid.UUID] = frozenset()
     #: Preemptors whose victims are now revoking.
     preempted: frozenset[uuid.UUID] = frozenset()
 
-    @property
-    def applied(self) -> bool:
-        """Return whether the plan was committed."""
-        return not self.lost and not self.lost_preemptions
-
 
 class _Lost(Exception):
-    """Roll back the plan's transaction: these pools refused, or these preemptions lost."""
+    """Roll back the plan's savepoint: these preemptions lost."""
 
-    def __init__(
-        self, pools: frozenset[str], preemptors: frozenset[uuid.UUID] = frozenset()
-    ) -> None:
-        super().__init__(f"{len(pools)} pool(s) refused, {len(preemptors)} preemption(s) lost")
-        self.pools = pools
+    def __init__(self, preemptors: frozenset[uuid.UUID]) -> None:
+        super().__init__(f"{len(preemptors)} preemption(s) lost")
         self.preemptors = preemptors
 
 
-def _net(*signed: tuple[int, dict[str, Vector]]) -> dict[str, Vector]:
+def _net(*signed: tuple[int, Mapping[str, Vector]]) -> dict[str, Vector]:
     """Return the per-pool sum of ``sign * amounts`` over ``signed``."""
     return amounts_sum(
         (p, sign * a[0], sign * a[1], sign * a[2]) for sign, amounts in signed
@@ -103,53 +128,74 @@ def _net(*signed: tuple[int, dict[str, Vector]]) -> dict[str, Vector]:
     )
 
 
-async def plan_apply(
-    conn: Connection,
-    *,
-    plan: Plan,
-    owner: str,
-    now: datetime,
-    lease_ttl_seconds: float,
-    claimed_at: datetime | None = None,
+async def _apply(
+    conn: Connection, *, plan: Plan, now: datetime, lease_ttl_seconds: float
 ) -> ApplyResult:
-    """Apply ``plan`` for the claim ``owner`` in one transaction; return what was applied.
+    # Holds are given back under their tasks' locks, before those tasks' rows change.
+    taken = await holds_take(conn, task_ids=plan.holds_taken)
+    lost = await preemptions_apply(conn, preemptions=plan.preemptions, now=now)
+    if lost:
+        raise _Lost(frozenset(lost))
+    leased = await tasks_lease(
+        conn, grants=plan.grants, now=now, lease_ttl_seconds=lease_ttl_seconds
+    )
+    unclaimed = await tasks_unclaim(conn, items=plan.unclaims, now=now)
+    keys = {k for g in plan.grants if g.task_id in leased for k in g.wakes}
+    woken = await tasks_wake(conn, keys=keys, now=now) if keys else 0
+    held = amounts_sum((p, *a) for pre in plan.preemptions for p, a in pre.amounts().items())
+    granted = grants_amounts([g for g in plan.grants if g.task_id in leased])
+    amounts = _net((1, granted), (1, held), (-1, taken))
+    refused = frozenset(amounts) - await ledger_reserve_many(conn, amounts=amounts, now=now)
+    holding = {
+        pre.task_id for pre in plan.preemptions
+        if any(any(a) and p in refused for p, _, a in pre.holds)
+    }
+    if holding:
+        raise _Lost(frozenset(holding))
+    return ApplyResult(
+        leased, frozenset(unclaimed), refused,
+        taken_refused={p: a for p, a in taken.items() if p in refused},
+        woken=woken, preempted=frozenset(p.task_id for p in plan.preemptions),
+    )
 
-    Pass an autocommit connection (``db.connection()``): the transaction commits before this
-    returns, and a failure at COMMIT raises. Inside a caller's transaction it runs in a
-    savepoint. A lost race rolls everything back and is returned, never raised.
-    ``claimed_at`` is the time of the pass's claim (deferred ``claimed`` events carry it).
-    """
+
+async def plan_apply(
+    conn: Connection, *, plan: Plan, now: datetime, lease_ttl_seconds: float
+) -> ApplyResult:
+    """Apply ``plan`` in the caller's transaction (which holds the plan's tasks locked);
+    return what was applied, the pools that refused, or the preemptions that lost."""
+    if not plan.preemptions:
+        return await _apply(conn, plan=plan, now=now, lease_ttl_seconds=lease_ttl_seconds)
     try:
         async with conn.transaction():
-            # Holds are given back under their tasks' locks, before those tasks' rows change.
-            taken = await holds_take(conn, owner=owner, task_ids=plan.holds_taken)
-            leased = await tasks_lease(
-                conn, owner=owner, grants=plan.grants, now=now,
-                lease_ttl_seconds=lease_ttl_seconds, claimed_at=claimed_at,
+            return await _apply(
+                conn, plan=plan, now=now, lease_ttl_seconds=lease_ttl_seconds
             )
-            unclaimed = await tasks_unclaim(
-                conn, owner=owner, items=plan.unclaims, now=now, claimed_at=claimed_at
-            )
-            preemptions = tuple(p for p in plan.preemptions if p.task_id in unclaimed)
-            lost = await preemptions_apply(conn, preemptions=preemptions, now=now)
-            if lost:
-                raise _Lost(frozenset(), frozenset(lost))
-            keys = {k for g in plan.grants if g.task_id in leased for k in g.wakes}
-            woken = await tasks_wake(conn, keys=keys, now=now) if keys else 0
-            # Only the tasks still claimed were leased: only their amounts are reserved.
-            granted = Plan(tuple(g for g in plan.grants if g.task_id in leased)).amounts()
-            held = amounts_sum(
-                (p, *a) for pre in preemptions for p, a in pre.amounts().items()
-            )
-            amounts = _net((1, granted), (1, held), (-1, taken))
-            refused = frozenset(amounts) - await ledger_reserve_many(
-                conn, amounts=amounts, now=now
-            )
-            if refused:
-                raise _Lost(refused)
     except _Lost as lost:
-        return ApplyResult(lost=lost.pools, lost_preemptions=lost.preemptors)
-    return ApplyResult(
-        frozenset(leased), frozenset(unclaimed), woken=woken,
-        preempted=frozenset(p.task_id for p in preemptions),
+        return ApplyResult(lost_preemptions=lost.preemptors)
+
+
+async def grants_settle(
+    conn: Connection,
+    *,
+    undo: Sequence[ClaimedTask],
+    events: Mapping[uuid.UUID, int],
+    release: Mapping[str, Vector],
+    grants: Sequence[Grant],
+    now: datetime,
+    lease_ttl_seconds: float,
+) -> tuple[dict[uuid.UUID, int], frozenset[str]]:
+    """Undo the leases of ``undo`` (whose pools refused), give ``release`` back to pools this
+    transaction holds, then lease ``grants`` (where they walked) and reserve their amounts
+    without waiting; return the new ``leased`` event ids and the pools that refused again.
+    """
+    await tasks_unlease(conn, tasks=undo, events=events, now=now)
+    await ledger_release_many(conn, amounts=release, now=now)
+    leased = await tasks_lease(
+        conn, grants=grants, now=now, lease_ttl_seconds=lease_ttl_seconds
     )
+    amounts = grants_amounts([g for g in grants if g.task_id in leased])
+    refused = frozenset(amounts) - await ledger_reserve_many(
+        conn, amounts=amounts, now=now, wait=False
+    )
+    return leased, refused

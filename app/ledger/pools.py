@@ -421,8 +421,10 @@ async def pool_delete(conn: Connection, *, pool_id: str) -> None:
     """Delete the pool, its ledger and its ended leases; raise PoolHasLiveLeases while a
     lease or reservation still holds capacity on it."""
     await _pool_lock(conn, pool_id=pool_id)
-    # Read after the lock: a reconciler that leased onto this pool has committed by now
-    # (its lease insert holds a key-share lock on the pool row), so its lease is counted.
+    # Read after locking the ledger row: a pass that leased onto this pool reserved on that
+    # row in the same transaction, so it has committed by now and its lease is counted; a
+    # pass that comes later finds no ledger row and its reservation is refused.
+    await conn.execute(_LEDGER_LOCK, pool_id)
     live = await conn.fetchval(_LIVE_LEASES, pool_id)
     held = await conn.fetchval(_RESERVATIONS, pool_id)
     if live or held:

@@ -152,27 +152,18 @@ async def preemptors_waiting(
 
 # --- applying a plan ---------------------------------------------------------------------
 
-_HOLDERS_LOCK = (
-    "SELECT id FROM tasks WHERE id = ANY($1::uuid[]) AND state = 'CLAIMED' "
-    "AND claim_owner = $2 ORDER BY id FOR UPDATE"
-)
 _HOLDS_DELETE = (
     "DELETE FROM reservations WHERE task_id = ANY($1::uuid[]) "
     "RETURNING pool_id, cpu, memory, llm"
 )
 
 
-async def holds_take(
-    conn: Connection, *, owner: str, task_ids: Collection[uuid.UUID]
-) -> dict[str, Vector]:
-    """Delete the holds of those ``task_ids`` still claimed by ``owner`` (locking them) and
+async def holds_take(conn: Connection, *, task_ids: Collection[uuid.UUID]) -> dict[str, Vector]:
+    """Delete the holds of ``task_ids`` (admitted tasks the caller's pass holds locked) and
     return the amounts by pool; the caller subtracts them in its one ledger statement."""
     if not task_ids:
         return {}
-    locked = [r[0] for r in await conn.fetch(_HOLDERS_LOCK, sorted(task_ids), owner)]
-    if not locked:
-        return {}
-    rows = await conn.fetch(_HOLDS_DELETE, locked)
+    rows = await conn.fetch(_HOLDS_DELETE, sorted(task_ids))
     return amounts_sum((r[0], r[1], r[2], r[3]) for r in rows)
 
 
@@ -247,7 +238,7 @@ async def leases_end(
 
 
 _HEIRS_LOCK = (
-    "SELECT id FROM tasks WHERE id = ANY($1::uuid[]) AND state IN ('ADMITTED', 'CLAIMED') "
+    "SELECT id FROM tasks WHERE id = ANY($1::uuid[]) AND state = 'ADMITTED' "
     "ORDER BY id FOR NO KEY UPDATE"
 )
 # Victims' rows on pools where their heir holds a row move into the heir's row.

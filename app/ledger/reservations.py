@@ -43,6 +43,25 @@ _RESERVE = (
     "RETURNING l.pool_id"
 )
 
+# The same, for a transaction that already holds some of the rows: rows another transaction
+# holds are skipped (refused) instead of waited for. A second ledger statement of one
+# transaction could otherwise wait while holding rows locked by the first, out of pool-id
+# order, and deadlock with another transaction's first statement.
+_RESERVE_HELD = (
+    "WITH v AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[]) "
+    "AS v(pool_id, cpu, memory, llm)), "
+    "locked AS (SELECT l.pool_id FROM ledgers l JOIN v ON v.pool_id = l.pool_id "
+    "ORDER BY l.pool_id FOR UPDATE OF l SKIP LOCKED) "
+    "UPDATE ledgers l SET cpu_reserved = l.cpu_reserved + v.cpu, "
+    "memory_reserved = l.memory_reserved + v.memory, llm_reserved = l.llm_reserved + v.llm, "
+    "updated_at = $5 "
+    "FROM v JOIN locked k ON k.pool_id = v.pool_id WHERE v.pool_id = l.pool_id "
+    "AND l.cpu_reserved + v.cpu <= l.cpu_total "
+    "AND l.memory_reserved + v.memory <= l.memory_total "
+    "AND l.llm_reserved + v.llm <= l.llm_total "
+    "RETURNING l.pool_id"
+)
+
 _RELEASE = (
     _LOCKED
     + "UPDATE ledgers l SET cpu_reserved = l.cpu_reserved - v.cpu, "
@@ -79,16 +98,19 @@ def amounts_sum(rows: Iterable[tuple[str, int, int, int]]) -> dict[str, Vector]:
 
 
 async def ledger_reserve_many(
-    conn: Connection, *, amounts: Mapping[str, Vector], now: datetime
+    conn: Connection, *, amounts: Mapping[str, Vector], now: datetime, wait: bool = True
 ) -> set[str]:
     """Add ``amounts`` to the pools whose totals still hold them; return the pools updated.
 
     A pool missing from the result lost a race: adding its amount would exceed a total, so
-    nothing was added there (:func:`app.ledger.plans.plan_apply` then rolls back).
+    nothing was added there. Every row named is locked (in pool-id order) until the
+    transaction ends, refused or not. With ``wait`` False, a row another transaction holds
+    is refused instead of waited for (use it for every ledger statement of a transaction
+    after its first).
     """
     if not amounts:
         return set()
-    rows = await conn.fetch(_RESERVE, *_columns(amounts), now)
+    rows = await conn.fetch(_RESERVE if wait else _RESERVE_HELD, *_columns(amounts), now)
     return {r[0] for r in rows}
 
 

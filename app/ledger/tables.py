@@ -9,6 +9,10 @@ these objects (or as named SQL beside them). Invariants the database itself enfo
 * ``tasks.state`` and ``pools.status`` take only their legal values;
 * one task per (tenant, idempotency key); one reservation row per (task, pool); at most one
   active lease per (task, pool).
+
+The high-volume tables (``reservations``, ``leases``, ``task_events``) carry no foreign keys
+(revision 0007_pass): docs/decisions/0007-no-foreign-keys-on-hot-tables.md says what keeps
+their references valid instead.
 """
 
 from __future__ import annotations
@@ -43,7 +47,9 @@ NAMING = {
 
 metadata = MetaData(naming_convention=NAMING)
 
-TASK_STATES = ("ADMITTED", "CLAIMED", "LEASED", "SUCCEEDED", "FAILED", "CANCELLED")
+#: A task being scheduled is ADMITTED and row-locked by its pass: CLAIMED is not stored
+#: (revision 0007_pass, docs/decisions/0006-claims-are-row-locks.md).
+TASK_STATES = ("ADMITTED", "LEASED", "SUCCEEDED", "FAILED", "CANCELLED")
 POOL_STATUSES = ("ACTIVE", "CORDONED", "DRAINING")
 LEASE_STATES = ("ACTIVE", "REVOKING", "COMPLETED", "EXPIRED", "REVOKED", "CANCELLED")
 #: Lease states in which the runtime holds the lease (REVOKING: asked to stop by a deadline).
@@ -139,8 +145,6 @@ tasks = Table(
     # attempt, but its next lease's fencing epoch must still be higher.
     Column("preemptions", Integer, nullable=False, server_default="0"),
     Column("max_attempts", Integer, nullable=False, server_default="3"),
-    Column("claim_owner", Text),
-    Column("claim_expires_at", DateTime(timezone=True)),
     Column("idempotency_key", Text),
     Column("request_hash", Text),
     Column("failure_reason", Text),
@@ -154,10 +158,6 @@ tasks = Table(
     CheckConstraint("attempts >= 0", name="attempts_nonnegative"),
     CheckConstraint("preemptions >= 0", name="preemptions_nonnegative"),
     CheckConstraint("max_attempts >= 1", name="max_attempts_positive"),
-    CheckConstraint(
-        "(state = 'CLAIMED') = (claim_owner IS NOT NULL AND claim_expires_at IS NOT NULL)",
-        name="claim_iff_claimed",
-    ),
 )
 # Idempotency keys are unique per tenant; only keyed tasks are indexed (revision 0003).
 Index(
@@ -200,10 +200,6 @@ COMPETING = (
     "state IN ('ADMITTED', 'CLAIMED') AND (pending_stage IS NULL OR pending_stage >= 4)"
 )
 Index("ix_tasks_queue_seq", tasks.c.runtime_class, tasks.c.seq, postgresql_where=text(COMPETING))
-# Claims whose reconciler died.
-Index(
-    "ix_tasks_claim_expiry", tasks.c.claim_expires_at, postgresql_where=text("state = 'CLAIMED'")
-)
 # A tenant's own tasks, newest first / by cursor.
 Index("ix_tasks_tenant_seq", tasks.c.tenant_id, tasks.c.seq)
 FINISHED = "state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')"
@@ -215,9 +211,8 @@ Index("ix_tasks_finished", tasks.c.finished_at, postgresql_where=text(FINISHED))
 reservations = Table(
     "reservations",
     metadata,
-    Column("task_id", UUID(as_uuid=True), ForeignKey("tasks.id", ondelete="CASCADE"),
-           nullable=False),
-    Column("pool_id", Text, ForeignKey("pools.id"), nullable=False),
+    Column("task_id", UUID(as_uuid=True), nullable=False),
+    Column("pool_id", Text, nullable=False),
     Column("members", Integer, nullable=False, server_default="1"),
     Column("cpu", BigInteger, nullable=False),
     Column("memory", BigInteger, nullable=False),
@@ -233,9 +228,8 @@ leases = Table(
     "leases",
     metadata,
     Column("id", UUID(as_uuid=True), primary_key=True),
-    Column("task_id", UUID(as_uuid=True), ForeignKey("tasks.id", ondelete="CASCADE"),
-           nullable=False),
-    Column("pool_id", Text, ForeignKey("pools.id"), nullable=False),
+    Column("task_id", UUID(as_uuid=True), nullable=False),
+    Column("pool_id", Text, nullable=False),
     Column("runtime_instance_id", Text, nullable=False),
     # Fencing epoch: every write for a lease names it; a recovered and re-granted task has a
     # higher epoch, so a stale runtime's completion is refused.
@@ -285,8 +279,7 @@ task_events = Table(
     "task_events",
     metadata,
     Column("id", BigInteger, Identity(always=True), primary_key=True),
-    Column("task_id", UUID(as_uuid=True), ForeignKey("tasks.id", ondelete="CASCADE"),
-           nullable=False),
+    Column("task_id", UUID(as_uuid=True), nullable=False),
     Column("at", DateTime(timezone=True), nullable=False, server_default=NOW),
     Column("from_state", Text),
     Column("to_state", Text, nullable=False),

@@ -16,7 +16,9 @@ class ReconcilerConfig:
 
     #: Tasks claimed per pass.
     batch_size: int = 1024
-    #: A claim not committed within this many seconds may be re-taken by another pass.
+    #: Longest a pass may sit idle in its transaction while holding its claims (row locks):
+    #: past it the server ends the session, the pass rolls back and its tasks are claimable
+    #: again (a reconciler that hangs without dying).
     claim_ttl_seconds: float = 30.0
     #: Lease expiry after grant and after each heartbeat.
     lease_ttl_seconds: float = 60.0
@@ -25,10 +27,9 @@ class ReconcilerConfig:
     #: Next-ranked candidates one task may walk to, over a pass, after its reservation lost
     #: a race (per task; gangs never walk).
     reservation_walk_limit: int = 3
-    #: Commit rounds of one pass that may reserve capacity. Each lost race costs a round (the
-    #: pass re-reads the refusing pools and walks); when the last round still loses, the
-    #: placements left go back to the queue unparked, in one more round that reserves
-    #: nothing. So a pass runs at most ``commit_rounds_max + 1`` commit transactions.
+    #: Reserving rounds of one pass. Each lost race costs a round (the pass re-reads the
+    #: refusing pools and walks only the grants on them, in its one transaction); when the
+    #: last round still loses, the placements left go back to the queue unparked.
     commit_rounds_max: int = 4
     #: Tries of a transaction that failed transiently (serialization, deadlock, connection).
     retry_attempts: int = 5

@@ -177,7 +177,6 @@ class Reconciler:
         ctx = PassContext(
             db=self.db,
             config=self.config,
-            claim_owner=pass_id,
             slots=self.ownership.slots,
             rng=self._rng,
             sleep=self._sleep,

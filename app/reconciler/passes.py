@@ -1,7 +1,10 @@
-"""One reconcile pass: claim, snapshot, select in policy order, then plan and apply.
+"""One reconcile pass, in one transaction: claim, snapshot, select in policy order, then apply.
 
-1. **Claim** up to ``batch`` tasks of the owned slots (``FOR UPDATE SKIP LOCKED``, claim
-   expiry, policy-aware claim order) in a short transaction of its own.
+1. **Claim** up to ``batch`` tasks of the owned slots: ``FOR UPDATE SKIP LOCKED`` in the
+   pass's transaction, in the policy's claim order. The row locks are the claim
+   (docs/decisions/0006-claims-are-row-locks.md): nothing is written to claim, and a pass
+   that dies anywhere (killed, connection lost, or idle in its transaction longer than
+   ``claim_ttl_seconds``, when the server ends its session) aborts and leaves nothing behind.
 2. **Snapshot**: one read of ledgers and runtime health at the pass's ``now``, on top of the
    previous pass's static part (pool rows are re-read only when one changed, see
    :class:`~app.ledger.snapshot.SnapshotCache`), plus actual placements only for tenants
@@ -11,19 +14,24 @@
    nowhere are remembered in the pass's :class:`UnsatisfiableCache`.
 4. **Plan, then apply**: the decisions become a :class:`~app.ledger.plans.Plan` (grants with
    their pools and members; hand-backs with their reasons), and
-   :func:`~app.ledger.plans.plan_apply` writes it in one transaction, the ledger last. When
-   pools refuse their amounts (another reconciler won the race) nothing is written: the pass
-   re-reads those pools, walks the affected tasks (:mod:`app.reconciler.walk`, at most
-   ``reservation_walk_limit`` candidates per task; gangs never walk) and applies the new
-   plan. At most ``commit_rounds_max`` rounds reserve; if the last still loses, the
-   placements left go back to the queue unparked.
+   :func:`~app.ledger.plans.plan_apply` writes it, the ledger last. When pools refuse their
+   amounts (another reconciler won the race) only the grants on those pools are undone: the
+   pass re-reads the pools (it holds their rows locked now), walks the affected tasks
+   (:mod:`app.reconciler.walk`, at most ``reservation_walk_limit`` candidates per task;
+   gangs never walk) and leases them again with a ledger statement that skips rows other
+   transactions hold (:func:`~app.ledger.plans.grants_settle`). At most
+   ``commit_rounds_max`` rounds reserve; the placements still refused after the last go back
+   to the queue unparked. Then the transaction commits.
 
 A claimed task that may preempt and fits nowhere gets a preemption planned by the core; the
 pass's share of that work (reads, planning, hand-backs) lives in
-:mod:`app.reconciler.preempting`, and the plan applies it in the same transaction.
+:mod:`app.reconciler.preempting`, and the plan applies it (in a savepoint: a preemption whose
+victims changed meanwhile rolls back and its preemptor is handed back).
 
-Transient failures of each transaction are retried (see :mod:`app.reconciler.retry`); other
-errors propagate and the claims expire.
+A transient failure (serialization, deadlock, lost connection) aborts the transaction and the
+whole pass is retried (see :mod:`app.reconciler.retry`); other errors propagate, the
+transaction rolls back and the claimed tasks are claimable again at once. Metrics are counted
+once the pass has committed.
 """
 
 from __future__ import annotations
@@ -39,9 +47,17 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from app.db import Database
-from app.ledger.claims import ClaimedTask, tasks_claim
-from app.ledger.plans import ApplyResult, Grant, Plan, Unclaim, plan_apply
+from app.db import Connection, Database
+from app.ledger.claims import ClaimedTask, claims_settings, tasks_claim, tasks_unclaim
+from app.ledger.plans import (
+    ApplyResult,
+    Grant,
+    Plan,
+    Unclaim,
+    grants_settle,
+    plan_apply,
+)
+from app.ledger.reservations import Vector, amounts_sum
 from app.ledger.snapshot import (
     LedgerRow,
     SnapshotCache,
@@ -115,6 +131,8 @@ class PassResult:
     #: Parked tasks the pass's placements unparked (affinity now has a match).
     woken: int = 0
     commit_rounds: int = 0
+    #: Pools that refused a reservation round (``stage="reserve"`` of the conflicts metric).
+    refused_pools: int = 0
     #: Preemptions committed (their victims are revoking now).
     preempting: int = 0
     #: Whether the pass re-read the pool rows (a pool changed) instead of reusing them.
@@ -122,6 +140,11 @@ class PassResult:
     duration_seconds: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)
     leased_ids: list[uuid.UUID] = field(default_factory=list)
+    #: Filter rejections by reason code, and the queue wait of each task leased: counted in
+    #: the metrics once the pass has committed.
+    rejections: Counter[str] = field(default_factory=Counter)
+    queue_waits: list[float] = field(default_factory=list)
+    victims: int = 0
 
     def to_log(self) -> dict[str, Any]:
         """Return the result as flat log fields."""
@@ -154,7 +177,7 @@ def _pending(
     return Unclaim(
         task.id, code, document, parked=True, wake=wake,
         stage=pending_stage(code) if wake is not None else STAGE_NONE,
-        event=task.pending_code != code, silent=task.pending_code is not None,
+        event=task.pending_code != code,
     )
 
 
@@ -168,7 +191,6 @@ class PassContext:
 
     db: Database
     config: ReconcilerConfig
-    claim_owner: str
     slots: frozenset[int]
     rng: Callable[[], float]
     sleep: Callable[[float], Awaitable[object]]
@@ -206,36 +228,71 @@ class PassContext:
 
 
 async def pass_run(ctx: PassContext, *, pass_id: str, now: datetime) -> PassResult:
-    """Run one pass at ``now`` and return what it did."""
-    cfg = ctx.config
+    """Run one pass at ``now`` in one transaction (retried whole on a transient failure)
+    and return what it did."""
     started = time.perf_counter()
+
+    async def attempt() -> PassResult:
+        async with ctx.db.transaction() as conn:
+            # A pass that hangs holding its claims is ended by the server (and rolled back).
+            await claims_settings(conn, idle_seconds=ctx.config.claim_ttl_seconds)
+            return await _pass_in(conn, ctx, pass_id=pass_id, now=now)
+
+    result: PassResult = await ctx.retry(attempt, "pass")
+    _metrics_count(result)
+    result.duration_seconds = time.perf_counter() - started
+    if result.claimed:
+        PASS_DURATION.observe(result.duration_seconds)
+    return result
+
+
+def _metrics_count(result: PassResult) -> None:
+    """Count a committed pass in the metrics."""
+    if not result.claimed:
+        return
+    # Re-examinations are not claims in the metric's sense: it grows with new work only.
+    TASKS_CLAIMED.inc(result.claimed - result.reexamined)
+    TASKS_REEXAMINED.inc(result.reexamined)
+    for label, n in result.rejections.items():
+        FILTER_REJECTIONS.labels(plugin=REASON_PLUGIN.get(label, "core"), reason=label).inc(n)
+    if result.refused_pools:
+        RESERVATION_CONFLICTS.labels(stage="reserve").inc(result.refused_pools)
+    if result.conflicts > result.refused_pools:
+        RESERVATION_CONFLICTS.labels(stage="preempt").inc(result.conflicts - result.refused_pools)
+    if result.preempting:
+        PREEMPTIONS.inc(result.preempting)
+        PREEMPTION_VICTIMS.labels(outcome="revoking").inc(result.victims)
+    TASKS_LEASED.inc(result.leased)
+    PLACEMENTS.labels(outcome="leased").inc(result.leased)
+    # A re-examination that changed nothing is not a new decision.
+    PLACEMENTS.labels(outcome="pending").inc(result.pending - result.unchanged)
+    PLACEMENTS.labels(outcome="conflict").inc(result.requeued)
+    for wait in result.queue_waits:
+        QUEUE_WAIT.observe(wait)
+
+
+async def _pass_in(
+    conn: Connection, ctx: PassContext, *, pass_id: str, now: datetime
+) -> PassResult:
+    """Run one pass in the transaction of ``conn``; return what it did."""
+    cfg = ctx.config
+    t0 = time.perf_counter()
     result = PassResult(pass_id=pass_id, slots=len(ctx.slots))
     phases = result.phases
-
-    async def claim() -> list[ClaimedTask]:
-        async with ctx.db.transaction() as conn:
-            return await tasks_claim(
-                conn,
-                owner=ctx.claim_owner,
-                slots=ctx.slots,
-                batch=cfg.batch_size,
-                now=now,
-                claim_ttl_seconds=cfg.claim_ttl_seconds,
-                policy=cfg.policy,
-                aging_seconds=cfg.priority_aging_seconds,
-                fair_rotation=ctx.rotation,
-            )
-
-    claimed: list[ClaimedTask] = await ctx.retry(claim, "claim")
-    phases["claim"] = time.perf_counter() - started
+    claimed = await tasks_claim(
+        conn,
+        slots=ctx.slots,
+        batch=cfg.batch_size,
+        now=now,
+        policy=cfg.policy,
+        aging_seconds=cfg.priority_aging_seconds,
+        fair_rotation=ctx.rotation,
+    )
+    phases["claim"] = time.perf_counter() - t0
     result.claimed = len(claimed)
     if not claimed:
-        result.duration_seconds = time.perf_counter() - started
         return result
     result.reexamined = sum(1 for t in claimed if t.pending_code is not None)
-    # Re-examinations are not claims in the metric's sense: it grows with new work only.
-    TASKS_CLAIMED.inc(len(claimed) - result.reexamined)
-    TASKS_REEXAMINED.inc(result.reexamined)
 
     specs: dict[uuid.UUID, CompiledSpec] = {}
     unclaims: list[Unclaim] = []
@@ -257,22 +314,15 @@ async def pass_run(ctx: PassContext, *, pass_id: str, now: datetime) -> PassResu
 
     t0 = time.perf_counter()
 
-    async def read() -> tuple:
-        async with ctx.db.connection() as conn:
-            snapshot = await snapshot_read(
-                conn, now=now, freshness_seconds=cfg.heartbeat_freshness_seconds,
-                strategy=cfg.strategy,
-                placed=lambda: placements_grouped_read(conn, tenant_ids=affinity_tenants),
-                cache=ctx.snapshot_cache,
-            )
-            usage = (
-                await tenant_usage_read(conn, tenant_ids=tenants) if cfg.policy == "fair" else {}
-            )
-            await preemption.load(conn, claimed=claimed, specs=specs)
-            return snapshot, usage
-
     rebuilds = ctx.snapshot_cache.rebuilds
-    snapshot, usage = await ctx.retry(read, "snapshot")
+    snapshot = await snapshot_read(
+        conn, now=now, freshness_seconds=cfg.heartbeat_freshness_seconds,
+        strategy=cfg.strategy,
+        placed=lambda: placements_grouped_read(conn, tenant_ids=affinity_tenants),
+        cache=ctx.snapshot_cache,
+    )
+    usage = await tenant_usage_read(conn, tenant_ids=tenants) if cfg.policy == "fair" else {}
+    await preemption.load(conn, claimed=claimed, specs=specs)
     result.snapshot_rebuilt = ctx.snapshot_cache.rebuilds != rebuilds
     phases["snapshot"] = time.perf_counter() - t0
 
@@ -299,7 +349,7 @@ async def pass_run(ctx: PassContext, *, pass_id: str, now: datetime) -> PassResu
 
     assumed = Assumed(snapshot)
     cache = UnsatisfiableCache(assumed)
-    rejections: Counter[str] = Counter()
+    rejections = result.rejections
     decisions: list[Decision] = []
     for q in ordered:
         task = by_id[q.task_id]
@@ -342,51 +392,52 @@ async def pass_run(ctx: PassContext, *, pass_id: str, now: datetime) -> PassResu
     phases["select"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    await _plan_commit(ctx, result, decisions, unclaims, snapshot, preemption, now=now)
+    await _plan_commit(conn, ctx, result, decisions, unclaims, snapshot, preemption, now=now)
     phases["commit"] = time.perf_counter() - t0
-
-    for label, n in rejections.items():
-        FILTER_REJECTIONS.labels(plugin=REASON_PLUGIN.get(label, "core"), reason=label).inc(n)
-    result.duration_seconds = time.perf_counter() - started
-    PASS_DURATION.observe(result.duration_seconds)
     return result
+
+
+def _grants(decisions: list[Decision], instance: dict[str, str]) -> list[Grant]:
+    """Return the grants of ``decisions`` (their members on the pools' runtime instances)."""
+    return [
+        Grant(
+            task_id=d.task.id,
+            placement=d.placement_json(),
+            members=tuple((p, c, instance[p]) for p, c in d.members),
+            requests=d.spec.requests,
+            wakes=(key_placed(d.spec.tenant_id),) if d.spec.labels else (),
+        )
+        for d in decisions
+    ]
 
 
 def _plan(
     decisions: list[Decision],
     unclaims: list[Unclaim],
-    released: list[Decision],
     instance: dict[str, str],
     preemption: PassPreemption,
 ) -> Plan:
-    """Return the plan of the kept decisions, the hand-backs, the released decisions and the
-    preemptions."""
+    """Return the plan of the decisions, the hand-backs and the preemptions."""
     return Plan(
-        grants=tuple(
-            Grant(
-                task_id=d.task.id,
-                placement=d.placement_json(),
-                members=tuple((p, c, instance[p]) for p, c in d.members),
-                requests=d.spec.requests,
-                silent=d.task.pending_code is not None,
-                wakes=(key_placed(d.spec.tenant_id),) if d.spec.labels else (),
-            )
-            for d in decisions
-        ),
-        unclaims=(
-            *unclaims,
-            *(
-                Unclaim(d.task.id, CONFLICT_REASON, None, parked=False,
-                        silent=d.task.pending_code is not None)
-                for d in released
-            ),
-        ),
+        grants=tuple(_grants(decisions, instance)),
+        unclaims=tuple(unclaims),
         preemptions=tuple(preemption.grants.values()),
         holds_taken=preemption.holds_taken((d.task.id for d in decisions), unclaims),
     )
 
 
+def _members_amounts(
+    decisions: list[Decision], *, skip: frozenset[str]
+) -> dict[str, Vector]:
+    """Return what the members of ``decisions`` on pools other than ``skip`` reserve."""
+    return amounts_sum(
+        (p, c * d.spec.requests[0], c * d.spec.requests[1], c * d.spec.requests[2])
+        for d in decisions for p, c in d.members if p not in skip
+    )
+
+
 async def _plan_commit(
+    conn: Connection,
     ctx: PassContext,
     result: PassResult,
     decisions: list[Decision],
@@ -396,89 +447,93 @@ async def _plan_commit(
     *,
     now: datetime,
 ) -> None:
-    """Apply the pass's plan, walking after lost races, in at most ``commit_rounds_max``
-    reserving rounds; fill ``result``."""
+    """Apply the pass's plan in its transaction, settling the grants whose pools refused in
+    at most ``commit_rounds_max`` reserving rounds; fill ``result``."""
     cfg = ctx.config
+    ttl = cfg.lease_ttl_seconds
     instance = {p.id: p.runtime_instance_id for p in snapshot.pools}
-    kept = decisions
-    released: list[Decision] = []
-    lost_ever: set[str] = set()
-    commit_now = now
-
+    # Leases and leased_at carry the commit's time, not the pass start.
+    commit_now = ctx.clock() if ctx.clock is not None else now
     while True:
         result.commit_rounds += 1
-        # Leases and leased_at carry the commit's time, not the pass start.
-        commit_now = ctx.clock() if ctx.clock is not None else now
-        plan = _plan(kept, unclaims, released, instance, preemption)
-
-        async def apply(plan: Plan = plan, at: datetime = commit_now) -> ApplyResult:
-            async with ctx.db.connection() as conn:
-                return await plan_apply(
-                    conn, plan=plan, owner=ctx.claim_owner, now=at,
-                    lease_ttl_seconds=cfg.lease_ttl_seconds, claimed_at=now,
-                )
-
-        applied: ApplyResult = await ctx.retry(apply, "commit")
-        if applied.applied:
-            break
-        if applied.lost_preemptions:
-            # A victim ended or was taken meanwhile: those preemptors go back to the queue.
-            result.conflicts += len(applied.lost_preemptions)
-            RESERVATION_CONFLICTS.labels(stage="preempt").inc(len(applied.lost_preemptions))
-            preemption.drop(applied.lost_preemptions, unclaims)
-            continue
-        result.conflicts += len(applied.lost)
-        RESERVATION_CONFLICTS.labels(stage="reserve").inc(len(applied.lost))
-        # A preemptor whose hold on the free part lost its pool goes back to the queue.
-        preemption.drop(preemption.holding_on(applied.lost), unclaims)
-        if result.commit_rounds >= cfg.commit_rounds_max:
-            # The last reserving round lost too: hand every placement left back to the
-            # queue in a round that reserves nothing (and so cannot lose).
-            released += kept
-            kept = []
-            preemption.drop(preemption.holding_on(None), unclaims)
-            continue
-        lost_ever |= applied.lost
-
-        async def reread(pools: frozenset[str] = frozenset(lost_ever)) -> dict[str, LedgerRow]:
-            async with ctx.db.connection() as conn:
-                return await ledgers_read(conn, pool_ids=pools)
-
-        fresh = await ctx.retry(reread, "reread")
-        walks_before = sum(d.walks for d in kept)
-        kept, dropped = decisions_walk(
-            kept, fresh=fresh, snapshot=snapshot, walk_limit=cfg.reservation_walk_limit
+        plan = _plan(decisions, unclaims, instance, preemption)
+        applied: ApplyResult = await plan_apply(
+            conn, plan=plan, now=commit_now, lease_ttl_seconds=ttl
         )
-        result.walked += sum(d.walks for d in kept + dropped) - walks_before
-        released += dropped
+        if not applied.lost_preemptions:
+            break
+        # A victim ended or was taken meanwhile, or a hold was refused: those preemptors go
+        # back to the queue (the savepoint undid the whole plan: apply it again without).
+        result.conflicts += len(applied.lost_preemptions)
+        preemption.drop(applied.lost_preemptions, unclaims)
 
-    leased, unclaimed = applied.leased, applied.unclaimed
-    leased_decisions = [d for d in kept if d.task.id in leased]
-    result.leased = len(leased_decisions)
-    result.leased_ids = [d.task.id for d in leased_decisions]
+    events = dict(applied.leased)
+    kept = [d for d in decisions if d.task.id in events]
+    # The grants of the last ledger statement: only they can be refused by it (the amounts
+    # of earlier rounds' grants are in the ledger already).
+    last = kept
+    released: list[Decision] = []
+    refused = applied.refused
+    # Holds given back on refused pools: their rows are gone, so their amounts must go too.
+    release_first: dict[str, Vector] = dict(applied.taken_refused)
+    # Pools a later round's statement refused: it skips rows other transactions hold, and
+    # a fresh read of such a row does not show that it is held, so the walk counts them full.
+    blocked: set[str] = set()
+    while refused:
+        result.conflicts += len(refused)
+        result.refused_pools += len(refused)
+        hit = [d for d in last if any(p in refused for p, _ in d.members)]
+        undone = {id(d) for d in hit}
+        kept = [d for d in kept if id(d) not in undone]
+        # The members of a refused grant on pools that accepted (a gang's) were reserved.
+        release = amounts_sum((p, *a) for m in (
+            release_first, _members_amounts(hit, skip=refused)
+        ) for p, a in m.items())
+        release_first = {}
+        walked: list[Decision] = []
+        if result.commit_rounds < cfg.commit_rounds_max:
+            result.commit_rounds += 1
+            pools = set(refused) | {c.pool_id for d in hit for c in d.result.candidates}
+            fresh = await ledgers_read(conn, pool_ids=pools)
+            for pool_id in blocked & fresh.keys():
+                fresh[pool_id] = LedgerRow(fresh[pool_id].total, fresh[pool_id].total)
+            walks_before = sum(d.walks for d in hit)
+            walked, dropped = decisions_walk(
+                hit, fresh=fresh, snapshot=snapshot, walk_limit=cfg.reservation_walk_limit
+            )
+            result.walked += sum(d.walks for d in hit) - walks_before
+        else:
+            dropped = hit
+        released += dropped
+        leased, refused = await grants_settle(
+            conn, undo=[d.task for d in hit], events=events, release=release,
+            grants=_grants(walked, instance), now=commit_now, lease_ttl_seconds=ttl,
+        )
+        blocked |= refused
+        events.update(leased)
+        last = [d for d in walked if d.task.id in leased]
+        released += [d for d in walked if d.task.id not in leased]
+        kept += last
+
+    # The placements refused in every round go back to the queue, unparked.
+    await tasks_unclaim(conn, items=[
+        Unclaim(d.task.id, CONFLICT_REASON, None, parked=False) for d in released
+    ], now=commit_now)
+
+    unclaimed = applied.unclaimed
+    result.leased = len(kept)
+    result.leased_ids = [d.task.id for d in kept]
     result.pending = sum(1 for u in unclaims if u.task_id in unclaimed)
     result.unchanged = sum(1 for u in unclaims if u.task_id in unclaimed and not u.event)
     result.woken = applied.woken
-    result.requeued = sum(1 for d in released if d.task.id in unclaimed)
-    result.lost = (len(kept) - len(leased_decisions)) + (
-        len(unclaims) + len(released) - len(unclaimed)
-    )
-    if result.lost:
-        RESERVATION_CONFLICTS.labels(stage="bind").inc(result.lost)
+    result.requeued = len(released)
     result.preempting = len(applied.preempted)
-    if applied.preempted:
-        PREEMPTIONS.inc(len(applied.preempted))
-        PREEMPTION_VICTIMS.labels(outcome="revoking").inc(
-            sum(len(preemption.grants[t].victims) for t in applied.preempted)
-        )
-    TASKS_LEASED.inc(result.leased)
-    PLACEMENTS.labels(outcome="leased").inc(result.leased)
-    # A re-examination that changed nothing is not a new decision.
-    PLACEMENTS.labels(outcome="pending").inc(result.pending - result.unchanged)
-    PLACEMENTS.labels(outcome="conflict").inc(result.requeued)
-    for d in leased_decisions:
-        QUEUE_WAIT.observe(max((commit_now - d.task.admitted_at).total_seconds(), 0.0))
-        if log.isEnabledFor(logging.DEBUG):
+    result.victims = sum(len(preemption.grants[t].victims) for t in applied.preempted)
+    result.queue_waits = [
+        max((commit_now - d.task.admitted_at).total_seconds(), 0.0) for d in kept
+    ]
+    if log.isEnabledFor(logging.DEBUG):
+        for d in kept:
             log.debug(
                 "task leased",
                 extra={"pass_id": result.pass_id, "task_id": str(d.task.id),

@@ -1,4 +1,5 @@
-"""Claims: SKIP LOCKED across connections, expiry, owned slots, policy-aware claim order."""
+"""Claims: row locks taken with SKIP LOCKED across connections, released with the
+transaction, owned slots, policy-aware claim order."""
 
 from __future__ import annotations
 
@@ -28,21 +29,38 @@ async def _rolled_back(db: Database) -> AsyncIterator[Connection]:
 
 
 async def _claim(conn, owner: str = "o", *, batch: int = 10, slots=ALL, at=NOW, **kw):
-    return await tasks_claim(conn, owner=owner, slots=slots, batch=batch, now=at,
-                             claim_ttl_seconds=30, **kw)
+    del owner  # a claim has no owner column: it is the row lock of the caller's transaction
+    return await tasks_claim(conn, slots=slots, batch=batch, now=at, **kw)
 
 
-async def test_fifo_claims_in_admission_order_and_sets_the_claim(db: Database) -> None:
+async def test_fifo_claims_in_admission_order_and_writes_nothing(db: Database) -> None:
     async with db.transaction() as conn:
         a = await tasks_add(conn, tenant="t1", count=3)
         b = await tasks_add(conn, tenant="t2", count=2)
     async with db.transaction() as conn:
+        before = await task_get(conn, a[0])
         claimed = await _claim(conn, batch=4)
+        events = await conn.fetchval("SELECT count(*) FROM task_events")
+        # Seen from another connection the claimed rows are locked, and still ADMITTED.
+        async with db.connection() as other:
+            free = await other.fetch(
+                "SELECT id FROM tasks ORDER BY seq FOR UPDATE SKIP LOCKED")
+            assert (await task_get(other, a[0]))["state"] == "ADMITTED"
     assert [c.id for c in claimed] == a + b[:1]
+    assert [r[0] for r in free] == b[1:]
+    assert events == 0  # a claim writes no event
     async with db.connection() as conn:
-        row = await task_get(conn, a[0])
-    assert (row["state"], row["claim_owner"]) == ("CLAIMED", "o")
-    assert row["claim_expires_at"] == NOW + timedelta(seconds=30)
+        assert await task_get(conn, a[0]) == before
+
+
+async def test_claims_end_with_the_transaction(db: Database) -> None:
+    async with db.transaction() as conn:
+        ids = await tasks_add(conn, tenant="t1", count=3)
+    async with _rolled_back(db) as conn:
+        assert [c.id for c in await _claim(conn, batch=2)] == ids[:2]
+    # The pass rolled back (or died): its tasks are claimable again at once, unchanged.
+    async with db.transaction() as conn:
+        assert [c.id for c in await _claim(conn, batch=3)] == ids
 
 
 async def test_concurrent_claims_skip_each_others_rows(db: Database) -> None:
@@ -65,21 +83,16 @@ async def test_only_owned_slots_are_claimed(db: Database) -> None:
     assert [c.id for c in claimed] == other
 
 
-async def test_expired_claims_are_taken_again_first(db: Database) -> None:
+async def test_a_transaction_does_not_claim_its_own_rows_twice(db: Database) -> None:
     async with db.transaction() as conn:
-        ids = await tasks_add(conn, tenant="t1", count=3)
-    async with db.transaction() as conn:
-        await _claim(conn, "dead", batch=1)
-    async with db.transaction() as conn:
-        before_expiry = await _claim(conn, "live", batch=1, at=NOW + timedelta(seconds=29))
-    assert [c.id for c in before_expiry] == [ids[1]]
-    async with db.transaction() as conn:
-        after = await _claim(conn, "live2", batch=2, at=NOW + timedelta(seconds=30))
-    assert [c.id for c in after] == [ids[0], ids[2]]  # the dead claim first
-    async with db.connection() as conn:
-        reasons = [r[0] for r in await conn.fetch(
-            "SELECT reason FROM task_events WHERE task_id = $1 ORDER BY id", ids[0])]
-    assert reasons == ["claimed", "claim_expired"]
+        ids = await tasks_add(conn, tenant="t1", count=3, spec=spec_make(priority=0))
+        (high,) = await tasks_add(conn, tenant="t1", spec=spec_make(priority=9))
+    async with _rolled_back(db) as conn:
+        # SKIP LOCKED does not skip the transaction's own locks: the fifo fill after the
+        # priority claim must leave out what it took.
+        claimed = await _claim(conn, batch=4, policy="priority")
+    assert sorted(c.id for c in claimed) == sorted([*ids, high])
+    assert len(claimed) == 4
 
 
 async def test_fair_claim_caps_each_tenant_so_a_backlog_cannot_fill_the_batch(
@@ -119,11 +132,9 @@ async def test_unclaim_parks_with_reason_and_unpark_releases(db: Database) -> No
     reason = {"code": "insufficient_cpu", "message": "no room", "rejections": {}}
     async with db.transaction() as conn:
         await _claim(conn, "o")
-        done = await tasks_unclaim(conn, owner="o", now=NOW, items=[
+        done = await tasks_unclaim(conn, now=NOW, items=[
             Unclaim(task_id, "insufficient_cpu", reason, parked=True)])
-        ignored = await tasks_unclaim(conn, owner="someone-else", now=NOW, items=[
-            Unclaim(task_id, "insufficient_cpu", reason, parked=True)])
-    assert done == {task_id} and ignored == set()
+    assert done == {task_id}
     async with db.transaction() as conn:
         assert await _claim(conn, "o2") == []  # parked: not claimable
         assert await tasks_unpark(conn, slots=frozenset({shard_of("t1")}), now=NOW) == 1

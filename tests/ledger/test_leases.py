@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import timedelta
 
@@ -138,7 +139,7 @@ async def test_complete_succeeded_releases_capacity_in_the_same_transaction(
         )]
     assert task["state"] == "SUCCEEDED" and task["finished_at"] == NOW
     assert lease_state == "COMPLETED"
-    assert events == ["CLAIMED", "LEASED", "SUCCEEDED"]
+    assert events == ["LEASED", "SUCCEEDED"]
     assert await ledger_violations(db) == []
 
 
@@ -234,31 +235,60 @@ async def test_cancel_hides_other_tenants_tasks(db: Database) -> None:
             await task_cancel(conn, task_id=uuid.uuid4(), tenant_id="t1", now=NOW)
 
 
-async def test_cancel_of_a_claimed_task_wins_over_the_reconcilers_commit(
-    db: Database,
-) -> None:
-    """A pass that claimed the task finds it cancelled at commit and leaves it alone."""
+async def _claimable(db: Database) -> uuid.UUID:
     async with db.transaction() as conn:
         await pool_add(conn, "p1", tenants=["t1"], capacity=(1000, 1000, 0))
         await heartbeat_add(conn, "rt-p1", at=NOW)
         (task_id,) = await tasks_add(conn, tenant="t1", spec=spec_make(cpu=500))
-    from app.ledger.claims import Grant, tasks_claim, tasks_lease
+    return task_id
 
+
+async def _cancel(db: Database, task_id: uuid.UUID) -> str:
     async with db.transaction() as conn:
-        claimed = await tasks_claim(conn, owner="pass-1", slots=ALL, batch=10, now=NOW,
-                                    claim_ttl_seconds=30)
-    assert [c.id for c in claimed] == [task_id]
+        return await task_cancel(conn, task_id=task_id, tenant_id="t1", now=NOW)
+
+
+async def test_cancel_waits_for_the_pass_placing_the_task_then_cancels_it(
+    db: Database,
+) -> None:
+    """The pass's row lock is its claim: a cancel waits for the pass to commit, then ends
+    the lease the pass granted and releases its capacity."""
+    from app.ledger.claims import Grant, tasks_claim, tasks_lease
+    from app.ledger.reservations import ledger_reserve_many
+
+    task_id = await _claimable(db)
     async with db.transaction() as conn:
-        assert await task_cancel(conn, task_id=task_id, tenant_id="t1", now=NOW) == "CANCELLED"
-    async with db.transaction() as conn:
-        leased = await tasks_lease(
-            conn, owner="pass-1", now=NOW, lease_ttl_seconds=TTL,
+        claimed = await tasks_claim(conn, slots=ALL, batch=10, now=NOW)
+        assert [c.id for c in claimed] == [task_id]
+        cancel = asyncio.create_task(_cancel(db, task_id))
+        await asyncio.sleep(0.2)
+        assert not cancel.done()  # waiting for the pass's lock
+        await tasks_lease(
+            conn, now=NOW, lease_ttl_seconds=TTL,
             grants=[Grant(task_id, {"poolId": "p1"}, (("p1", 1, "rt-p1"),), (500, 0, 0))],
         )
-    assert leased == set()
+        await ledger_reserve_many(conn, amounts={"p1": (500, 0, 0)}, now=NOW)
+    assert await cancel == "CANCELLED"
     async with db.connection() as conn:
         assert (await task_get(conn, task_id))["state"] == "CANCELLED"
+        assert await conn.fetchval("SELECT state FROM leases") == "CANCELLED"
     assert await _cpu_reserved(db) == 0
+    assert await ledger_violations(db) == []
+
+
+async def test_cancel_of_a_task_held_too_long_answers_retry_later(db: Database) -> None:
+    from app.ledger.claims import tasks_claim
+    from app.ledger.leases import TaskBeingScheduled
+
+    task_id = await _claimable(db)
+    async with db.transaction() as conn:
+        await tasks_claim(conn, slots=ALL, batch=10, now=NOW)
+        with pytest.raises(TaskBeingScheduled) as refused:
+            await _cancel(db, task_id)
+    assert refused.value.status == 409
+    assert refused.value.extra["headers"] == {"Retry-After": "1"}
+    # The pass ended without placing it: the cancel goes through now.
+    assert await _cancel(db, task_id) == "CANCELLED"
     assert await ledger_violations(db) == []
 
 

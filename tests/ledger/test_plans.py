@@ -1,37 +1,39 @@
-"""``plan_apply``: a plan is written whole in one transaction, or not at all with the pools
-that lost the race named."""
+"""``plan_apply`` and ``grants_settle``: a plan is written in the pass's transaction; a pool
+that refuses undoes only the grants on it, and a later ledger statement never waits."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 
 from app.config import SHARD_SLOTS
-from app.db import Database
+from app.db import Connection, Database
 from app.ledger.claims import tasks_claim
-from app.ledger.plans import Grant, Plan, Unclaim, plan_apply
+from app.ledger.plans import Grant, Plan, Unclaim, grants_settle, plan_apply
 from tests.factories import NOW, ledger_violations, pool_add, spec_make, task_get, tasks_add
 
 ALL = frozenset(range(SHARD_SLOTS))
-OWNER = "planner/1"
+REASON = {"code": "insufficient_cpu", "message": "no room", "rejections": {}}
 
 
-async def _claimed(db: Database, count: int) -> list:
+async def _tasks(db: Database, count: int) -> list:
     async with db.transaction() as conn:
         await pool_add(conn, "p1", tenants=["t1"], capacity=(1000, 1000, 0))
         await pool_add(conn, "p2", tenants=["t1"], capacity=(1000, 1000, 0))
-        ids = await tasks_add(conn, tenant="t1", count=count, spec=spec_make(cpu=400))
-        await tasks_claim(conn, owner=OWNER, slots=ALL, batch=count, now=NOW,
-                          claim_ttl_seconds=30)
-    return ids
+        return await tasks_add(conn, tenant="t1", count=count, spec=spec_make(cpu=400))
+
+
+@asynccontextmanager
+async def _pass(db: Database, count: int) -> AsyncIterator[tuple[Connection, list]]:
+    """Yield a transaction holding ``count`` claimed tasks, and those tasks."""
+    async with db.transaction() as conn:
+        claimed = await tasks_claim(conn, slots=ALL, batch=count, now=NOW)
+        yield conn, claimed
 
 
 def _grant(task_id, pool_id: str, cpu: int = 400) -> Grant:
     return Grant(task_id, {"poolId": pool_id}, ((pool_id, 1, f"rt-{pool_id}"),), (cpu, 0, 0))
-
-
-async def _apply(db: Database, plan: Plan):
-    async with db.connection() as conn:
-        return await plan_apply(conn, plan=plan, owner=OWNER, now=NOW, lease_ttl_seconds=60)
 
 
 async def _written(db: Database) -> tuple:
@@ -40,81 +42,106 @@ async def _written(db: Database) -> tuple:
             await conn.fetchval("SELECT count(*) FROM reservations"),
             await conn.fetchval("SELECT count(*) FROM leases"),
             await conn.fetchval("SELECT SUM(cpu_reserved) FROM ledgers"),
-            await conn.fetchval("SELECT count(*) FROM tasks WHERE state = 'CLAIMED'"),
-            await conn.fetchval(
-                "SELECT count(*) FROM task_events WHERE reason <> 'claimed'"),
+            await conn.fetchval("SELECT count(*) FROM task_events"),
         )
 
 
 async def test_a_plan_is_applied_whole(db: Database) -> None:
-    a, b, c = await _claimed(db, 3)
-    reason = {"code": "insufficient_cpu", "message": "no room", "rejections": {}}
-    result = await _apply(db, Plan(
-        grants=(_grant(a, "p1"), _grant(b, "p2")),
-        unclaims=(Unclaim(c, "insufficient_cpu", reason, parked=True),),
-    ))
-    assert result.applied and result.lost == frozenset()
-    assert (result.leased, result.unclaimed) == ({a, b}, {c})
-    assert await _written(db) == (2, 2, 800, 0, 3)
+    a, b, c = await _tasks(db, 3)
+    async with _pass(db, 3) as (conn, _):
+        result = await plan_apply(conn, plan=Plan(
+            grants=(_grant(a, "p1"), _grant(b, "p2")),
+            unclaims=(Unclaim(c, "insufficient_cpu", REASON, parked=True),),
+        ), now=NOW, lease_ttl_seconds=60)
+    assert result.refused == frozenset() and result.lost_preemptions == frozenset()
+    assert (set(result.leased), result.unclaimed) == ({a, b}, {c})
+    # One event per task: leased, or the pending reason.
+    assert await _written(db) == (2, 2, 800, 3)
     async with db.connection() as conn:
         lease = await conn.fetchrow("SELECT runtime_instance_id, epoch, expires_at "
                                     "FROM leases WHERE task_id = $1", a)
         assert (await task_get(conn, a))["placement"] == {"poolId": "p1"}
-        assert (await task_get(conn, c))["pending_reason"] == reason
+        assert (await task_get(conn, c))["pending_reason"] == REASON
+        events = await conn.fetch("SELECT from_state, to_state, reason FROM task_events "
+                                  "WHERE task_id = $1", a)
+    assert [tuple(e) for e in events] == [("ADMITTED", "LEASED", "leased")]
     assert tuple(lease) == ("rt-p1", 1, NOW + timedelta(seconds=60))
     assert await ledger_violations(db) == []
 
 
-async def test_a_lost_race_returns_the_pools_and_writes_nothing(db: Database) -> None:
-    a, b, c = await _claimed(db, 3)
+async def test_a_refused_pool_undoes_only_the_grants_on_it(db: Database) -> None:
+    a, b, c = await _tasks(db, 3)
     async with db.connection() as conn:  # a rival got to p2 first
         await conn.execute("UPDATE ledgers SET cpu_reserved = 700 WHERE pool_id = 'p2'")
-    plan = Plan(
-        grants=(_grant(a, "p1"), _grant(b, "p2")),
-        unclaims=(Unclaim(c, "reservation_conflict"),),
-    )
-    result = await _apply(db, plan)
-    assert not result.applied
-    assert result.lost == {"p2"}
-    assert (result.leased, result.unclaimed) == (frozenset(), frozenset())
-    # Nothing of the plan was written, not even for the pool that had room.
-    assert await _written(db) == (0, 0, 700, 3, 0)
-
-    # Without the lost pool's grant, the same tasks apply (they are still claimed).
-    retry = Plan(grants=(_grant(a, "p1"),), unclaims=(Unclaim(b, "reservation_conflict"),
-                                                      Unclaim(c, "reservation_conflict")))
-    again = await _apply(db, retry)
-    assert again.applied and (again.leased, again.unclaimed) == ({a}, {b, c})
-    async with db.connection() as conn:  # the rival's 700 on p2 has no reservation behind it
-        await conn.execute("UPDATE ledgers SET cpu_reserved = 0 WHERE pool_id = 'p2'")
-    assert await ledger_violations(db) == []
-
-
-async def test_tasks_no_longer_claimed_are_left_out(db: Database) -> None:
-    a, b = await _claimed(db, 2)
-    async with db.connection() as conn:  # b was cancelled meanwhile
-        await conn.execute("UPDATE tasks SET state = 'CANCELLED', claim_owner = NULL "
-                           "WHERE id = $1", b)
-    result = await _apply(db, Plan(grants=(_grant(a, "p1"), _grant(b, "p1"))))
-    assert result.applied and result.leased == {a}
+        await conn.execute("UPDATE tasks SET pending_reason = $2::jsonb, pending_stage = 4 "
+                           "WHERE id = $1", b, REASON)
+    async with _pass(db, 3) as (conn, claimed):
+        result = await plan_apply(conn, plan=Plan(
+            grants=(_grant(a, "p1"), _grant(b, "p2"), _grant(c, "p2", cpu=200)),
+        ), now=NOW, lease_ttl_seconds=60)
+        assert result.refused == {"p2"}
+        by_id = {t.id: t for t in claimed}
+        # b walks to p1; c (200) still fits p2 (700 reserved by the rival): it stays.
+        leased, refused = await grants_settle(
+            conn, undo=[by_id[b], by_id[c]], events=result.leased, release={},
+            grants=[_grant(b, "p1"), _grant(c, "p2", cpu=200)], now=NOW,
+            lease_ttl_seconds=60,
+        )
+        assert set(leased) == {b, c} and refused == frozenset()
     async with db.connection() as conn:
-        # Only the leased task's amount is reserved.
-        assert await conn.fetchval("SELECT cpu_reserved FROM ledgers WHERE pool_id = 'p1'") == 400
+        reserved = dict(await conn.fetch("SELECT pool_id, cpu_reserved FROM ledgers"))
+        leased_events = await conn.fetchval(
+            "SELECT count(*) FROM task_events WHERE reason = 'leased'")
+        assert (await task_get(conn, b))["placement"] == {"poolId": "p1"}
+    assert reserved == {"p1": 800, "p2": 900}
+    assert leased_events == 3  # the undone grants' events went with them
+    async with db.connection() as conn:  # the rival's 700 on p2 has no reservation behind it
+        await conn.execute("UPDATE ledgers SET cpu_reserved = cpu_reserved - 700 "
+                           "WHERE pool_id = 'p2'")
     assert await ledger_violations(db) == []
 
 
-async def test_inside_a_callers_transaction_a_lost_race_rolls_back_only_the_plan(
+async def test_an_undone_grant_is_admitted_again_with_its_pending_reason(
     db: Database,
 ) -> None:
-    (a,) = await _claimed(db, 1)
+    (a,) = await _tasks(db, 1)
     async with db.connection() as conn:
         await conn.execute("UPDATE ledgers SET cpu_total = 100 WHERE pool_id = 'p1'")
-    async with db.transaction() as conn:
-        await conn.execute("UPDATE pools SET ready = false WHERE id = 'p2'")
-        result = await plan_apply(conn, plan=Plan(grants=(_grant(a, "p1"),)), owner=OWNER,
-                                  now=NOW, lease_ttl_seconds=60)
-    assert result.lost == {"p1"}
+        await conn.execute("UPDATE tasks SET pending_reason = $2::jsonb, pending_stage = 4 "
+                           "WHERE id = $1", a, REASON)
+    async with _pass(db, 1) as (conn, claimed):
+        result = await plan_apply(conn, plan=Plan(grants=(_grant(a, "p1"),)), now=NOW,
+                                  lease_ttl_seconds=60)
+        assert result.refused == {"p1"}
+        await grants_settle(conn, undo=claimed, events=result.leased, release={}, grants=[],
+                            now=NOW, lease_ttl_seconds=60)
     async with db.connection() as conn:
-        assert await conn.fetchval("SELECT ready FROM pools WHERE id = 'p2'") is False
-        assert (await task_get(conn, a))["state"] == "CLAIMED"
-        assert await conn.fetchval("SELECT count(*) FROM reservations") == 0
+        task = await task_get(conn, a)
+    assert (task["state"], task["pending_reason"], task["pending_stage"]) == (
+        "ADMITTED", REASON, 4)
+    assert task["placement"] is None and task["leased_at"] is None
+    assert await _written(db) == (0, 0, 0, 0)
+    assert await ledger_violations(db) == []
+
+
+async def test_a_later_ledger_statement_skips_rows_others_hold(db: Database) -> None:
+    a, b = await _tasks(db, 2)
+    async with db.transaction() as rival:
+        # Another transaction holds p2's ledger row: waiting for it while holding p1 could
+        # deadlock, so the settle refuses p2 at once instead.
+        await rival.execute("SELECT 1 FROM ledgers WHERE pool_id = 'p2' FOR UPDATE")
+        async with _pass(db, 2) as (conn, claimed):
+            result = await plan_apply(conn, plan=Plan(grants=(_grant(a, "p1"),)), now=NOW,
+                                      lease_ttl_seconds=60)
+            assert result.refused == frozenset()
+            leased, refused = await grants_settle(
+                conn, undo=[], events={}, release={}, grants=[_grant(b, "p2")], now=NOW,
+                lease_ttl_seconds=60,
+            )
+            assert refused == {"p2"} and set(leased) == {b}
+            await grants_settle(conn, undo=[t for t in claimed if t.id == b],
+                                events=leased, release={}, grants=[], now=NOW,
+                                lease_ttl_seconds=60)
+    assert await _written(db) == (1, 1, 400, 1)
+    assert await ledger_violations(db) == []
+

@@ -112,6 +112,13 @@ async def test_delete_waits_for_a_lease_being_granted_and_then_refuses(db: Datab
             "VALUES ($1, $2, $3, $4, $5, $6)",
             uuid.uuid4(), task_id, "pool-x", "rt-1", 1, NOW + timedelta(minutes=1),
         )
+        # A pass reserves on the pool's ledger row in the transaction that writes the lease
+        # (no foreign key locks the pool row): the delete waits on that row.
+        await reconciler.execute(
+            "INSERT INTO reservations (task_id, pool_id, cpu, memory, llm) "
+            "VALUES ($1, 'pool-x', 100, 0, 0)", task_id)
+        await reconciler.execute(
+            "UPDATE ledgers SET cpu_reserved = cpu_reserved + 100 WHERE pool_id = 'pool-x'")
         admin_tx = admin.transaction()
         await admin_tx.start()
         pid = await backend_pid(admin)

@@ -27,13 +27,12 @@ async def test_the_count_follows_every_statement(db: Database) -> None:
     assert await both(db) == ({"a": 5, "b": 3},) * 2
 
     steps = [
-        # claimed tasks are still queued; a claim and its release change nothing
-        ("UPDATE tasks SET state = 'CLAIMED', claim_owner = 'x', "
-         "claim_expires_at = now() WHERE tenant_id = 'a'", {"a": 5, "b": 3}),
-        ("UPDATE tasks SET state = 'LEASED', claim_owner = NULL, claim_expires_at = NULL "
-         "WHERE id = ANY($1)", {"a": 3, "b": 3}),
-        ("UPDATE tasks SET state = 'ADMITTED', claim_owner = NULL, claim_expires_at = NULL "
-         "WHERE id = ANY($1)", {"a": 5, "b": 3}),  # requeued after a lost lease
+        # parked tasks are still queued; parking and unparking change nothing
+        ("UPDATE tasks SET parked = true WHERE tenant_id = 'a'", {"a": 5, "b": 3}),
+        ("UPDATE tasks SET parked = false WHERE tenant_id = 'a'", {"a": 5, "b": 3}),
+        ("UPDATE tasks SET state = 'LEASED' WHERE id = ANY($1)", {"a": 3, "b": 3}),
+        ("UPDATE tasks SET state = 'ADMITTED' WHERE id = ANY($1)",
+         {"a": 5, "b": 3}),  # requeued after a lost lease
         ("UPDATE tasks SET state = 'CANCELLED' WHERE tenant_id = 'b' AND id <> ALL($1)",
          {"a": 5}),
         ("UPDATE tasks SET priority = 7", {"a": 5}),  # no state change

@@ -72,8 +72,7 @@ async def test_a_task_no_pool_can_take_writes_two_events_in_20s_then_one_wakeup_
         await asyncio.sleep(20)
         history = await _events(db, task)
         assert history == [  # (the factory inserts tasks without their submission event)
-            ("ADMITTED", "CLAIMED", "claimed"),
-            ("CLAIMED", "ADMITTED", "insufficient_cpu"),
+            ("ADMITTED", "ADMITTED", "insufficient_cpu"),  # a claim writes no event
         ]
         async with db.connection() as conn:
             row = await task_get(conn, task)
@@ -99,7 +98,7 @@ async def test_a_task_no_pool_can_take_writes_two_events_in_20s_then_one_wakeup_
     finally:
         stop.set()
         await loop
-    assert (await _events(db, task))[-1] == ("CLAIMED", "LEASED", "leased")
+    assert (await _events(db, task))[-1] == ("ADMITTED", "LEASED", "leased")
     assert await ledger_violations(db) == []
 
 
@@ -153,7 +152,7 @@ async def test_capacity_released_wakes_only_the_tasks_it_could_help(db: Database
     # the release could not help were never woken: same state, same history.
     second = await state(waiting[1])
     assert second["parked"] and second["pending_reason"]["code"] == "insufficient_cpu"
-    assert [e[2] for e in await _events(db, waiting[1])] == ["claimed", "insufficient_cpu"]
+    assert [e[2] for e in await _events(db, waiting[1])] == ["insufficient_cpu"]
     for task_id, history in before.items():
         assert (await state(task_id))["parked"]
         assert await _events(db, task_id) == history
@@ -179,8 +178,8 @@ async def test_a_changed_reason_appends_one_event_and_the_sweep_re_examines_sile
     assert await reconciler.unpark(now=NOW) == 1
     result = await reconciler.run_once(now=NOW)
     assert (result.reexamined, result.unchanged) == (1, 1)
-    assert [e[2] for e in await _events(db, task)] == ["claimed", "runtime_unhealthy"]
-    # Healthy now: re-examined again, the reason changed: the deferred claim and the change.
+    assert [e[2] for e in await _events(db, task)] == ["runtime_unhealthy"]
+    # Healthy now: re-examined again, the reason changed: one event, the change.
     async with db.connection() as conn:
         await conn.execute("INSERT INTO runtime_instances (id, last_heartbeat_at) "
                            "VALUES ('rt-p1', $1)", NOW)
@@ -188,10 +187,8 @@ async def test_a_changed_reason_appends_one_event_and_the_sweep_re_examines_sile
     result = await reconciler.run_once(now=NOW)
     assert (result.reexamined, result.unchanged) == (1, 0)
     assert await _events(db, task) == [
-        ("ADMITTED", "CLAIMED", "claimed"),
-        ("CLAIMED", "ADMITTED", "runtime_unhealthy"),
-        ("ADMITTED", "CLAIMED", "claimed"),
-        ("CLAIMED", "ADMITTED", "insufficient_cpu"),
+        ("ADMITTED", "ADMITTED", "runtime_unhealthy"),
+        ("ADMITTED", "ADMITTED", "insufficient_cpu"),
     ]
     async with db.connection() as conn:
         row = await task_get(conn, task)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
+import pytest
+
+import app.reconciler.passes as passes
 from app.config import SHARD_SLOTS
 from app.db import Database
 from app.reconciler import Reconciler, ReconcilerConfig
@@ -40,7 +44,6 @@ async def test_pass_leases_tasks_and_reserves_capacity(db: Database) -> None:
     assert reserved == 900
     assert task["state"] == "LEASED"
     assert task["placement"]["poolId"] == "p1"
-    assert task["claim_owner"] is None
     assert lease[0] == "rt-p1" and lease[1] == 1
     assert await ledger_violations(db) == []
 
@@ -168,3 +171,29 @@ async def test_an_unreadable_stored_spec_is_parked_without_blocking_the_batch(
         assert (await task_get(conn, good))["state"] == "LEASED"
     assert bad["state"] == "ADMITTED" and bad["parked"]
     assert bad["pending_reason"]["code"] == "invalid_spec"
+
+
+async def test_a_pass_that_hangs_holding_its_claims_is_ended_by_the_server(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claims are the row locks of the pass's transaction: a pass idle in it longer than
+    the claim TTL loses its session, and its tasks are claimable again, untouched."""
+    async with db.transaction() as conn:
+        await pool_add(conn, "p1", tenants=["t1"], capacity=(1000, 1000, 0))
+        await heartbeat_add(conn, "rt-p1", at=NOW)
+        (task_id,) = await tasks_add(conn, tenant="t1", spec=spec_make(cpu=300))
+    real_commit = passes._plan_commit
+
+    async def hang(*args, **kwargs):
+        await asyncio.sleep(1.5)  # idle in the transaction, past the 0.5 s TTL
+        return await real_commit(*args, **kwargs)
+
+    monkeypatch.setattr(passes, "_plan_commit", hang)
+    with pytest.raises(Exception, match="idle-in-transaction|closed|terminat"):
+        await reconciler(db, claim_ttl_seconds=0.5, retry_attempts=1).run_once(now=NOW)
+    monkeypatch.undo()
+    async with db.connection() as conn:
+        assert (await task_get(conn, task_id))["state"] == "ADMITTED"
+    result = await reconciler(db).run_once(now=NOW)
+    assert (result.claimed, result.leased) == (1, 1)
+    assert await ledger_violations(db) == []

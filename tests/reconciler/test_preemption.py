@@ -124,7 +124,7 @@ async def test_runtime_completes_before_the_deadline_and_the_preemptor_gets_the_
     assert await _reserved(db) == 2000
     assert await ledger_violations(db) == []
     reasons = [r for r, _ in await _events(db, pre)]
-    assert reasons == ["claimed", "preempting", "claimed", "leased"]
+    assert reasons == ["preempting", "leased"]
     preempting = dict(await _events(db, pre))["preempting"]
     assert preempting["victimIds"] == [str(victim)]
 
@@ -260,16 +260,17 @@ async def test_a_reconciler_killed_mid_preemption_leaves_nothing_half_done(
     with pytest.raises(Killed):
         await reconciler(db, "doomed").run_once(now=NOW)
     monkeypatch.undo()
-    # Nothing of the torn pass is visible: no revoking lease, no hold, the task still claimed.
+    # Nothing of the torn pass is visible: no revoking lease, no hold, the task admitted
+    # and claimable again at once (its claim was the row lock of the aborted transaction).
     async with db.connection() as conn:
         assert await conn.fetchval("SELECT count(*) FROM leases WHERE state = 'REVOKING'") == 0
         assert await conn.fetchval("SELECT count(*) FROM reservations WHERE task_id = $1",
                                    pre) == 0
-    assert (await task_get_json(db, pre))["state"] == "CLAIMED"
+    assert (await task_get_json(db, pre))["state"] == "ADMITTED"
     assert await ledger_violations(db) == []
 
-    # Its claim expires; another reconciler takes the task over and preempts exactly once.
-    later = NOW + timedelta(seconds=31)
+    # Another reconciler takes the task over and preempts exactly once.
+    later = NOW + timedelta(seconds=1)
     async with db.transaction() as conn:
         await runtime_heartbeat(conn, instance_id="rt-p1", now=later, lease_ttl_seconds=600)
     result = await reconciler(db, "survivor").run_once(now=later)

@@ -63,7 +63,7 @@ def _rival_clock(dsn: str, sql: str):
 
 async def _run(db: Database, database_url: str, sql: str, **config: object):
     ctx = PassContext(
-        db=db, config=ReconcilerConfig(**config), claim_owner="walker/1", slots=ALL,
+        db=db, config=ReconcilerConfig(**config), slots=ALL,
         rng=lambda: 0.0, sleep=asyncio.sleep, clock=_rival_clock(database_url, sql),
     )
     return await pass_run(ctx, pass_id="walker/1", now=NOW)
@@ -144,8 +144,9 @@ async def test_a_pass_whose_last_reserving_round_loses_hands_everything_back(
     result = await _run(db, database_url,
                         "UPDATE ledgers SET cpu_total = 300 WHERE pool_id = 'p1'",
                         commit_rounds_max=1)
-    # Round 1 reserved and lost; round 2 only handed the task back (it cannot lose).
-    assert (result.commit_rounds, result.conflicts, result.walked) == (2, 1, 0)
+    # Round 1 reserved and lost; it was the last: the task is handed back in the same
+    # transaction, its lease undone.
+    assert (result.commit_rounds, result.conflicts, result.walked) == (1, 1, 0)
     assert (result.leased, result.requeued, result.lost) == (0, 1, 0)
     async with db.connection() as conn:
         task = await task_get(conn, task_id)
@@ -249,3 +250,57 @@ def test_out_of_candidates_is_released() -> None:
     d = _decision(snap, core_spec())
     fresh = {"a": LedgerRow((1000, 8192, 0), (1000, 0, 0))}
     assert decisions_walk([d], fresh=fresh, snapshot=snap, walk_limit=3) == ([], [d])
+
+
+async def test_a_later_round_skips_a_pool_another_transaction_holds(
+    db: Database, database_url: str
+) -> None:
+    """Round 1 waits for ledger rows in pool-id order; later rounds of the same pass hold rows
+    already, so they never wait: a row held elsewhere refuses, and the task walks on."""
+    async with db.transaction() as conn:
+        for pool in ("p1", "p2", "p3"):
+            await pool_add(conn, pool, tenants=["t1"], capacity=(4000, 4000, 0))
+            await heartbeat_add(conn, f"rt-{pool}", at=NOW)
+        first, second = await tasks_add(conn, tenant="t1", count=2, spec=spec_make(cpu=1000))
+    holder = await asyncpg.connect(plain_url(database_url))
+    try:
+        async with holder.transaction():
+            # Another transaction holds every ledger row but those the pass placed on first.
+            plan = await _run_dry(db)
+            taken = {plan[first], plan[second]}
+            others = sorted({"p1", "p2", "p3"} - taken)
+            await holder.execute(
+                "SELECT 1 FROM ledgers WHERE pool_id = ANY($1::text[]) FOR UPDATE", others)
+            # The rival shrinks the second task's pool at the pass's commit.
+            result = await _run(db, database_url,
+                                f"UPDATE ledgers SET cpu_total = 500 "
+                                f"WHERE pool_id = '{plan[second]}'")
+    finally:
+        await holder.close()
+    assert (result.leased, result.requeued) == (2, 0)
+    async with db.connection() as conn:
+        moved = await task_get(conn, second)
+        stayed = await task_get(conn, first)
+    # Refused by the shrunk pool, then by the held one; placed where the first task is.
+    assert moved["placement"]["poolId"] == plan[first]
+    assert moved["placement"]["walkedFrom"][0] == plan[second]
+    assert stayed["placement"]["poolId"] == plan[first]
+    assert result.commit_rounds >= 3
+    assert await ledger_violations(db) == []
+
+
+async def _run_dry(db: Database) -> dict:
+    """Return where a pass would place each task now (in a transaction rolled back)."""
+    from app.reconciler.passes import _pass_in
+
+    ctx = PassContext(db=db, config=ReconcilerConfig(), slots=ALL, rng=lambda: 0.0,
+                      sleep=asyncio.sleep)
+    async with db.connection() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            await _pass_in(conn, ctx, pass_id="dry", now=NOW)
+            rows = await conn.fetch("SELECT id, placement->>'poolId' FROM tasks")
+        finally:
+            await tx.rollback()
+    return {r[0]: r[1] for r in rows}
