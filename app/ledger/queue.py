@@ -24,14 +24,11 @@ __all__ = [
     "queue_pending_counts",
 ]
 
-#: Waiting tasks (ADMITTED or CLAIMED), one arm per partial index that covers it (claimable,
-#: parked, claimed): a query with this predicate gets a BitmapOr of those indexes and never
-#: reads finished tasks, while ``state IN ('ADMITTED', 'CLAIMED')`` matches no index and
-#: scans the whole table, history included (230 ms at 1,000,000 finished tasks).
-WAITING = (
-    "((state = 'ADMITTED' AND NOT parked) OR (state = 'ADMITTED' AND parked) "
-    "OR state = 'CLAIMED')"
-)
+#: Waiting tasks (ADMITTED; CLAIMED is not stored since 0008_pass), one arm per partial
+#: index that covers it (claimable, parked): a query with this predicate gets a BitmapOr of
+#: those indexes and never reads finished tasks, while ``state = 'ADMITTED'`` alone matches
+#: no index and scans the whole table, history included (230 ms at 1,000,000 finished tasks).
+WAITING = "((state = 'ADMITTED' AND NOT parked) OR (state = 'ADMITTED' AND parked))"
 
 _COMPETING = (
     "state IN ('ADMITTED', 'CLAIMED') AND (pending_stage IS NULL OR pending_stage >= 4)"

@@ -32,7 +32,8 @@ _PRUNE = (
     "AND l.state IN ('ACTIVE', 'REVOKING')) "
     "ORDER BY t.finished_at LIMIT $2 FOR UPDATE OF t SKIP LOCKED), "
     "e AS (DELETE FROM task_events WHERE task_id IN (SELECT id FROM d)), "
-    "l AS (DELETE FROM leases WHERE task_id IN (SELECT id FROM d)), "
+    "l AS (DELETE FROM leases WHERE task_id IN (SELECT id FROM d) "
+    "AND state NOT IN ('ACTIVE', 'REVOKING')), "
     "x AS (DELETE FROM tasks WHERE id IN (SELECT id FROM d) RETURNING 1) "
     "SELECT count(*) FROM x"
 )

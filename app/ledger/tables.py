@@ -11,7 +11,7 @@ these objects (or as named SQL beside them). Invariants the database itself enfo
   active lease per (task, pool).
 
 The high-volume tables (``reservations``, ``leases``, ``task_events``) carry no foreign keys
-(revision 0007_pass): docs/decisions/0007-no-foreign-keys-on-hot-tables.md says what keeps
+(revision 0008_pass): docs/decisions/0007-no-foreign-keys-on-hot-tables.md says what keeps
 their references valid instead.
 """
 
@@ -48,7 +48,7 @@ NAMING = {
 metadata = MetaData(naming_convention=NAMING)
 
 #: A task being scheduled is ADMITTED and row-locked by its pass: CLAIMED is not stored
-#: (revision 0007_pass, docs/decisions/0006-claims-are-row-locks.md).
+#: (revision 0008_pass, docs/decisions/0006-claims-are-row-locks.md).
 TASK_STATES = ("ADMITTED", "LEASED", "SUCCEEDED", "FAILED", "CANCELLED")
 POOL_STATUSES = ("ACTIVE", "CORDONED", "DRAINING")
 LEASE_STATES = ("ACTIVE", "REVOKING", "COMPLETED", "EXPIRED", "REVOKED", "CANCELLED")
@@ -256,8 +256,9 @@ Index(
     postgresql_where=text(LIVE_LEASE),
 )
 Index("ix_leases_expiry", leases.c.expires_at, postgresql_where=text("state = 'ACTIVE'"))
-# Every lease of a task: the retention sweep deletes a pruned task's leases (0007_history).
-Index("ix_leases_task_id", leases.c.task_id)
+# The ended leases of a task: the retention sweep deletes a pruned task's leases
+# (0007_history). Partial, so that a placement (which inserts a live lease) writes no entry.
+Index("ix_leases_task_id", leases.c.task_id, postgresql_where=text(f"NOT ({LIVE_LEASE})"))
 Index(
     "ix_leases_runtime_instance",
     leases.c.runtime_instance_id,

@@ -6,9 +6,9 @@
   finished tasks kept (2.2 s per pass at 1,000,000 finished tasks).
 * ``ix_tasks_finished``: finished tasks by finish time, the retention sweep's range
   (``app.ledger.retention``).
-* ``ix_leases_task_id``: every lease of a task, live or ended: the retention sweep deletes a
-  pruned task's leases by task (and the foreign key's cascade needs it too; the only other
-  index led by ``task_id`` covers live leases).
+* ``ix_leases_task_id``: the ended leases of a task: the retention sweep deletes a pruned
+  task's leases by task (the only other index led by ``task_id`` covers live leases).
+  Partial, so that a placement, which inserts a live lease, writes no entry in it.
 
 The indexes are created ``IF NOT EXISTS``: on a large ``tasks`` table an operator may build
 them first with ``CREATE INDEX CONCURRENTLY`` under the same names (docs/operations.md,
@@ -33,6 +33,7 @@ depends_on: str | Sequence[str] | None = None
 
 LEASED = "state = 'LEASED'"
 FINISHED = "state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')"
+ENDED_LEASE = "state NOT IN ('ACTIVE', 'REVOKING')"
 
 
 def upgrade() -> None:
@@ -41,7 +42,8 @@ def upgrade() -> None:
                     postgresql_where=sa.text(LEASED), if_not_exists=True)
     op.create_index("ix_tasks_finished", "tasks", ["finished_at"],
                     postgresql_where=sa.text(FINISHED), if_not_exists=True)
-    op.create_index("ix_leases_task_id", "leases", ["task_id"], if_not_exists=True)
+    op.create_index("ix_leases_task_id", "leases", ["task_id"],
+                    postgresql_where=sa.text(ENDED_LEASE), if_not_exists=True)
 
 
 def downgrade() -> None:

@@ -10,7 +10,7 @@ placement.
   ``task_events``): each one cost a key-share lock and an index probe per row written. What
   guards each invariant instead is in docs/decisions/0007-no-foreign-keys-on-hot-tables.md.
 
-Revision ID: 0007_pass
+Revision ID: 0008_pass
 Revises: 0006_preemption
 Create Date: 2026-12-01
 """
@@ -22,8 +22,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0007_pass"
-down_revision: str | None = "0006_preemption"
+revision: str = "0008_pass"
+down_revision: str | None = "0007_history"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
