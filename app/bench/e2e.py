@@ -337,7 +337,7 @@ async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
             elif now - progress_at > cfg.stall_seconds:
                 stuck = await conn.fetch(
                     """SELECT state, pending_reason ->> 'code' AS code, count(*) AS n FROM tasks
-                       WHERE state IN ('ADMITTED', 'CLAIMED') GROUP BY 1, 2
+                       WHERE state = 'ADMITTED' GROUP BY 1, 2
                        ORDER BY n DESC LIMIT 5"""
                 )
                 raise BenchFailed(

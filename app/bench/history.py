@@ -6,7 +6,7 @@ SELECT … FROM generate_series`` (a million load in about 100 s on a 2-vCPU mac
 tenants and runtime classes of the dataset:
 
 * 80% ``SUCCEEDED`` and 10% ``FAILED`` (reported by the runtime): events ``submitted``,
-  ``claimed``, ``leased``, ``lease_succeeded``/``lease_failed``, and one ``COMPLETED`` lease
+  ``leased``, ``lease_succeeded``/``lease_failed`` (the lifecycle since claims are row locks), and one ``COMPLETED`` lease
   with ``ended_at`` and ``end_reason``; the reservation is gone (released on completion,
   reservations are deleted when released);
 * 10% ``CANCELLED`` while queued: events ``submitted`` and ``cancelled_by_tenant``, no lease.
@@ -102,9 +102,7 @@ async def history_load(
                         SELECT e.* FROM t CROSS JOIN LATERAL (VALUES
                             (t.id, t.leased_at - interval '1 minute', NULL, 'ADMITTED',
                              'submitted', NULL::jsonb),
-                            (t.id, t.leased_at - interval '1 second', 'ADMITTED', 'CLAIMED',
-                             'claimed', NULL),
-                            (t.id, t.leased_at, 'CLAIMED', 'LEASED', 'leased',
+                            (t.id, t.leased_at, 'ADMITTED', 'LEASED', 'leased',
                              jsonb_build_object('poolId', t.pool, 'epoch', 1)),
                             (t.id, t.finished_at, 'LEASED', t.state,
                              CASE t.state WHEN 'FAILED' THEN 'lease_failed'
