@@ -7,8 +7,8 @@ tenants and runtime classes of the dataset:
 
 * 80% ``SUCCEEDED`` and 10% ``FAILED`` (reported by the runtime): events ``submitted``,
   ``leased``, ``lease_succeeded``/``lease_failed`` (the lifecycle since claims are row
-  locks), and one ``COMPLETED`` lease with ``ended_at`` and ``end_reason``; the reservation is gone (released on completion,
-  reservations are deleted when released);
+  locks), and one ``COMPLETED`` lease with ``ended_at`` and ``end_reason``; the
+  reservation is gone (released on completion, reservations are deleted when released);
 * 10% ``CANCELLED`` while queued: events ``submitted`` and ``cancelled_by_tenant``, no lease.
 
 They finished over the ``spread`` before the run (default 7 days), oldest first, and sit in
