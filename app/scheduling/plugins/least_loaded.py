@@ -74,7 +74,10 @@ class LeastLoaded(ScorePlugin):
 
     def score_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray:
         """Return ``100 * (1 - u)`` scaled so that the result stays within 0..100."""
-        dominant, mean = _scored(cycle, idx)
+        return self.from_utilization(*_scored(cycle, idx))
+
+    def from_utilization(self, dominant: np.ndarray, mean: np.ndarray) -> np.ndarray:
+        """Return the scores of pools with these projected utilizations."""
         return _clip100((1.001 - dominant - mean / 1000.0) * _SCALE)
 
     def describe(self, cycle: Cycle, pool: int, value: float) -> str:
@@ -90,7 +93,10 @@ class MostLoaded(ScorePlugin):
 
     def score_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray:
         """Return ``100 * u`` scaled so that the result stays within 0..100."""
-        dominant, mean = _scored(cycle, idx)
+        return self.from_utilization(*_scored(cycle, idx))
+
+    def from_utilization(self, dominant: np.ndarray, mean: np.ndarray) -> np.ndarray:
+        """Return the scores of pools with these projected utilizations."""
         return _clip100((dominant + mean / 1000.0) * _SCALE)
 
     def describe(self, cycle: Cycle, pool: int, value: float) -> str:
