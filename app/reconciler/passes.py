@@ -33,7 +33,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -182,15 +182,19 @@ class PassContext:
     compiled: dict[tuple[str, str], CompiledSpec] = field(default_factory=dict)
 
     def compile(self, task: ClaimedTask) -> CompiledSpec:
-        """Return the task's compiled spec, validating each distinct spec text once."""
+        """Return the task's compiled spec, validating each distinct spec text once.
+
+        The compiled spec is shared by every task of the same tenant and spec text, so its
+        ``task_id`` is unset: the pass names the task where it matters (``Assumed.add``).
+        """
         key = (task.tenant_id, task.spec_json)
-        template = self.compiled.get(key)
-        if template is None:
+        compiled = self.compiled.get(key)
+        if compiled is None:
             if len(self.compiled) >= COMPILED_KEPT:
                 self.compiled.clear()
             spec = TaskSpec.model_validate_json(task.spec_json)
-            template = self.compiled[key] = compile_spec(spec, tenant_id=task.tenant_id)
-        return replace(template, task_id=str(task.id))
+            compiled = self.compiled[key] = compile_spec(spec, tenant_id=task.tenant_id)
+        return compiled
 
     async def retry(self, operation: Callable[[], Awaitable[Any]], what: str) -> Any:
         """Run a transaction with the configured transient-failure retries."""
@@ -327,7 +331,7 @@ async def pass_run(ctx: PassContext, *, pass_id: str, now: datetime) -> PassResu
             for code, n in outcome.rejection_counts.items():
                 rejections[str(code)] += n
             if outcome.placement is not None:
-                assumed.add(spec, outcome.placement.members)
+                assumed.add(spec, outcome.placement.members, task_id=q.task_id)
                 decisions.append(Decision(task, spec, outcome, outcome.placement.members))
                 continue
             reason = outcome.reason or NoPlacement(Reason.TENANT_NOT_ALLOWED, "no pool fits")

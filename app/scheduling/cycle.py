@@ -123,15 +123,19 @@ def tenant_domain_counts(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Return each pool's ``topology`` domain code and, per domain, the members of the
     tenant's actual placements plus those assumed in ``assumed``."""
-    dom, nd = snapshot.domains(topology)
-
-    def build() -> np.ndarray:
-        raw = snapshot.placed_counts(tenant_id, None)
-        return np.bincount(dom, weights=raw, minlength=nd).astype(np.int64)
-
-    per_domain = snapshot.memoized(("tdomd", tenant_id, topology), build)
+    dom = snapshot.domains(topology)[0]
+    per_domain = snapshot.memoized(
+        ("tdomd", tenant_id, topology), _tenant_domains, snapshot, tenant_id, topology
+    )
     if assumed is not None:
         extra = assumed.domain_counts(tenant_id, topology)
         if extra is not None:
             per_domain = per_domain + extra
     return dom, per_domain
+
+
+def _tenant_domains(snapshot: Snapshot, tenant_id: str, topology: str) -> np.ndarray:
+    """Return per ``topology`` domain the members of the tenant's actual placements."""
+    dom, nd = snapshot.domains(topology)
+    raw = snapshot.placed_counts(tenant_id, None)
+    return np.bincount(dom, weights=raw, minlength=nd).astype(np.int64)

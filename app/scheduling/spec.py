@@ -247,6 +247,9 @@ class CompiledSpec:
     #: Whether the task may displace leased lower-priority tasks of its tenant.
     may_preempt: bool = False
     fingerprint: tuple = field(default=(), compare=False)
+    #: What decides which pools pass the filters other than capacity and affinity, and the
+    #: static scores (the lean select's class, with the tenant's audience).
+    placement_class: tuple = field(default=(), compare=False)
 
     @property
     def is_gang(self) -> bool:
@@ -312,4 +315,7 @@ def compile_spec(spec: TaskSpec, *, tenant_id: str, task_id: str | None = None) 
         priority=spec.priority,
         may_preempt=spec.preemption == "lowerPriority",
         fingerprint=fingerprint,
+        placement_class=(
+            spec.runtime_class, regions, c.data_residency, selector, c.artifact_region
+        ),
     )

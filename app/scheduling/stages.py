@@ -27,11 +27,14 @@ NO_VISIBLE_POOL = "no pool is available to this tenant"
 #: (``NoPlacement.wake_pools``); beyond it the wake condition is the runtime class as a whole.
 WAKE_POOLS_MAX = 16
 N_REASONS = len(REASONS)
+#: Up to this many feasible pools, ranking sorts them all rather than selecting the top k.
+RANK_SORT_MAX = 256
 
 
 def static_filters(prof: Profile, cycle: Cycle, visible: np.ndarray) -> tuple:
     """Return (passing indexes, counts, codes of the visible pools) of the static filters,
-    memoized per (tenant, runtime class) on the snapshot."""
+    memoized per (audience, runtime class) on the snapshot; ``visible`` must be the tenant's
+    visible pools, not empty."""
 
     def build() -> tuple:
         codes = np.full(len(visible), PASS, dtype=np.int16)
@@ -49,8 +52,11 @@ def static_filters(prof: Profile, cycle: Cycle, visible: np.ndarray) -> tuple:
         counts = np.bincount(codes[~alive], minlength=N_REASONS).astype(np.int64)
         return visible[alive], counts, codes
 
-    key = ("static", cycle.spec.tenant_id, cycle.spec.runtime_class)
-    return cycle.snapshot.memoized(key, build)
+    # Tenants that see the same pools (one audience) get the same verdicts: tenant access
+    # passes every visible pool and the other static filters do not read the tenant.
+    snapshot = cycle.snapshot
+    key = ("static", snapshot.audience[cycle.spec.tenant_id], cycle.spec.runtime_class)
+    return snapshot.memoized(key, build)
 
 
 def rank(idx: np.ndarray, total: np.ndarray, k: int | None) -> np.ndarray:
@@ -58,6 +64,9 @@ def rank(idx: np.ndarray, total: np.ndarray, k: int | None) -> np.ndarray:
     n = len(idx)
     if k is None or n <= k:
         return np.argsort(-total, kind="stable")  # idx is ascending: stable keeps id order
+    if n <= RANK_SORT_MAX:
+        # The same first k as below, in fewer calls: small sorts cost less than selecting.
+        return np.argsort(-total, kind="stable")[:k]
     thr = np.partition(total, n - k)[n - k]
     sel = np.flatnonzero(total >= thr)
     return sel[np.argsort(-total[sel], kind="stable")[:k]]

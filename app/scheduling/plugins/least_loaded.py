@@ -82,8 +82,11 @@ class LeastLoaded(ScorePlugin):
 
     def describe(self, cycle: Cycle, pool: int, value: float) -> str:
         """Return the projected utilization that produced ``value``."""
-        d, m = projected_utilization_at(cycle, pool)
-        return f"projected utilization {d:.0%} dominant, {m:.0%} mean; lower is better"
+        return self.reason(*projected_utilization_at(cycle, pool))
+
+    def reason(self, dominant: float, mean: float) -> str:
+        """Return the reason of a pool with this projected utilization."""
+        return f"projected utilization {dominant:.0%} dominant, {mean:.0%} mean; lower is better"
 
 
 class MostLoaded(ScorePlugin):
@@ -101,5 +104,8 @@ class MostLoaded(ScorePlugin):
 
     def describe(self, cycle: Cycle, pool: int, value: float) -> str:
         """Return the projected utilization that produced ``value``."""
-        d, m = projected_utilization_at(cycle, pool)
-        return f"projected utilization {d:.0%} dominant, {m:.0%} mean; higher packs"
+        return self.reason(*projected_utilization_at(cycle, pool))
+
+    def reason(self, dominant: float, mean: float) -> str:
+        """Return the reason of a pool with this projected utilization."""
+        return f"projected utilization {dominant:.0%} dominant, {mean:.0%} mean; higher packs"
