@@ -331,6 +331,7 @@ def compile_spec(spec: TaskSpec, *, tenant_id: str, task_id: str | None = None) 
     )
 
 
+_RESOURCES = Resources.__pydantic_validator__
 _LABELS = TypeAdapter(
     Annotated[dict[LabelKey, LabelValue], Field(max_length=MAX_LABELS)],
     config=ConfigDict(strict=True),
@@ -343,7 +344,7 @@ class StoredSpecs:
     Specs differ mostly in their requests and labels. The rest of a spec (runtime class,
     constraints, affinity, gang, priority, attempts, preemption) is its class: the first text
     of a class is validated whole by :class:`TaskSpec` and compiled; a later text of the same
-    tenant and class only has its requests and labels validated (by the same field types and
+    class (from any tenant) only has its requests and labels validated (by the same field types and
     the same at-least-one-request rule) and takes the class's compiled form with them. Any
     doubt (a part missing, a value the parts' validators refuse) falls back to validating the
     text whole, so an invalid text raises exactly what :class:`TaskSpec` raises. Compiled
@@ -355,7 +356,7 @@ class StoredSpecs:
     def __init__(self, kept: int = 4096) -> None:
         self.kept = kept
         self._texts: dict[tuple[str, str], CompiledSpec] = {}
-        self._classes: dict[tuple[str, bytes], CompiledSpec] = {}
+        self._classes: dict[bytes, CompiledSpec] = {}
 
     def __len__(self) -> int:
         return len(self._texts)
@@ -375,18 +376,18 @@ class StoredSpecs:
             body = orjson.loads(text)
             requests = body.pop("requests")
             labels = body.pop("labels", {})
-            cls_key = (tenant_id, orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
+            cls_key = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
         except (orjson.JSONDecodeError, TypeError, AttributeError, KeyError):
             return compile_spec(TaskSpec.model_validate_json(text), tenant_id=tenant_id)
         shape = self._classes.get(cls_key)
         if shape is not None:
             try:
-                req = Resources.model_validate(requests).as_tuple()
+                req = _RESOURCES.validate_python(requests).as_tuple()
                 own = _LABELS.validate_python(labels)
             except ValidationError:
                 req = None
             if req is not None and any(req):
-                return _bind(shape, req, frozenset(own.items()))
+                return _bind(shape, tenant_id, req, frozenset(own.items()))
         compiled = compile_spec(TaskSpec.model_validate_json(text), tenant_id=tenant_id)
         if len(self._classes) >= self.kept:
             self._classes.clear()
@@ -394,14 +395,18 @@ class StoredSpecs:
         return compiled
 
 
-def _bind(shape: CompiledSpec, requests: tuple[int, int, int], labels: Items) -> CompiledSpec:
-    """Return ``shape`` (a compiled spec of the same class) with these requests and labels."""
+def _bind(
+    shape: CompiledSpec, tenant_id: str, requests: tuple[int, int, int], labels: Items
+) -> CompiledSpec:
+    """Return ``shape`` (a compiled spec of the same class) for this tenant, with these
+    requests and labels."""
     fp = shape.fingerprint
     own = labels if shape.required else frozenset()
     return CompiledSpec(
-        shape.tenant_id, None, shape.runtime_class, requests, shape.regions,
+        tenant_id, None, shape.runtime_class, requests, shape.regions,
         shape.data_residency, shape.artifact_region, shape.pool_selector, shape.required,
         shape.preferred, labels, shape.members, shape.min_pools, shape.max_per_pool,
-        shape.priority, shape.may_preempt, (*fp[:2], requests, *fp[3:7], own, *fp[8:]),
+        shape.priority, shape.may_preempt,
+        (tenant_id, fp[1], requests, *fp[3:7], own, *fp[8:]),
         shape.placement_class,
     )
