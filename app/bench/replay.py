@@ -4,8 +4,10 @@
 builds the snapshot from the dataset's pools and ledgers, takes the tasks of its shard in
 admission order ``batch`` at a time, compiles each spec, asks ``select`` (with the pass's
 ``Assumed`` overlay and unsatisfiable cache) and builds the stored placement document; the
-next pass sees the previous ones' placements as reserved. ``berth bench core --dataset e2e``
-times it; tests/scheduling/test_lean.py runs the lean and the full select side by side on it.
+next pass sees the previous ones' placements as reserved and as placed tasks (which affinity
+terms match). Each step's time is the thread's CPU time from the compile to the document.
+``berth bench core --dataset e2e`` times it; tests/scheduling/test_lean.py runs the lean and
+the full select side by side on it.
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ from app.bench.dataset import Dataset
 from app.scheduling.assumed import Assumed
 from app.scheduling.explain import placement_document
 from app.scheduling.results import Result
-from app.scheduling.snapshot import PoolState, Snapshot
-from app.scheduling.spec import CompiledSpec, TaskSpec, compile_spec
+from app.scheduling.snapshot import PlacedTask, PoolState, Snapshot
+from app.scheduling.spec import CompiledSpec, StoredSpecs
 from app.scheduling.unsatisfiable import UnsatisfiableCache
 
-__all__ = ["Step", "dataset_snapshot", "replay"]
+__all__ = ["Step", "dataset_snapshot", "replay", "with_anti_affinity"]
 
 Select = Callable[..., Result]
 
@@ -57,6 +59,27 @@ def dataset_snapshot(
     return Snapshot.build(pools, strategy=strategy)
 
 
+def with_anti_affinity(ds: Dataset, fraction: float) -> Dataset:
+    """Return ``ds`` with every ``1 / fraction``-th task given its tenant's ``app`` label and a
+    required anti-affinity to it, by pool and by failure domain in turn."""
+    if fraction <= 0:
+        return ds
+    step = max(1, round(1 / fraction))
+    tasks = []
+    for k, row in enumerate(ds.tasks):
+        if k % step == 0:
+            spec = orjson.loads(row[6])
+            app = f"app-{row[2]}-{k // step % 4}"
+            topology = "pool" if k // step % 2 == 0 else "failureDomain"
+            spec["labels"] = {"app": app}
+            spec["affinity"] = {"preferred": [], "required": [
+                {"anti": True, "selector": {"app": app}, "topology": topology, "weight": None}]}
+            text = orjson.dumps(spec, option=orjson.OPT_SORT_KEYS).decode()
+            row = (*row[:6], text, orjson.dumps(spec["labels"]).decode(), *row[8:])
+        tasks.append(row)
+    return Dataset(ds.pools, ds.ledgers, ds.runtimes, tasks, ds.tenants, dict(ds.kinds))
+
+
 def replay(
     ds: Dataset,
     select: Select,
@@ -73,18 +96,14 @@ def replay(
     snapshot = dataset_snapshot(ds, capacity_scale=capacity_scale, strategy=strategy)
     index, count = shard
     mine = [t for t in ds.tasks if t[3] % count == index]
-    compiled: dict[tuple[str, str], CompiledSpec] = {}
+    specs = StoredSpecs()
+    placed: list[PlacedTask] = []
     for start in range(0, len(mine), batch):
         assumed = Assumed(snapshot)
         cache = UnsatisfiableCache(assumed)
         for task in mine[start:start + batch]:
-            key = (task[2], task[6])
-            template = compiled.get(key)
-            if template is None:
-                spec_model = TaskSpec.model_validate_json(task[6])
-                template = compiled[key] = compile_spec(spec_model, tenant_id=task[2])
             t0 = time.thread_time_ns()
-            spec = template  # shared by equal spec texts, as the reconciler's compile cache
+            spec = specs.compile(task[2], task[6])
             if cache.get(spec) is not None:
                 yield Step(spec, None, time.thread_time_ns() - t0, cached=True)
                 continue
@@ -92,6 +111,8 @@ def replay(
             placement = result.placement
             if placement is not None:
                 assumed.add(spec, placement.members, task_id=str(task[1]))
+                placed.append(PlacedTask(str(task[1]), task[2], dict(spec.labels),
+                                         tuple(p for p, _ in placement.members)))
                 placement_document(
                     placement, members=placement.members, alternatives=placement.alternatives
                 )
@@ -103,4 +124,5 @@ def replay(
             capacity=[tuple(c) for c in snapshot.cap.tolist()],
             reserved=[tuple(r) for r in reserved.tolist()],
             fresh=snapshot.fresh.tolist(),
+            placed=placed,
         )
