@@ -1,11 +1,16 @@
 """The framework: ``select`` — filter, score, rank (the plugins' base classes are in
 :mod:`app.scheduling.plugins.base`, the reason codes in :mod:`app.scheduling.reasons`).
 
-``select`` evaluates only the pools the tenant can see. Filters that depend only on the
-tenant and runtime class (tenant access, status, health, runtime class) are evaluated once
-per (tenant, runtime class) and snapshot and memoized; the others run per task over numpy
-arrays of the pools still standing, each pool stopping at its first rejection. Rejections are
-counted per code by a bincount; per-pool explanations are built only with ``explain=True``.
+``select`` sends the calls :func:`app.scheduling.lean.covers` accepts (no affinity terms, one
+member, no held capacity, no ``explain``) to the lean path, which decides them identically
+in fewer steps, and every other call to :func:`select_full`.
+
+:func:`select_full` evaluates only the pools the tenant can see. Filters that depend only on
+the tenant and runtime class (tenant access, status, health, runtime class) are evaluated
+once per audience (the tenants that see the same pools), runtime class and snapshot, and
+memoized; the others run per task over numpy arrays of the pools still standing, each pool
+stopping at its first rejection. Rejections are counted per code by a bincount; per-pool
+explanations are built only with ``explain=True``.
 """
 
 from __future__ import annotations

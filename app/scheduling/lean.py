@@ -3,8 +3,9 @@
 Most tasks (93% of the benchmark mix) name a runtime class, requests and at most regions, a
 data residency, a pool selector and an artifact region. For them only capacity and the
 scores that read usage change from one task to the next; everything else is a function of
-the spec's **class** — tenant, runtime class, hard constraints, artifact region — and of the
-snapshot. :func:`select_lean` therefore keeps, per class and snapshot (a memo entry of kind
+the spec's **class** — audience (the tenants that see the same pools), runtime class, hard
+constraints, artifact region — and of the snapshot. :func:`select_lean` therefore keeps, per
+class and snapshot (a memo entry of kind
 ``"lean"``), the pools that pass every filter but capacity, their rejection counts, their
 capacities and the class's static scores (cost and artifact locality over the whole set),
 and per task does only:
