@@ -4,6 +4,12 @@ Prints one JSON line ``{"results": [{"pools", "p50Ms", "p99Ms", ...}, ...]}``. E
 is one ``select`` call on a shared snapshot with a pass overlay (``Assumed``) that grows as
 tasks are placed and is reset every ``--batch`` tasks, as in a reconciler pass. The mix has
 region constraints, pool selectors, residency, required and preferred affinity, and gangs.
+
+``--dataset e2e`` replays instead the end-to-end benchmark's dataset (``--tasks`` tasks on
+each ``--pools``) as one reconciler's passes would (:mod:`app.bench.replay`: compile, select,
+assume, placement document; thread CPU time per task), optionally with ``--anti-affinity``
+(the share of tasks given a required anti-affinity), and reports the mean, p50 and p99 CPU
+per task and how many tasks took the lean path.
 """
 
 from __future__ import annotations
@@ -15,8 +21,11 @@ import time
 
 import numpy as np
 
+from app.bench.dataset import dataset_generate
+from app.bench.replay import replay, with_anti_affinity
 from app.scheduling.assumed import Assumed
 from app.scheduling.framework import select
+from app.scheduling.lean import covers
 from app.scheduling.snapshot import PlacedTask, PoolState, Snapshot
 from app.scheduling.spec import TaskSpec, compile_spec
 
@@ -139,6 +148,24 @@ def run(n_pools: int, decisions: int, batch: int, seed: int) -> dict:
     }
 
 
+def run_dataset(n_pools: int, tasks: int, batch: int, seed: int, anti: float) -> dict:
+    """Return CPU per task of the e2e dataset's tasks replayed through ``select`` in passes."""
+    ds = with_anti_affinity(dataset_generate(pools=n_pools, tasks=tasks, seed=seed), anti)
+    steps = list(replay(ds, select, batch=batch, top_k=4))
+    us = np.array([s.elapsed_ns for s in steps], dtype=np.float64) / 1e3
+    return {
+        "pools": n_pools,
+        "dataset": "e2e",
+        "antiAffinity": anti,
+        "meanUs": round(float(us.mean()), 1),
+        "p50Us": round(float(np.percentile(us, 50)), 1),
+        "p99Us": round(float(np.percentile(us, 99)), 1),
+        "decisions": len(steps),
+        "lean": sum(1 for s in steps if covers(s.spec)),
+        "placed": sum(1 for s in steps if s.result is not None and s.result.placement),
+    }
+
+
 def main(argv: list[str]) -> int:
     """Run the core benchmark and print one JSON line."""
     parser = argparse.ArgumentParser(
@@ -148,10 +175,20 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--pools", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--decisions", type=int, default=3000)
-    parser.add_argument("--batch", type=int, default=256, help="tasks per simulated pass")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="tasks per simulated pass (default 256; 1024 with --dataset e2e)")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--dataset", choices=("mixed", "e2e"), default="mixed",
+                        help="mixed: the core mix above; e2e: replay the e2e bench dataset")
+    parser.add_argument("--tasks", type=int, default=20000, help="with --dataset e2e")
+    parser.add_argument("--anti-affinity", type=float, default=0.0,
+                        help="with --dataset e2e: share of tasks with required anti-affinity")
     args = parser.parse_args(argv)
-    results = [run(n, args.decisions, args.batch, args.seed) for n in args.pools]
+    if args.dataset == "e2e":
+        results = [run_dataset(n, args.tasks, args.batch or 1024, args.seed, args.anti_affinity)
+                   for n in args.pools]
+    else:
+        results = [run(n, args.decisions, args.batch or 256, args.seed) for n in args.pools]
     print(json.dumps({"results": results}))
     return 0
 

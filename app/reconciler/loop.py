@@ -62,8 +62,9 @@ from app.metrics import (
 from app.reconciler.config import ReconcilerConfig
 from app.reconciler.listener import WakeupListener
 from app.reconciler.ownership import DynamicOwnership, StaticOwnership
-from app.reconciler.passes import PassContext, PassResult, pass_run
+from app.reconciler.passes import COMPILED_KEPT, PassContext, PassResult, pass_run
 from app.scheduling.reasons import REASONS
+from app.scheduling.spec import StoredSpecs
 
 log = logging.getLogger("berth.reconciler")
 
@@ -158,7 +159,7 @@ class Reconciler:
         self._passes = 0
         self._wake = asyncio.Event()
         self._backlog = WakeBacklog()
-        self._compiled: dict = {}
+        self._compiled = StoredSpecs(COMPILED_KEPT)
         self._snapshot_cache = SnapshotCache()
         #: The most recent pass results, newest last (for operators and tests).
         self.results: deque[PassResult] = deque(maxlen=RESULTS_KEPT)

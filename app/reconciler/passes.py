@@ -41,7 +41,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -91,7 +91,7 @@ from app.scheduling.policies import QueuedTask, get_policy
 from app.scheduling.reasons import Reason
 from app.scheduling.results import NoPlacement
 from app.scheduling.snapshot import Snapshot
-from app.scheduling.spec import CompiledSpec, TaskSpec, compile_spec
+from app.scheduling.spec import CompiledSpec, StoredSpecs
 from app.scheduling.unsatisfiable import UnsatisfiableCache
 
 log = logging.getLogger("berth.reconciler")
@@ -200,19 +200,16 @@ class PassContext:
     rotation: int = 0
     #: The previous pass's snapshot, whose static part is reused while no pool row changed.
     snapshot_cache: SnapshotCache = field(default_factory=SnapshotCache)
-    #: Compiled specs by (tenant, spec JSON), kept across passes: equal texts compile equal.
-    compiled: dict[tuple[str, str], CompiledSpec] = field(default_factory=dict)
+    #: Compiled specs by (tenant, spec text), validated once per spec class, kept across passes.
+    compiled: StoredSpecs = field(default_factory=lambda: StoredSpecs(COMPILED_KEPT))
 
     def compile(self, task: ClaimedTask) -> CompiledSpec:
-        """Return the task's compiled spec, validating each distinct spec text once."""
-        key = (task.tenant_id, task.spec_json)
-        template = self.compiled.get(key)
-        if template is None:
-            if len(self.compiled) >= COMPILED_KEPT:
-                self.compiled.clear()
-            spec = TaskSpec.model_validate_json(task.spec_json)
-            template = self.compiled[key] = compile_spec(spec, tenant_id=task.tenant_id)
-        return replace(template, task_id=str(task.id))
+        """Return the task's compiled spec (see :class:`StoredSpecs`).
+
+        The compiled spec is shared by every task of the same tenant and spec text, so its
+        ``task_id`` is unset: the pass names the task where it matters (``Assumed.add``).
+        """
+        return self.compiled.compile(task.tenant_id, task.spec_json)
 
     async def retry(self, operation: Callable[[], Awaitable[Any]], what: str) -> Any:
         """Run a transaction with the configured transient-failure retries."""
@@ -377,7 +374,7 @@ async def _pass_in(
             for code, n in outcome.rejection_counts.items():
                 rejections[str(code)] += n
             if outcome.placement is not None:
-                assumed.add(spec, outcome.placement.members)
+                assumed.add(spec, outcome.placement.members, task_id=q.task_id)
                 decisions.append(Decision(task, spec, outcome, outcome.placement.members))
                 continue
             reason = outcome.reason or NoPlacement(Reason.TENANT_NOT_ALLOWED, "no pool fits")

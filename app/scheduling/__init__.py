@@ -6,7 +6,7 @@ One call decides where one task goes::
     PoolState*, PlacedTask* --Snapshot.build--> Snapshot --+--> select(spec, snapshot, assumed)
                                Assumed (this pass) -------'          |
       visible pools only (tenant index)                              v
-      Filter, static, memoized per (tenant, runtime class):
+      Filter, static, memoized per (audience, runtime class):
           tenant access -> pool status -> health -> runtime class
       Filter, per task over numpy arrays, first rejection wins:
           region -> data residency -> pool selector -> capacity -> required affinity
@@ -27,8 +27,9 @@ The reconciler orders claimed tasks with a policy (``policies``), skips specs al
 to fit nowhere this pass (``unsatisfiable``), and records each decision in ``Assumed`` so that
 the tasks after it see its usage and its labels. See docs/scheduling.md.
 
-Modules, in pipeline order: ``spec`` (TaskSpec, compile_spec), ``snapshot`` (PoolState,
-PlacedTask, Snapshot), ``assumed`` (Assumed), ``framework`` (select) with ``cycle`` and
-``plugins/``, ``gangs``, ``reasons``, ``results`` (Result and its parts), ``explain`` (their
+Modules, in pipeline order: ``spec`` (TaskSpec, compile_spec, StoredSpecs), ``snapshot``
+(PoolState, PlacedTask, Snapshot), ``assumed`` (Assumed), ``framework`` (select, dispatching
+to ``lean`` for specs without affinity or gangs, else select_full) with ``stages``, ``cycle``
+and ``plugins/``, ``gangs``, ``reasons``, ``results`` (Result and its parts), ``explain`` (their
 documents), ``unsatisfiable`` and ``policies``. Import each name from its module.
 """

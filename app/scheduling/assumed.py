@@ -29,6 +29,20 @@ class _AssumedEntry:
     requests: np.ndarray
 
 
+_ONE = np.ones(1, dtype=np.int64)
+_ONE.flags.writeable = False
+_SINGLE: dict[int, np.ndarray] = {}
+
+
+def _single(i: int) -> np.ndarray:
+    """Return the read-only index array ``[i]`` (shared: most placements have one pool)."""
+    a = _SINGLE.get(i)
+    if a is None:
+        a = _SINGLE[i] = np.array((i,), dtype=np.intp)
+        a.flags.writeable = False
+    return a
+
+
 class Assumed:
     """The mutable overlay of one pass: usage and placements decided but not yet committed."""
 
@@ -56,22 +70,38 @@ class Assumed:
     def __contains__(self, task_id: object) -> bool:
         return task_id in self._entries
 
-    def add(self, spec: CompiledSpec, members: Sequence[tuple[str, int]]) -> None:
-        """Record a decided placement: its usage and its labels for later affinity checks."""
-        task_id = spec.task_id
+    def add(
+        self,
+        spec: CompiledSpec,
+        members: Sequence[tuple[str, int]],
+        *,
+        task_id: str | None = None,
+    ) -> None:
+        """Record a decided placement: its usage and its labels for later affinity checks.
+
+        ``task_id`` names the task when ``spec`` is a compiled spec shared by several tasks
+        (its own ``task_id`` unset).
+        """
+        task_id = task_id or spec.task_id
         if task_id is None:
             raise ValueError("an assumed placement needs a task id")
         if task_id in self._entries:
             self.remove(task_id)
         pos = self.snapshot.pos
-        idx = np.array([pos[p] for p, _ in members], dtype=np.intp)
-        counts = np.array([c for _, c in members], dtype=np.int64)
         req = np.array(spec.requests, dtype=np.int64)
-        amounts = counts[:, None] * req
-        if len(idx) == 1:
-            self.usage[idx[0]] += amounts[0]
-            self.used[idx[0]] += amounts[0]
+        if len(members) == 1:
+            # One pool (every task but a spread gang): row updates, no scatter-add.
+            (pool_id, count), = members
+            i = pos[pool_id]
+            idx = _single(i)
+            counts = _ONE if count == 1 else np.array((count,), dtype=np.int64)
+            amount = req * count
+            self.usage[i] += amount
+            self.used[i] += amount
         else:
+            idx = np.array([pos[p] for p, _ in members], dtype=np.intp)
+            counts = np.array([c for _, c in members], dtype=np.int64)
+            amounts = counts[:, None] * req
             np.add.at(self.usage, idx, amounts)
             np.add.at(self.used, idx, amounts)
         entry = _AssumedEntry(spec.tenant_id, spec.labels, idx, counts, req)
@@ -112,9 +142,13 @@ class Assumed:
     def _domains_update(self, entry: _AssumedEntry, sign: int) -> None:
         tracked = self._domains.get(entry.tenant_id)
         if tracked:
+            single = len(entry.idx) == 1
             for topology, per_domain in tracked.items():
                 dom, _ = self.snapshot.domains(topology)
-                np.add.at(per_domain, dom[entry.idx], sign * entry.counts)
+                if single:
+                    per_domain[dom[entry.idx[0]]] += sign * int(entry.counts[0])
+                else:
+                    np.add.at(per_domain, dom[entry.idx], sign * entry.counts)
 
     def domain_counts(self, tenant_id: str, topology: str) -> np.ndarray | None:
         """Return per ``topology`` domain the members of all the tenant's assumed placements

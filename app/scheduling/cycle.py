@@ -14,7 +14,7 @@ from app.scheduling.assumed import Assumed
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec, CompiledTerm
 
-__all__ = ["Cycle", "to_domains"]
+__all__ = ["Cycle", "tenant_domain_counts", "to_domains"]
 
 
 def to_domains(snapshot: Snapshot, counts: np.ndarray, topology: str) -> np.ndarray:
@@ -111,20 +111,31 @@ class Cycle:
         """Return each pool's ``topology`` domain code and, per domain, the tenant's placed
         members (actual and assumed): ``per_domain[codes[i]]`` is pool ``i``'s count."""
         hit = self._tenant_domains.get(topology)
-        if hit is not None:
-            return hit
-        snap = self.snapshot
-        tenant = self.spec.tenant_id
-        dom, nd = snap.domains(topology)
-
-        def build() -> np.ndarray:
-            raw = snap.placed_counts(tenant, None)
-            return np.bincount(dom, weights=raw, minlength=nd).astype(np.int64)
-
-        per_domain = snap.memoized(("tdomd", tenant, topology), build)
-        if self.assumed is not None:
-            extra = self.assumed.domain_counts(tenant, topology)
-            if extra is not None:
-                per_domain = per_domain + extra
-        hit = self._tenant_domains[topology] = (dom, per_domain)
+        if hit is None:
+            hit = self._tenant_domains[topology] = tenant_domain_counts(
+                self.snapshot, self.assumed, self.spec.tenant_id, topology
+            )
         return hit
+
+
+def tenant_domain_counts(
+    snapshot: Snapshot, assumed: Assumed | None, tenant_id: str, topology: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Return each pool's ``topology`` domain code and, per domain, the members of the
+    tenant's actual placements plus those assumed in ``assumed``."""
+    dom = snapshot.domains(topology)[0]
+    per_domain = snapshot.memoized(
+        ("tdomd", tenant_id, topology), _tenant_domains, snapshot, tenant_id, topology
+    )
+    if assumed is not None:
+        extra = assumed.domain_counts(tenant_id, topology)
+        if extra is not None:
+            per_domain = per_domain + extra
+    return dom, per_domain
+
+
+def _tenant_domains(snapshot: Snapshot, tenant_id: str, topology: str) -> np.ndarray:
+    """Return per ``topology`` domain the members of the tenant's actual placements."""
+    dom, nd = snapshot.domains(topology)
+    raw = snapshot.placed_counts(tenant_id, None)
+    return np.bincount(dom, weights=raw, minlength=nd).astype(np.int64)

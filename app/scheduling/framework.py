@@ -1,11 +1,16 @@
 """The framework: ``select`` — filter, score, rank (the plugins' base classes are in
 :mod:`app.scheduling.plugins.base`, the reason codes in :mod:`app.scheduling.reasons`).
 
-``select`` evaluates only the pools the tenant can see. Filters that depend only on the
-tenant and runtime class (tenant access, status, health, runtime class) are evaluated once
-per (tenant, runtime class) and snapshot and memoized; the others run per task over numpy
-arrays of the pools still standing, each pool stopping at its first rejection. Rejections are
-counted per code by a bincount; per-pool explanations are built only with ``explain=True``.
+``select`` sends the calls :func:`app.scheduling.lean.covers` accepts (no affinity terms, one
+member, no held capacity, no ``explain``) to the lean path, which decides them identically
+in fewer steps, and every other call to :func:`select_full`.
+
+:func:`select_full` evaluates only the pools the tenant can see. Filters that depend only on
+the tenant and runtime class (tenant access, status, health, runtime class) are evaluated
+once per audience (the tenants that see the same pools), runtime class and snapshot, and
+memoized; the others run per task over numpy arrays of the pools still standing, each pool
+stopping at its first rejection. Rejections are counted per code by a bincount; per-pool
+explanations are built only with ``explain=True``.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ import numpy as np
 from app.scheduling.assumed import Assumed
 from app.scheduling.cycle import Cycle
 from app.scheduling.gangs import place_gang
+from app.scheduling.lean import covers, select_lean
 from app.scheduling.plugins import names
 from app.scheduling.plugins.registry import Profile, profile
-from app.scheduling.reasons import CODE, PASS, REASONS, Reason, describe_counts, headline
+from app.scheduling.reasons import CODE, PASS, REASONS, Reason
 from app.scheduling.results import (
     Candidate,
     NoPlacement,
@@ -30,71 +36,44 @@ from app.scheduling.results import (
 )
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec
+from app.scheduling.stages import (
+    N_REASONS,
+    NO_VISIBLE_POOL,
+    WAKE_POOLS_MAX,
+    counts_map,
+    no_placement,
+    rank,
+    static_filters,
+)
 
-__all__ = ["feasible_but_capacity", "select"]
+__all__ = ["WAKE_POOLS_MAX", "feasible_but_capacity", "select", "select_full"]
 
-NO_VISIBLE_POOL = "no pool is available to this tenant"
-#: Most pools a "no placement" result names as those whose released capacity could help
-#: (``NoPlacement.wake_pools``); beyond it the wake condition is the runtime class as a whole.
-WAKE_POOLS_MAX = 16
-
-
-_N_REASONS = len(REASONS)
 _NONE = np.empty(0, dtype=np.intp)
 
 
-def _static(prof: Profile, cycle: Cycle, visible: np.ndarray) -> tuple:
-    """Return (passing indexes, counts, codes of the visible pools) of the static filters."""
-
-    def build() -> tuple:
-        codes = np.full(len(visible), PASS, dtype=np.int16)
-        alive = np.ones(len(visible), dtype=bool)
-        for f in prof.filters:
-            if not f.STATIC:
-                continue
-            pos = np.flatnonzero(alive)
-            out = f.filter_many(cycle, visible[pos])
-            if out is None:
-                continue
-            bad = out != PASS
-            codes[pos[bad]] = out[bad]
-            alive[pos[bad]] = False
-        counts = np.bincount(codes[~alive], minlength=_N_REASONS).astype(np.int64)
-        return visible[alive], counts, codes
-
-    key = ("static", cycle.spec.tenant_id, cycle.spec.runtime_class)
-    return cycle.snapshot.memoized(key, build)
-
-
-def _rank(idx: np.ndarray, total: np.ndarray, k: int | None) -> np.ndarray:
-    """Return positions into ``idx`` by total descending, then pool id (index) ascending."""
-    n = len(idx)
-    if k is None or n <= k:
-        return np.argsort(-total, kind="stable")  # idx is ascending: stable keeps id order
-    thr = np.partition(total, n - k)[n - k]
-    sel = np.flatnonzero(total >= thr)
-    return sel[np.argsort(-total[sel], kind="stable")[:k]]
-
-
-def _counts_map(counts: np.ndarray) -> dict[Reason, int]:
-    return {REASONS[i]: int(counts[i]) for i in np.flatnonzero(counts)}
-
-
-def _no_placement(counts: np.ndarray, near: np.ndarray, snapshot: Snapshot) -> NoPlacement:
-    """Return the closest-miss reason of ``counts``; ``near`` are the snapshot indexes of the
-    pools that only capacity kept from fitting (woken when capacity frees up there)."""
-    by_code = _counts_map(counts)
-    code = headline(by_code) or Reason.TENANT_NOT_ALLOWED
-    wake = (
-        tuple(snapshot.ids[i] for i in sorted(near.tolist()))
-        if len(near) <= WAKE_POOLS_MAX else None
-    )
-    return NoPlacement(
-        code, describe_counts(by_code), {str(r): n for r, n in by_code.items()}, wake
-    )
-
-
 def select(
+    spec: CompiledSpec,
+    snapshot: Snapshot,
+    *,
+    assumed: Assumed | None = None,
+    explain: bool = False,
+    top_k: int = 5,
+    holds: Mapping[str, tuple[int, int, int]] | None = None,
+) -> Result:
+    """Decide where ``spec`` goes on ``snapshot`` (plus ``assumed``), without side effects.
+
+    The lean path (:mod:`app.scheduling.lean`) decides the calls it covers — no affinity
+    terms, one member, no held capacity, no ``explain`` — with the same result; the others go
+    through :func:`select_full`, whose documentation describes the result.
+    """
+    if covers(spec, holds, explain=explain):
+        return select_lean(spec, snapshot, assumed=assumed, top_k=top_k)
+    return select_full(
+        spec, snapshot, assumed=assumed, explain=explain, top_k=top_k, holds=holds
+    )
+
+
+def select_full(
     spec: CompiledSpec,
     snapshot: Snapshot,
     *,
@@ -117,7 +96,7 @@ def select(
     if len(visible) == 0:
         return Result(None, reason=NoPlacement(Reason.TENANT_NOT_ALLOWED, NO_VISIBLE_POOL, {}))
 
-    idx, static_counts, static_codes = _static(prof, cycle, visible)
+    idx, static_counts, static_codes = static_filters(prof, cycle, visible)
     counts = static_counts.copy()
     near = _NONE
     code_at = None
@@ -131,7 +110,7 @@ def select(
         if codes is None:
             continue
         bad = codes != PASS
-        counts += np.bincount(codes[bad], minlength=_N_REASONS)
+        counts += np.bincount(codes[bad], minlength=N_REASONS)
         if f.NAME == names.CAPACITY:
             # Only pools whose totals could hold a member can be helped by released capacity.
             near = idx[bad]
@@ -150,13 +129,13 @@ def select(
         return Result(
             None,
             rejected=rejected,
-            rejection_counts=_counts_map(counts),
-            reason=_no_placement(counts, near, snapshot),
+            rejection_counts=counts_map(counts),
+            reason=no_placement(counts, near, snapshot),
         )
 
     applied, values, total = _score(prof, cycle, idx)
     gang = spec.is_gang
-    order = _rank(idx, total, None if (explain or gang) else top_k)
+    order = rank(idx, total, None if (explain or gang) else top_k)
 
     def candidate(pos: int, detail: bool) -> Candidate:
         i = int(idx[pos])
@@ -193,9 +172,9 @@ def select(
             return Result(
                 None,
                 rejected=rejected,
-                rejection_counts=_counts_map(counts),
+                rejection_counts=counts_map(counts),
                 # The pools that fit a member are closer than any rejected one.
-                reason=_no_placement(counts, np.concatenate((near, idx)), snapshot),
+                reason=no_placement(counts, np.concatenate((near, idx)), snapshot),
             )
         head = candidate(int(order[chosen[0][0]]), True)
         members = tuple((snapshot.ids[int(idx[order[p]])], c) for p, c in chosen)
@@ -209,7 +188,7 @@ def select(
         placement,
         candidates=candidates,
         rejected=rejected,
-        rejection_counts=_counts_map(counts),
+        rejection_counts=counts_map(counts),
     )
 
 
@@ -232,7 +211,7 @@ def feasible_but_capacity(
     empty = np.zeros(0, dtype=np.intp)
     if len(visible) == 0:
         return empty, np.zeros(0), cycle
-    idx = _static(prof, cycle, visible)[0]
+    idx = static_filters(prof, cycle, visible)[0]
     for f in prof.filters:
         if f.STATIC or f.NAME == names.CAPACITY or len(idx) == 0:
             continue
@@ -242,7 +221,7 @@ def feasible_but_capacity(
     if len(idx) == 0:
         return empty, np.zeros(0), cycle
     total = _score(prof, cycle, idx)[2]
-    order = _rank(idx, total, None)
+    order = rank(idx, total, None)
     return idx[order], total[order], cycle
 
 

@@ -97,6 +97,7 @@ class Snapshot:
         "fd_table",
         "cost",
         "by_tenant",
+        "audience",
         "_label_idx",
         "_artifact_idx",
         "_placed",
@@ -144,7 +145,15 @@ class Snapshot:
                 label_idx.setdefault(kv, []).append(i)
             for r in p.artifact_regions:
                 artifact_idx.setdefault(r, []).append(i)
-        self.by_tenant = {t: np.array(v, dtype=np.intp) for t, v in by_tenant.items()}
+        # Tenants that see the same pools share one index array and one audience number.
+        shared: dict[tuple[int, ...], tuple[int, np.ndarray]] = {}
+        self.by_tenant = {}
+        self.audience = {}
+        for t, v in by_tenant.items():
+            hit = shared.get(tuple(v))
+            if hit is None:
+                hit = shared[tuple(v)] = (len(shared), np.array(v, dtype=np.intp))
+            self.audience[t], self.by_tenant[t] = hit
         self._label_idx = {k: np.array(v, dtype=np.intp) for k, v in label_idx.items()}
         self._artifact_idx = {k: np.array(v, dtype=np.intp) for k, v in artifact_idx.items()}
         self._placed = self._placed_index(placed)
@@ -202,7 +211,7 @@ class Snapshot:
         if np.array_equal(new.fresh, self.fresh) and np.array_equal(
             new.has_ledger, self.has_ledger
         ):
-            keep = keep | {"static"}
+            keep = keep | _MEMO_HEALTH
         carried = {k: v for k, v in self._memo.items() if k[0] in keep}
         # Selector masks are keyed by what specs ask for: start over rather than grow forever.
         new._memo = carried if len(carried) <= MEMO_CARRIED else {}
@@ -228,18 +237,18 @@ class Snapshot:
 
     # --- memo tables -------------------------------------------------------------------------
 
-    def memoized(self, key: tuple, build: Callable[[], T]) -> T:
+    def memoized(self, key: tuple, build: Callable[..., T], *args: Any) -> T:
         """Return the memo entry at ``key``, building and storing it on first use.
 
-        ``build`` must be a pure function of this snapshot (and of what ``key`` names). The
+        ``build(*args)`` must be a pure function of this snapshot (and of what ``key`` names). The
         first item of ``key`` is the entry's kind: ``with_usage`` carries over the kinds computed
         from static columns only (``"sel"``, ``"art"``, ``"tenant_mask"``), ``"static"`` (the
-        static filters' verdicts) when heartbeat freshness and ledger presence held, and no
-        other kind.
+        static filters' verdicts) and ``"lean"`` (the lean select's spec classes) when
+        heartbeat freshness and ledger presence held, and no other kind.
         """
         hit = self._memo.get(key)
         if hit is None:
-            hit = self._memo[key] = build()
+            hit = self._memo[key] = build(*args)
         return hit
 
     @property
@@ -319,10 +328,14 @@ class Snapshot:
 _STATIC_SLOTS = (
     "ids", "pos", "n", "strategy", "status", "ready", "rc", "rc_table", "region",
     "region_table", "residency", "residency_table", "fd", "fd_table", "cost", "by_tenant",
+    "audience",
     "_label_idx", "_artifact_idx",
 )
 #: Memo kinds computed from static columns only (selector, artifact and tenant masks).
 _MEMO_STATIC = frozenset({"sel", "art", "tenant_mask"})
+#: Memo kinds that also read heartbeat freshness and ledger presence: the static filters'
+#: verdicts and the lean select's spec classes (which re-read ledger totals themselves).
+_MEMO_HEALTH = frozenset({"static", "lean"})
 #: At most this many memo entries carry over to a snapshot built by ``with_usage``.
 MEMO_CARRIED = 4096
 

@@ -10,7 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+import orjson
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 __all__ = [
@@ -21,6 +30,7 @@ __all__ = [
     "Constraints",
     "Gang",
     "Resources",
+    "StoredSpecs",
     "TaskSpec",
     "compile_spec",
 ]
@@ -247,6 +257,9 @@ class CompiledSpec:
     #: Whether the task may displace leased lower-priority tasks of its tenant.
     may_preempt: bool = False
     fingerprint: tuple = field(default=(), compare=False)
+    #: What decides which pools pass the filters other than capacity and affinity, and the
+    #: static scores (the lean select's class, with the tenant's audience).
+    placement_class: tuple = field(default=(), compare=False)
 
     @property
     def is_gang(self) -> bool:
@@ -312,4 +325,88 @@ def compile_spec(spec: TaskSpec, *, tenant_id: str, task_id: str | None = None) 
         priority=spec.priority,
         may_preempt=spec.preemption == "lowerPriority",
         fingerprint=fingerprint,
+        placement_class=(
+            spec.runtime_class, regions, c.data_residency, selector, c.artifact_region
+        ),
+    )
+
+
+_RESOURCES = Resources.__pydantic_validator__
+_LABELS = TypeAdapter(
+    Annotated[dict[LabelKey, LabelValue], Field(max_length=MAX_LABELS)],
+    config=ConfigDict(strict=True),
+)
+
+
+class StoredSpecs:
+    """Compile stored spec texts, validating each spec **class** once rather than each text.
+
+    Specs differ mostly in their requests and labels. The rest of a spec (runtime class,
+    constraints, affinity, gang, priority, attempts, preemption) is its class: the first text
+    of a class is validated whole by :class:`TaskSpec` and compiled; a later text of the same
+    class (from any tenant) only has its requests and labels validated (by the same field types and
+    the same at-least-one-request rule) and takes the class's compiled form with them. Any
+    doubt (a part missing, a value the parts' validators refuse) falls back to validating the
+    text whole, so an invalid text raises exactly what :class:`TaskSpec` raises. Compiled
+    specs have no ``task_id``: they are shared by the tasks of equal texts.
+    """
+
+    __slots__ = ("kept", "_texts", "_classes")
+
+    def __init__(self, kept: int = 4096) -> None:
+        self.kept = kept
+        self._texts: dict[tuple[str, str], CompiledSpec] = {}
+        self._classes: dict[bytes, CompiledSpec] = {}
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+    def compile(self, tenant_id: str, text: str) -> CompiledSpec:
+        """Return the compiled spec of a stored spec text; raise as :class:`TaskSpec` does."""
+        key = (tenant_id, text)
+        hit = self._texts.get(key)
+        if hit is None:
+            if len(self._texts) >= self.kept:
+                self._texts.clear()
+            hit = self._texts[key] = self._compile(tenant_id, text)
+        return hit
+
+    def _compile(self, tenant_id: str, text: str) -> CompiledSpec:
+        try:
+            body = orjson.loads(text)
+            requests = body.pop("requests")
+            labels = body.pop("labels", {})
+            cls_key = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+        except (orjson.JSONDecodeError, TypeError, AttributeError, KeyError):
+            return compile_spec(TaskSpec.model_validate_json(text), tenant_id=tenant_id)
+        shape = self._classes.get(cls_key)
+        if shape is not None:
+            try:
+                req = _RESOURCES.validate_python(requests).as_tuple()
+                own = _LABELS.validate_python(labels)
+            except ValidationError:
+                req = None
+            if req is not None and any(req):
+                return _bind(shape, tenant_id, req, frozenset(own.items()))
+        compiled = compile_spec(TaskSpec.model_validate_json(text), tenant_id=tenant_id)
+        if len(self._classes) >= self.kept:
+            self._classes.clear()
+        self._classes[cls_key] = compiled
+        return compiled
+
+
+def _bind(
+    shape: CompiledSpec, tenant_id: str, requests: tuple[int, int, int], labels: Items
+) -> CompiledSpec:
+    """Return ``shape`` (a compiled spec of the same class) for this tenant, with these
+    requests and labels."""
+    fp = shape.fingerprint
+    own = labels if shape.required else frozenset()
+    return CompiledSpec(
+        tenant_id, None, shape.runtime_class, requests, shape.regions,
+        shape.data_residency, shape.artifact_region, shape.pool_selector, shape.required,
+        shape.preferred, labels, shape.members, shape.min_pools, shape.max_per_pool,
+        shape.priority, shape.may_preempt,
+        (tenant_id, fp[1], requests, *fp[3:7], own, *fp[8:]),
+        shape.placement_class,
     )

@@ -31,5 +31,9 @@ class ArtifactLocality(ScorePlugin):
 
     def describe(self, cycle: Cycle, pool: int, value: float) -> str:
         """Return whether the artifacts are local to the pool."""
+        return self.reason(cycle.spec.artifact_region, value)
+
+    def reason(self, region: str | None, value: float) -> str:
+        """Return the reason of a pool scored ``value`` for artifacts in ``region``."""
         where = "local" if value > 0 else "remote"
-        return f"artifacts in {cycle.spec.artifact_region} are {where}"
+        return f"artifacts in {region} are {where}"

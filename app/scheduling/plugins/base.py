@@ -67,8 +67,9 @@ def minmax(raw: np.ndarray, *, higher_is_better: bool, flat: float = 100.0) -> n
     """Return ``raw`` rescaled to 0..100 over its range; ``flat`` when all values are equal."""
     if len(raw) == 0:
         return raw
-    lo = raw.min()
-    hi = raw.max()
+    # The ufuncs' own reductions: ndarray.min/max add a Python-level wrapper per call.
+    lo = np.minimum.reduce(raw)
+    hi = np.maximum.reduce(raw)
     if hi <= lo:
         return np.full(len(raw), flat)
     scaled = (raw - lo if higher_is_better else hi - raw) * (100.0 / (hi - lo))

@@ -26,4 +26,8 @@ class Cost(ScorePlugin):
 
     def describe(self, cycle: Cycle, pool: int, value: float) -> str:
         """Return the pool's cost weight."""
-        return f"cost weight {cycle.snapshot.cost[pool]:g}; cheaper pools score higher"
+        return self.reason(cycle.snapshot.cost[pool])
+
+    def reason(self, weight: float) -> str:
+        """Return the reason of a pool with this cost weight."""
+        return f"cost weight {weight:g}; cheaper pools score higher"

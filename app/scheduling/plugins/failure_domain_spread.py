@@ -32,5 +32,8 @@ class FailureDomainSpread(ScorePlugin):
     def describe(self, cycle: Cycle, pool: int, value: float) -> str:
         """Return how many of the tenant's members share the pool's failure domain."""
         dom, per_domain = cycle.tenant_domain_counts("failureDomain")
-        n = int(per_domain[dom[pool]])
-        return f"{n} of the tenant's members in this failure domain"
+        return self.reason(int(per_domain[dom[pool]]))
+
+    def reason(self, members: int) -> str:
+        """Return the reason of a pool whose failure domain holds ``members`` of the tenant's."""
+        return f"{members} of the tenant's members in this failure domain"

@@ -74,13 +74,19 @@ class LeastLoaded(ScorePlugin):
 
     def score_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray:
         """Return ``100 * (1 - u)`` scaled so that the result stays within 0..100."""
-        dominant, mean = _scored(cycle, idx)
+        return self.from_utilization(*_scored(cycle, idx))
+
+    def from_utilization(self, dominant: np.ndarray, mean: np.ndarray) -> np.ndarray:
+        """Return the scores of pools with these projected utilizations."""
         return _clip100((1.001 - dominant - mean / 1000.0) * _SCALE)
 
     def describe(self, cycle: Cycle, pool: int, value: float) -> str:
         """Return the projected utilization that produced ``value``."""
-        d, m = projected_utilization_at(cycle, pool)
-        return f"projected utilization {d:.0%} dominant, {m:.0%} mean; lower is better"
+        return self.reason(*projected_utilization_at(cycle, pool))
+
+    def reason(self, dominant: float, mean: float) -> str:
+        """Return the reason of a pool with this projected utilization."""
+        return f"projected utilization {dominant:.0%} dominant, {mean:.0%} mean; lower is better"
 
 
 class MostLoaded(ScorePlugin):
@@ -90,10 +96,16 @@ class MostLoaded(ScorePlugin):
 
     def score_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray:
         """Return ``100 * u`` scaled so that the result stays within 0..100."""
-        dominant, mean = _scored(cycle, idx)
+        return self.from_utilization(*_scored(cycle, idx))
+
+    def from_utilization(self, dominant: np.ndarray, mean: np.ndarray) -> np.ndarray:
+        """Return the scores of pools with these projected utilizations."""
         return _clip100((dominant + mean / 1000.0) * _SCALE)
 
     def describe(self, cycle: Cycle, pool: int, value: float) -> str:
         """Return the projected utilization that produced ``value``."""
-        d, m = projected_utilization_at(cycle, pool)
-        return f"projected utilization {d:.0%} dominant, {m:.0%} mean; higher packs"
+        return self.reason(*projected_utilization_at(cycle, pool))
+
+    def reason(self, dominant: float, mean: float) -> str:
+        """Return the reason of a pool with this projected utilization."""
+        return f"projected utilization {dominant:.0%} dominant, {mean:.0%} mean; higher packs"

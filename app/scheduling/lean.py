@@ -1,0 +1,251 @@
+"""The lean select: the reconciler's hot path for specs without affinity terms or gangs.
+
+Most tasks (93% of the benchmark mix) name a runtime class, requests and at most regions, a
+data residency, a pool selector and an artifact region. For them only capacity and the
+scores that read usage change from one task to the next; everything else is a function of
+the spec's **class** — audience (the tenants that see the same pools), runtime class, hard
+constraints, artifact region — and of the snapshot. :func:`select_lean` therefore keeps, per
+class and snapshot (a memo entry of kind
+``"lean"``), the pools that pass every filter but capacity, their rejection counts, their
+capacities and the class's static scores (cost and artifact locality over the whole set),
+and per task does only:
+
+    used + request > capacity      -> capacity rejections (first lacking dimension)
+    (used + request) / capacity    -> least or most loaded
+    tenant members per domain      -> failure-domain spread
+    cost, artifact locality        -> from the class (re-normalized only when capacity cut)
+    rank                           -> top_k
+
+in about twenty numpy calls instead of about ninety. Every value is computed with the same
+arithmetic, in the same order, as :func:`app.scheduling.framework.select_full`, so results are
+identical (tests/scheduling/test_lean.py replays the benchmark dataset through both). Score
+reasons are rendered for the placement's pool only, by the plugins' own ``describe``.
+
+:func:`covers` says which calls may take this path: no required or preferred affinity, one
+member, no held capacity, no explanation of every pool (``explain=True`` lists every pool with
+its reason: the full path does that).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from app.scheduling.assumed import Assumed
+from app.scheduling.cycle import Cycle, tenant_domain_counts
+from app.scheduling.plugins import names
+from app.scheduling.plugins.base import minmax
+from app.scheduling.plugins.registry import Profile, profile
+from app.scheduling.reasons import CODE, PASS, Reason
+from app.scheduling.results import Candidate, Placement, Result, ScoreComponent
+from app.scheduling.snapshot import Snapshot
+from app.scheduling.spec import CompiledSpec
+from app.scheduling.stages import (
+    N_REASONS,
+    counts_map,
+    no_placement_result,
+    rank,
+    static_filters,
+)
+
+__all__ = ["covers", "select_lean"]
+
+_CPU = CODE[Reason.INSUFFICIENT_CPU]
+_MEMORY = CODE[Reason.INSUFFICIENT_MEMORY]
+_LLM = CODE[Reason.INSUFFICIENT_LLM_SLOTS]
+_NONE = np.empty(0, dtype=np.intp)
+#: The scores a lean spec can get: every other one (preferred affinity) needs a term.
+_LEAN_SCORES = frozenset({
+    names.LEAST_LOADED, names.MOST_LOADED, names.COST, names.FAILURE_DOMAIN_SPREAD,
+    names.ARTIFACT_LOCALITY,
+})
+
+
+def covers(spec: CompiledSpec, holds: Mapping | None = None, *, explain: bool = False) -> bool:
+    """Return whether :func:`select_lean` decides this call exactly as the full select would."""
+    return (
+        not explain
+        and not holds
+        and not spec.required
+        and not spec.preferred
+        and spec.members == 1
+        and spec.min_pools == 1
+    )
+
+
+class _Class:
+    """What the tasks of one spec class share on a snapshot: the pools past every filter but
+    capacity and their rejection counts, the static scores, and (re-read when the ledger
+    totals are another array) the pools' capacities."""
+
+    __slots__ = (
+        "idx", "counts", "counts_map", "cost", "cost_score", "art", "fd", "load", "scored",
+        "cap_of", "cap", "offered", "dims",
+    )
+
+    def refresh(self, snapshot: Snapshot) -> None:
+        """Re-read the capacities of the class's pools from ``snapshot``."""
+        self.cap_of = snapshot.cap
+        self.cap = snapshot.cap[self.idx]
+        self.offered = self.cap > 0
+        self.dims = np.maximum(self.offered.sum(axis=1), 1)
+
+
+def _class(prof: Profile, spec: CompiledSpec, snapshot: Snapshot) -> _Class:
+    """Return the class of ``spec`` on ``snapshot``, built on first use.
+
+    Tenants that see the same pools share classes: the filters other than tenant access read
+    only the runtime class, the constraints and the pools, and tenant access passes every
+    visible pool. The entry's kind ``"lean"`` carries over to the next pass's snapshot while
+    health and ledger presence hold (see :meth:`Snapshot.memoized`).
+    """
+    key = ("lean", snapshot.audience[spec.tenant_id], spec.placement_class)
+    c = snapshot.memoized(key, _class_build, prof, spec, snapshot)
+    if c.cap_of is not snapshot.cap:
+        c.refresh(snapshot)
+    return c
+
+
+def _class_build(prof: Profile, spec: CompiledSpec, snapshot: Snapshot) -> _Class:
+    c = _Class()
+    cycle = Cycle(spec, snapshot, None)
+    idx, static_counts, _ = static_filters(prof, cycle, snapshot.visible(spec.tenant_id))
+    counts = static_counts.copy()
+    passed_capacity = False
+    for f in prof.filters:
+        if f.STATIC or len(idx) == 0:
+            continue
+        if f.NAME == names.CAPACITY:
+            passed_capacity = True
+            continue
+        codes = f.filter_many(cycle, idx)
+        if codes is None:
+            continue
+        if passed_capacity:  # pragma: no cover - covers() keeps such filters silent
+            raise AssertionError(f"filter {f.NAME} after capacity rejects a lean spec")
+        bad = codes != PASS
+        counts += np.bincount(codes[bad], minlength=N_REASONS)
+        idx = idx[~bad]
+    c.idx = idx
+    c.counts = counts
+    c.counts_map = counts_map(counts)
+    c.cost = snapshot.cost[idx]
+    c.cost_score = minmax(c.cost, higher_is_better=False)
+    c.fd = snapshot.fd[idx]
+    c.art = None
+    if spec.artifact_region is not None:
+        c.art = snapshot.artifact_mask(spec.artifact_region)[idx] * 100.0
+    c.scored = []
+    for plugin, weight in prof.scores:
+        if plugin.NAME in (names.LEAST_LOADED, names.MOST_LOADED):
+            c.load = plugin
+        if plugin.applies(cycle):
+            if plugin.NAME not in _LEAN_SCORES:  # pragma: no cover - covers() prevents it
+                raise AssertionError(f"score {plugin.NAME} applies to a lean spec")
+            c.scored.append((plugin, weight))
+    c.refresh(snapshot)
+    return c
+
+
+#: Requests as int64 rows, by value (a few dozen distinct ones; cheaper than a new array).
+_REQUESTS: dict[tuple[int, int, int], np.ndarray] = {}
+
+
+def _requests(requests: tuple[int, int, int]) -> np.ndarray:
+    row = _REQUESTS.get(requests)
+    if row is None:
+        if len(_REQUESTS) >= 4096:
+            _REQUESTS.clear()
+        row = _REQUESTS[requests] = np.array(requests, dtype=np.int64)
+        row.flags.writeable = False
+    return row
+
+
+def select_lean(
+    spec: CompiledSpec,
+    snapshot: Snapshot,
+    *,
+    assumed: Assumed | None = None,
+    top_k: int = 5,
+) -> Result:
+    """Decide where ``spec`` goes, for a call :func:`covers` accepts (same result as the full
+    select with ``explain=False``)."""
+    if spec.tenant_id not in snapshot.audience:
+        return no_placement_result(None, _NONE, snapshot)
+    c = _class(profile(snapshot.strategy), spec, snapshot)
+    idx = c.idx
+    if len(idx) == 0:
+        return no_placement_result(c.counts, _NONE, snapshot)
+    req = _requests(spec.requests)
+    used = (assumed.used if assumed is not None else snapshot.reserved)[idx]
+    need = used + req
+    lack = need > c.cap
+    if np.count_nonzero(lack):
+        bad = np.logical_or.reduce(lack, axis=1)
+        counts = c.counts.copy()
+        # Each pool counts under its first lacking dimension: cpu, memory, llm slots.
+        first_cpu = lack[:, 0]
+        first_mem = lack[:, 1] & ~first_cpu
+        counts[_CPU] += int(first_cpu.sum())
+        counts[_MEMORY] += int(first_mem.sum())
+        counts[_LLM] += int((bad & ~first_cpu & ~first_mem).sum())
+        fit = np.flatnonzero(~bad)
+        if len(fit) == 0:
+            # Woken by released capacity: the pools whose totals could hold the task.
+            near = idx[(c.cap >= req).all(axis=1)]
+            return no_placement_result(counts, near, snapshot)
+        rejections = counts_map(counts)
+        pools = idx[fit]
+        need, cap, offered, dims = need[fit], c.cap[fit], c.offered[fit], c.dims[fit]
+        cost = minmax(c.cost[fit], higher_is_better=False)
+        fd = c.fd[fit]
+        art = None if c.art is None else c.art[fit]
+    else:
+        rejections = c.counts_map
+        pools, cap, offered, dims = idx, c.cap, c.offered, c.dims
+        cost, fd, art = c.cost_score, c.fd, c.art
+
+    # least_loaded.projected_utilization, on the rows already at hand.
+    util = np.divide(need, cap, out=np.zeros(cap.shape, dtype=np.float64), where=offered)
+    np.minimum(np.maximum(util, 0.0, out=util), 1.0, out=util)
+    dominant = np.maximum.reduce(util, axis=1)
+    mean = np.add.reduce(util, axis=1) / dims
+    load = c.load.from_utilization(dominant, mean)
+    per_domain = tenant_domain_counts(snapshot, assumed, spec.tenant_id, "failureDomain")[1]
+    members = per_domain[fd]
+    spread = minmax(members.astype(np.float64), higher_is_better=False)
+    values = {c.load.NAME: load, names.COST: cost, names.FAILURE_DOMAIN_SPREAD: spread,
+              names.ARTIFACT_LOCALITY: art}
+    # Weighted sum in the profile's order, from zero, exactly as the full select adds it.
+    total = np.zeros(len(pools), dtype=np.float64)
+    for p, w in c.scored:
+        total += values[p.NAME] * w
+    order = rank(pools, total, top_k)
+
+    head = int(order[0])
+    pool = int(pools[head])
+    parts = []
+    for p, w in c.scored:
+        name = p.NAME
+        value = values[name][head]
+        if name == names.COST:
+            reason = p.reason(snapshot.cost[pool])
+        elif name == names.FAILURE_DOMAIN_SPREAD:
+            reason = p.reason(int(members[head]))
+        elif name == names.ARTIFACT_LOCALITY:
+            reason = p.reason(spec.artifact_region, float(value))
+        else:
+            reason = p.reason(float(dominant[head]), float(mean[head]))
+        parts.append(ScoreComponent(name, float(value * w), reason))
+    components = tuple(parts)
+    ids = snapshot.ids
+    best = Candidate(ids[pool], float(total[head]), components)
+    after = order[1:]
+    rest = [
+        Candidate(ids[i], s)
+        for i, s in zip(pools[after].tolist(), total[after].tolist(), strict=True)
+    ]
+    placement = Placement(best.pool_id, best.score, components, ((best.pool_id, 1),),
+                          tuple(rest[: max(top_k - 1, 0)]))
+    return Result(placement, candidates=(best, *rest), rejection_counts=rejections)

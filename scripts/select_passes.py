@@ -1,0 +1,106 @@
+"""One reconciler's select loop over the e2e bench dataset, runnable on this tree and on older
+ones (before ``StoredSpecs`` and ``Assumed.add(task_id=)``), for instruction counts.
+
+Usage: ``python scripts/select_passes.py POOLS TASKS [CAPACITY_SCALE]``; prints the thread CPU
+per task. With ``SKIP=1`` in the environment it stops before the passes (subtract that run's
+instructions from a full run's). See docs/benchmarks.md, Core.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import time
+from dataclasses import replace
+
+import orjson
+
+from app.bench.dataset import dataset_generate
+from app.scheduling.assumed import Assumed
+from app.scheduling.explain import placement_document
+from app.scheduling.framework import select
+from app.scheduling.snapshot import PoolState, Snapshot
+from app.scheduling.spec import TaskSpec, compile_spec
+from app.scheduling.unsatisfiable import UnsatisfiableCache
+
+NEW = "task_id" in inspect.signature(Assumed.add).parameters
+
+
+def states(ds, scale: float) -> list[PoolState]:
+    totals = {row[0]: tuple(int(v * scale) for v in row[1:]) for row in ds.ledgers}
+    return [
+        PoolState(
+            id=p[0], tenant_ids=frozenset(p[1]), runtime_class=p[2], runtime_instance_id=p[3],
+            region=p[4], data_residency=p[5], failure_domain=p[6], labels=orjson.loads(p[7]),
+            artifact_regions=frozenset(p[8]), cost_weight=float(p[9]), capacity=totals[p[0]],
+        )
+        for p in ds.pools
+    ]
+
+
+def compiler():
+    if NEW:
+        from app.scheduling.spec import StoredSpecs
+
+        specs = StoredSpecs()
+        return lambda task: specs.compile(task[2], task[6])
+    cache: dict = {}
+
+    def compile_old(task):
+        key = (task[2], task[6])
+        template = cache.get(key)
+        if template is None:
+            spec = TaskSpec.model_validate_json(task[6])
+            template = cache[key] = compile_spec(spec, tenant_id=task[2])
+        return replace(template, task_id=str(task[1]))
+
+    return compile_old
+
+
+def one_pass(snapshot: Snapshot, tasks: list, compile_task) -> Assumed:
+    assumed = Assumed(snapshot)
+    cache = UnsatisfiableCache(assumed)
+    for task in tasks:
+        spec = compile_task(task)
+        if cache.get(spec) is not None:
+            continue
+        result = select(spec, snapshot, assumed=assumed, top_k=4)
+        placement = result.placement
+        if placement is not None:
+            if NEW:
+                assumed.add(spec, placement.members, task_id=str(task[1]))
+            else:
+                assumed.add(spec, placement.members)
+            placement_document(
+                placement, members=placement.members, alternatives=placement.alternatives
+            )
+        elif result.reason is not None:
+            cache.put(spec, result.reason)
+    return assumed
+
+
+def main(pools: int, tasks: int, scale: float = 1.0) -> None:
+    ds = dataset_generate(pools=pools, tasks=tasks)
+    snapshot = Snapshot.build(states(ds, scale))
+    mine = [t for t in ds.tasks if t[3] % 2 == 0]
+    if os.environ.get("SKIP"):
+        mine = []
+    compile_task = compiler()
+    cpu = 0.0
+    for start in range(0, len(mine), 1024):
+        t0 = time.thread_time()
+        assumed = one_pass(snapshot, mine[start:start + 1024], compile_task)
+        cpu += time.thread_time() - t0
+        snapshot = snapshot.with_usage(
+            capacity=[tuple(c) for c in snapshot.cap.tolist()],
+            reserved=[tuple(r) for r in (snapshot.reserved + assumed.usage).tolist()],
+            fresh=snapshot.fresh.tolist(),
+        )
+    tree = "new" if NEW else "base"
+    per_task = cpu * 1e6 / max(len(mine), 1)
+    print(f"{tree} pools={pools} tasks={len(mine)} {per_task:.1f} us/task cpu")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]) if len(sys.argv) > 3 else 1.0)

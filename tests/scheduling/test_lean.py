@@ -1,0 +1,123 @@
+"""The lean select decides exactly as the full select: same pool, score, components,
+alternatives, candidates, rejection counts and pending reasons, on every task.
+
+The benchmark dataset is replayed in passes (``app.bench.replay``) with both selects on the
+same overlay, as roomy as the benchmark makes it, with a fraction of its capacity (capacity
+rejections, tasks that fit nowhere) and under binpack; random worlds (hypothesis) add
+unhealthy, cordoned and ledger-less pools, pools offering no llm slots, actual placements and
+assumed overlays.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from app.bench import core
+from app.bench.dataset import dataset_generate
+from app.bench.replay import replay
+from app.scheduling.assumed import Assumed
+from app.scheduling.framework import select, select_full
+from app.scheduling.lean import covers
+from app.scheduling.snapshot import Snapshot
+from app.scheduling.spec import TaskSpec, compile_spec
+from tests.scheduling.test_properties import GANGS, LABELS, SETTINGS, specs, with_assumed, worlds
+
+
+class Both:
+    """A select that runs the dispatching and the full select and records every difference."""
+
+    def __init__(self) -> None:
+        self.lean = 0
+        self.calls = 0
+        self.placed = 0
+        self.pending = 0
+        self.capacity_rejections = 0
+        self.differences: list[tuple] = []
+
+    def __call__(self, spec, snapshot, *, assumed, top_k):
+        new = select(spec, snapshot, assumed=assumed, top_k=top_k)
+        old = select_full(spec, snapshot, assumed=assumed, top_k=top_k)
+        self.calls += 1
+        self.lean += covers(spec)
+        self.placed += old.placement is not None
+        self.pending += old.placement is None
+        self.capacity_rejections += sum(
+            n for r, n in old.rejection_counts.items() if r.startswith("insufficient_")
+        )
+        if new != old and len(self.differences) < 5:
+            self.differences.append((spec, old, new))
+        return old
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    return dataset_generate(pools=1000, tasks=5000, seed=3)
+
+
+@pytest.mark.parametrize(
+    ("scale", "strategy"),
+    [(1.0, "spread"), (0.25, "spread"), (0.25, "binpack")],
+    ids=["bench-dataset", "quarter-capacity", "quarter-capacity-binpack"],
+)
+def test_the_lean_select_decides_the_benchmark_dataset_as_the_full_one(dataset, scale, strategy):
+    both = Both()
+    steps = list(replay(dataset, both, batch=1024, top_k=4, capacity_scale=scale,
+                        strategy=strategy))
+    assert both.differences == []
+    assert len(steps) == 5000 and both.calls > 4000
+    assert both.lean > 0.9 * both.calls  # 93% of the mix: no affinity, no gang
+    if scale < 1:
+        # The replay reached what makes the lean path branch: capacity cuts and no room.
+        assert both.capacity_rejections > 0 and both.pending > 0
+    else:
+        assert both.pending == 0
+
+
+def test_the_lean_select_decides_the_core_benchmark_mix_as_the_full_one():
+    rng = random.Random(5)
+    pools = core.make_pools(300, rng)
+    snapshot = Snapshot.build(pools, core.make_placed(pools, rng, 150))
+    both = Both()
+    assumed = Assumed(snapshot)
+    for i in range(1500):
+        spec = compile_spec(TaskSpec.model_validate(core.make_spec(i, rng)),
+                            tenant_id=rng.choice(core.TENANTS), task_id=f"t{i}")
+        result = both(spec, snapshot, assumed=assumed, top_k=4)
+        if result.placement is not None:
+            assumed.add(spec, result.placement.members)
+    assert both.differences == []
+    assert both.lean > 0 and both.pending > 0 and both.capacity_rejections > 0
+
+
+@SETTINGS
+@given(worlds(), specs(GANGS), st.lists(st.tuples(st.integers(0, 9), LABELS), max_size=4),
+       st.sampled_from(["spread", "binpack"]), st.integers(1, 5))
+def test_the_lean_select_decides_random_worlds_as_the_full_one(world, spec, usage, strategy, k):
+    pools, placed = world
+    snapshot = Snapshot.build(pools, placed, strategy=strategy)
+    ids = [p.id for p in pools]
+    assumed = with_assumed(snapshot, pools, [(ids[i % len(ids)], lb) for i, lb in usage])
+    for overlay in (None, assumed):
+        new = select(spec, snapshot, assumed=overlay, top_k=k)
+        assert new == select_full(spec, snapshot, assumed=overlay, top_k=k)
+
+
+def test_only_specs_without_affinity_gangs_holds_or_explanations_take_the_lean_path():
+    def spec(**body):
+        data = {"runtimeClass": "py", "requests": {"cpuMillis": 1}, **body}
+        return compile_spec(TaskSpec.model_validate(data), tenant_id="a", task_id="t")
+
+    plain = spec(constraints={"regions": ["r1"], "artifactRegion": "r1"}, labels={"a": "b"})
+    assert covers(plain)
+    assert not covers(plain, explain=True)
+    assert not covers(plain, {"p1": (1, 0, 0)})
+    assert not covers(spec(gang={"members": 2}))
+    assert covers(spec(gang={"members": 1}))
+    assert not covers(spec(affinity={"required": [{"selector": {"a": "b"}}]}))
+    assert not covers(
+        spec(affinity={"preferred": [{"selector": {"a": "b"}, "weight": 1}]})
+    )

@@ -1,0 +1,105 @@
+"""Stored specs compile once per spec class, exactly as the whole validation compiles them,
+and a text the whole validation refuses is refused with the same error."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from pydantic import ValidationError
+
+from app.bench.dataset import dataset_generate
+from app.scheduling.spec import StoredSpecs, TaskSpec, compile_spec
+
+VALID = {
+    "runtimeClass": "python-3.11",
+    "requests": {"cpuMillis": 500, "memoryMiB": 256, "llmSlots": 0},
+    "constraints": {"regions": ["eu-west-1"], "poolSelector": {"tier": "std"}},
+    "affinity": {"required": [{"selector": {"app": "a"}, "topology": "pool"}]},
+    "labels": {"app": "a"},
+}
+
+
+def stored(body: dict) -> str:
+    """Return ``body`` as the service stores it: validated, dumped by alias, keys sorted."""
+    spec = TaskSpec.model_validate(body).model_dump(mode="json", by_alias=True)
+    return orjson.dumps(spec, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def whole(text: str, tenant: str):
+    return compile_spec(TaskSpec.model_validate_json(text), tenant_id=tenant)
+
+
+def same(a, b) -> bool:
+    return a == b and (a.fingerprint, a.placement_class) == (b.fingerprint, b.placement_class)
+
+
+def test_every_benchmark_spec_compiles_as_the_whole_validation_compiles_it():
+    specs = StoredSpecs()
+    tasks = dataset_generate(pools=200, tasks=4000, seed=2).tasks
+    for _, _, tenant, *_rest in tasks:
+        text = _rest[3]
+        assert same(specs.compile(tenant, text), whole(text, tenant)), text
+    # The texts share far fewer classes than there are texts.
+    assert len(specs._classes) < len(specs) / 2
+
+
+def test_a_class_seen_from_another_tenant_is_compiled_for_this_one():
+    specs = StoredSpecs()
+    text = stored(VALID)
+    specs.compile("t1", text)
+    assert same(specs.compile("t2", text), whole(text, "t2"))
+
+
+def _variant(**changes) -> str:
+    body = orjson.loads(stored(VALID))
+    for key, value in changes.items():
+        if value is KeyError:
+            body.pop(key)
+        else:
+            body[key] = value
+    return orjson.dumps(body).decode()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param(_variant(requests={"cpuMillis": -5, "memoryMiB": 0, "llmSlots": 0}),
+                     id="negative-cpu"),
+        pytest.param(_variant(requests={"cpuMillis": 0, "memoryMiB": 0, "llmSlots": 0}),
+                     id="no-request"),
+        pytest.param(_variant(requests={"cpuMillis": 1.5, "memoryMiB": 0, "llmSlots": 0}),
+                     id="float-cpu"),
+        pytest.param(_variant(requests={"cpuMillis": True, "memoryMiB": 0, "llmSlots": 0}),
+                     id="bool-cpu"),
+        pytest.param(_variant(requests={"cpuMillis": 1, "gpus": 1}), id="unknown-resource"),
+        pytest.param(_variant(requests=KeyError), id="no-requests"),
+        pytest.param(_variant(requests=[1, 2, 3]), id="requests-not-an-object"),
+        pytest.param(_variant(labels={"-bad": "v"}), id="bad-label-key"),
+        pytest.param(_variant(labels={"k": "v" * 300}), id="label-value-too-long"),
+        pytest.param(_variant(labels={f"k{i}": "v" for i in range(33)}), id="too-many-labels"),
+        pytest.param(_variant(labels={"k": 1}), id="label-value-not-a-string"),
+        pytest.param(_variant(labels=["a"]), id="labels-not-an-object"),
+        pytest.param(_variant(priority=5000), id="priority-out-of-range"),
+        pytest.param(_variant(extra=1), id="unknown-field"),
+        pytest.param("[1, 2]", id="not-an-object"),
+        pytest.param("{", id="not-json"),
+    ],
+)
+def test_a_text_the_whole_validation_refuses_is_refused_with_its_error(text):
+    specs = StoredSpecs()
+    specs.compile("t", stored(VALID))  # the class is known: only the parts are checked
+    with pytest.raises(ValidationError) as expected:
+        whole(text, "t")
+    with pytest.raises(ValidationError) as got:
+        specs.compile("t", text)
+    assert str(got.value) == str(expected.value)
+
+
+def test_compiled_specs_are_shared_by_equal_texts_and_bounded():
+    specs = StoredSpecs(kept=2)
+    text = stored(VALID)
+    assert specs.compile("t", text) is specs.compile("t", text)
+    assert specs.compile("t", text).task_id is None
+    for cpu in (1, 2, 3):
+        specs.compile("t", stored({**VALID, "requests": {"cpuMillis": cpu}}))
+    assert len(specs) <= 2
