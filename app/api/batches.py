@@ -30,7 +30,12 @@ from app.api.common import CamelModel, RequestModel, problems
 from app.api.lean import header_parameter, string_read, validation_raise
 from app.api.problems import problem_json, validation_problem_json
 from app.api.task_schemas import FastJSONResponse, Task, task_json
-from app.api.tasks import IDEMPOTENCY_HEADER_MAX, TENANT_HEADER, TENANT_HEADER_DESCRIPTION
+from app.api.tasks import (
+    IDEMPOTENCY_HEADER_MAX,
+    TENANT_HEADER,
+    TENANT_HEADER_DESCRIPTION,
+    TENANT_HEADER_MAX,
+)
 from app.auth import TENANT, principal_from_request, role_check
 from app.errors import BerthError
 from app.scheduling.spec import TaskSpec
@@ -164,7 +169,9 @@ def _error_json(error: BerthError) -> dict[str, Any]:
     openapi_extra={
         "security": [{"HTTPBearer": []}],
         "parameters": [
-            header_parameter(TENANT_HEADER, TENANT_HEADER_DESCRIPTION, max_length=128),
+            header_parameter(
+                TENANT_HEADER, TENANT_HEADER_DESCRIPTION, max_length=TENANT_HEADER_MAX
+            ),
         ],
         "requestBody": {
             "required": True,
@@ -191,7 +198,7 @@ async def create_task_batch(request: Request) -> Response:
     principal = role_check(await principal_from_request(request), TENANT)
     errors: list[dict[str, Any]] = []
     tenant = string_read(request.headers.get(TENANT_HEADER), ("header", TENANT_HEADER), errors,
-                         max_length=128)
+                         max_length=TENANT_HEADER_MAX)
     if not raw:
         errors.append({"type": "missing", "loc": ("body",), "msg": "Field required",
                        "input": None})

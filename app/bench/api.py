@@ -104,9 +104,10 @@ async def _client(
                 if phase == "submit":
                     out.ids.append(orjson.loads(body)["id"])
                 elif phase == "batch":
-                    out.accepted += sum(
-                        1 for item in orjson.loads(body)["items"] if item["status"] == 201
-                    )
+                    # Counted in the text, not parsed: the client shares the cores with the
+                    # server. Only an item's result has a "status" (a task has a "state",
+                    # a problem's status is 4xx), and the bench's spec holds no such text.
+                    out.accepted += body.count(b'"status":201')
             else:
                 out.errors += 1
     finally:
