@@ -198,7 +198,7 @@ async def test_history_is_loaded_as_the_lifecycle_leaves_it(server_url: str) -> 
     finally:
         await database_drop(server_url, url)
     assert states == {"SUCCEEDED": 800, "FAILED": 100, "CANCELLED": 100}
-    assert leases == 900 and events == 900 * 4 + 100 * 2
+    assert leases == 900 and events == 900 * 3 + 100 * 2
     assert (queued, orphans, reservations) == (0, 0, 0)
 
 
