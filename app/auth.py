@@ -115,6 +115,18 @@ def app_state(request: Request) -> dict[str, Any]:
     return request.app.state._state  # type: ignore[no-any-return]
 
 
+def header_get(request: Request, name: bytes) -> str | None:
+    """Return the first value of the request header ``name`` (lower case), or None.
+
+    What ``request.headers.get`` answers, without building a lookup key or raising and
+    catching a KeyError for a header that was not sent.
+    """
+    for key, value in request.scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")  # type: ignore[no-any-return]
+    return None
+
+
 def bearer_key(authorization: str | None) -> str | None:
     """Return the key of an ``Authorization: Bearer <key>`` header value, or None.
 
@@ -135,7 +147,7 @@ async def principal_from_request(request: Request) -> Principal:
     The one place a request's key is read and verified: the ``Depends`` routes reach it
     through :func:`principal_get`, the lean hot routes call it themselves.
     """
-    key = bearer_key(request.headers.get("authorization"))
+    key = bearer_key(header_get(request, b"authorization"))
     if key is None:
         raise Unauthorized(extra={"headers": {"WWW-Authenticate": "Bearer"}})
     digest = key_hash(key)

@@ -25,8 +25,10 @@ from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from starlette.requests import ClientDisconnect
 
 from app.api.bodies import json_body_read, query_names_check
+from app.auth import header_get
 
 __all__ = [
     "Body",
@@ -72,16 +74,33 @@ class Body:
         self.errors = errors
 
 
+async def _body(request: Request) -> bytes:
+    """Return the whole request body, read as ``Request.body()`` reads it (and kept where it
+    keeps it), without the async generator it reads through."""
+    chunks = []
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.request":
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        elif message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    request._body = body
+    return body
+
+
 async def body_read(request: Request, model: type[M]) -> Body:
     """Read the body strictly (:mod:`app.api.bodies`) and validate it as ``model``.
 
     Raises the 415 of a body that is not ``application/json`` and the 400 of one that is not
     JSON, before the key is checked (FastAPI's order); schema errors wait in the ``Body``.
     """
-    raw = await request.body()
+    raw = await _body(request)
     if not raw:
         return Body(None)
-    value = json_body_read(raw, request.headers.get("content-type"))
+    value = json_body_read(raw, header_get(request, b"content-type"))
     try:
         return Body(model.model_validate(value))
     except ValidationError:

@@ -38,7 +38,14 @@ from app.api.task_schemas import (
     task_event_json,
     task_json,
 )
-from app.auth import TENANT, TenantDep, app_state, principal_from_request, role_check
+from app.auth import (
+    TENANT,
+    TenantDep,
+    app_state,
+    header_get,
+    principal_from_request,
+    role_check,
+)
 from app.errors import BadRequest
 from app.ledger.tasks import TaskNotFound
 from app.scheduling.spec import TaskSpec
@@ -58,6 +65,8 @@ IDEMPOTENCY_DESCRIPTION = (
     "task (200); the same key with another body is 409."
 )
 TASK_ID_DESCRIPTION = "The task id (a UUID); any other value answers 404."
+_TENANT_HEADER_NAME = TENANT_HEADER.lower().encode()
+_IDEMPOTENCY_HEADER_NAME = IDEMPOTENCY_HEADER.lower().encode()
 
 TenantHeader = Annotated[
     str | None,
@@ -92,7 +101,7 @@ def task_id_parse(value: str) -> uuid.UUID:
 
 def _tenant_header(request: Request, errors: list[dict[str, Any]]) -> str | None:
     return string_read(
-        request.headers.get(TENANT_HEADER), ("header", TENANT_HEADER), errors,
+        header_get(request, _TENANT_HEADER_NAME), ("header", TENANT_HEADER), errors,
         max_length=TENANT_HEADER_MAX,
     )
 
@@ -137,7 +146,7 @@ async def create_task(request: Request) -> Response:
     principal = role_check(await principal_from_request(request), TENANT)
     errors: list[dict[str, Any]] = []
     idempotency_key = string_read(
-        request.headers.get(IDEMPOTENCY_HEADER), ("header", IDEMPOTENCY_HEADER), errors,
+        header_get(request, _IDEMPOTENCY_HEADER_NAME), ("header", IDEMPOTENCY_HEADER), errors,
         min_length=1, max_length=IDEMPOTENCY_HEADER_MAX,
     )
     tenant = _tenant_header(request, errors)
