@@ -25,7 +25,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Request, Response
 from pydantic import Field, ValidationError, WithJsonSchema
 
-from app.api.bodies import StrictRoute, json_decode_large, media_type_check
+from app.api.bodies import StrictRoute, json_decode, media_type_check
 from app.api.common import CamelModel, RequestModel, problems
 from app.api.lean import header_parameter, string_read, validation_raise
 from app.api.problems import problem_json, validation_problem_json
@@ -194,7 +194,7 @@ async def create_task_batch(request: Request) -> Response:
     body = None
     if raw:
         media_type_check(request.headers.get("content-type"))
-        body = json_decode_large(raw)
+        body = json_decode(raw)
     principal = role_check(await principal_from_request(request), TENANT)
     errors: list[dict[str, Any]] = []
     tenant = string_read(request.headers.get(TENANT_HEADER), ("header", TENANT_HEADER), errors,

@@ -43,7 +43,6 @@ __all__ = [
     "UnsupportedMediaType",
     "json_body_read",
     "json_decode",
-    "json_decode_large",
     "media_type_check",
 ]
 
@@ -176,6 +175,10 @@ _DIGITS_AS_ZEROS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256)
 #: A run of 19 digits: an integer orjson would read as a float (past 64 bits), or a long
 #: mantissa; either is left to the strict reader.
 _LONG_DIGITS = b"0" * 19
+#: A line nested as deep as a member of a container at depth DEPTH_MAX in orjson's
+#: two-space indented output (conservative: a scalar member there is fine, but such a
+#: document is simply left to the strict reader).
+_DEEP_LINE = b"\n" + b" " * (2 * DEPTH_MAX)
 
 
 def json_decode(raw: bytes) -> Any:
@@ -189,25 +192,26 @@ def json_decode(raw: bytes) -> Any:
       being the same on both sides; so with as many colons written back as read, no key
       was dropped. (``\\u003a``, an escaped colon, would break the count: such a text is
       left to the strict reader.)
-    * **nesting deeper than** :data:`DEPTH_MAX`: a text with more brackets than that goes
-      to the strict reader, which measures it;
+    * **nesting deeper than** :data:`DEPTH_MAX`: a text with more brackets than that (a
+      batch of specs) is written back indented by orjson, and any line indented as deep as
+      a member of a container at that depth sends it to the strict reader, which measures
+      it;
     * **integers past 64 bits** (read as floats): a text with a run of 19 digits goes to
       the strict reader.
 
     Anything orjson refuses is read again by the strict reader, which says why (or accepts
     what only Python reads, such as ``1e400``), so the answers are the strict reader's.
     """
-    if (
-        raw.count(b"[") + raw.count(b"{") <= DEPTH_MAX
-        and b"\\u003" not in raw
-        and _LONG_DIGITS not in raw.translate(_DIGITS_AS_ZEROS)
-    ):
+    if b"\\u003" not in raw and _LONG_DIGITS not in raw.translate(_DIGITS_AS_ZEROS):
         try:
             value = orjson.loads(raw)
         except orjson.JSONDecodeError:
             pass
         else:
-            if orjson.dumps(value).count(b":") == raw.count(b":"):
+            if orjson.dumps(value).count(b":") == raw.count(b":") and (
+                raw.count(b"[") + raw.count(b"{") <= DEPTH_MAX
+                or _DEEP_LINE not in orjson.dumps(value, option=orjson.OPT_INDENT_2)
+            ):
                 return value
     return _strict_decode(raw)
 
@@ -278,43 +282,3 @@ class StrictRoute(APIRoute):
             return await handler(request)
 
         return strict_handler
-
-
-#: A key and its colon (the closing quote, optional whitespace, the colon) in JSON text that
-#: holds no backslash: there no string can contain a quote, so each match is one member.
-_MEMBER = re.compile(rb'"[ \t\n\r]*:')
-_QUOTE_SPACES = (b'" ', b'"\t', b'"\n', b'"\r')
-#: Every digit read as 0, so that one search finds an integer of 19 digits or more (orjson
-#: reads those past 64 bits as floats).
-_DIGITS = bytes.maketrans(b"123456789", b"000000000")
-_LONG_DIGITS = b"0" * 19
-#: A line nested past DEPTH_MAX in orjson's two-space indented output (a member of a
-#: container at depth DEPTH_MAX, which may itself be a container).
-_DEEP_LINE = b"\n" + b" " * (2 * DEPTH_MAX)
-
-
-def _members(raw: bytes) -> int:
-    """Return the number of object members in JSON text that holds no backslash."""
-    if any(q in raw for q in _QUOTE_SPACES):
-        return len(_MEMBER.findall(raw))
-    return raw.count(b'":')
-
-
-def json_decode_large(raw: bytes) -> Any:
-    """Return :func:`json_decode` of ``raw``, faster for large plain documents.
-
-    orjson parses the document when it holds no backslash (so no escape, no quote inside a
-    string) and no integer long enough for orjson to read as a float; its result counts as
-    the strict one when every member of the text is in it (no object repeated a key) and
-    it nests no deeper than :data:`DEPTH_MAX`. Any other document, and any error, goes
-    through :func:`json_decode`, which gives the answer and the message.
-    """
-    if b"\\" not in raw and _LONG_DIGITS not in raw.translate(_DIGITS):
-        try:
-            value = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            return json_decode(raw)
-        indented = orjson.dumps(value, option=orjson.OPT_INDENT_2)
-        if _DEEP_LINE not in indented and indented.count(b'": ') == _members(raw):
-            return value
-    return json_decode(raw)

@@ -11,7 +11,8 @@ import httpx
 import orjson
 import pytest
 
-from app.api.bodies import MalformedBody, json_decode, json_decode_large
+from app.api import bodies
+from app.api.bodies import DEPTH_MAX, MalformedBody, _strict_decode, json_decode
 from app.db import Database
 from app.ledger.keys import api_key_create
 from tests.api.configured import serving
@@ -332,7 +333,7 @@ DOCUMENTS = [
 
 
 @pytest.mark.parametrize("raw", DOCUMENTS, ids=lambda raw: raw[:24].decode("latin-1"))
-def test_the_batch_decoder_answers_as_the_strict_one(raw: bytes) -> None:
+def test_the_orjson_first_decoder_answers_as_the_strict_one(raw: bytes) -> None:
     def answer(decode: Any) -> Any:
         try:
             value = decode(raw)
@@ -340,4 +341,17 @@ def test_the_batch_decoder_answers_as_the_strict_one(raw: bytes) -> None:
             return ("400", e.detail)
         return ("ok", repr(value))  # repr tells an int from a float, and inf apart
 
-    assert answer(json_decode_large) == answer(json_decode)
+    assert answer(json_decode) == answer(_strict_decode)
+
+
+def test_a_large_shallow_document_is_read_by_orjson_alone(monkeypatch: Any) -> None:
+    raw = orjson.dumps({"items": [{"spec": COMPLEX, "idempotencyKey": f"k-{i}"}
+                                  for i in range(1000)]})
+    assert raw.count(b"[") + raw.count(b"{") > DEPTH_MAX
+    expected = _strict_decode(raw)
+
+    def refused(_raw: bytes) -> Any:
+        raise AssertionError("a plain batch document went to the strict reader")
+
+    monkeypatch.setattr(bodies, "_strict_decode", refused)
+    assert json_decode(raw) == expected
