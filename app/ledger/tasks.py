@@ -1,8 +1,10 @@
 """Task SQL for the API: submit (idempotent), get, list and the event history.
 
-Submission is one statement: a CTE inserts the task, appends its ``ADMITTED`` event and
-notifies reconcilers (``pg_notify`` is delivered only when the transaction commits). On an
-autocommit connection that statement is its own transaction. The idempotency race is settled
+Submission is one statement: a CTE inserts the task and appends its ``ADMITTED`` event. On
+an autocommit connection that statement is its own transaction. It sends no NOTIFY: a
+transaction that notifies holds PostgreSQL's one notification lock through its commit (and
+its WAL flush), so notifying submits commit one at a time; the service wakes reconcilers
+after the commit instead, coalesced (:mod:`app.services.wakeups`). The idempotency race is settled
 by the unique index on (tenant, idempotency key): the insert does nothing on a conflict and
 the caller re-reads the winner.
 
@@ -34,7 +36,6 @@ import orjson
 from app.db import Connection
 from app.errors import BerthError, NotFound, Unprocessable
 from app.ledger.idempotency import IdempotencyKeyReused
-from app.ledger.wakeups import CHANNEL, WakeSource
 from app.shards import shard_of
 
 __all__ = [
@@ -137,7 +138,7 @@ class TaskEventRow:
 #: An escaped NUL in JSON: ``\u0000`` not itself preceded by an escaping backslash.
 _NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 
-_SUBMIT = f"""
+_SUBMIT = """
     WITH ins AS (
         INSERT INTO tasks (id, tenant_id, shard, state, priority, runtime_class, spec, labels,
                            max_attempts, idempotency_key, request_hash,
@@ -149,12 +150,12 @@ _SUBMIT = f"""
         INSERT INTO task_events (task_id, at, from_state, to_state, reason)
         SELECT id, $11, NULL, 'ADMITTED', 'submitted' FROM ins
     )
-    SELECT ins.seq, pg_notify('{CHANNEL}', '{WakeSource.SUBMITTED.value}') FROM ins
+    SELECT ins.seq FROM ins
 """
 
 #: The same statement, inserting only while the tenant has fewer than $12 queued tasks.
 #: (Parameters carry their types: in a SELECT they are not inferred from the columns.)
-_SUBMIT_CAPPED = f"""
+_SUBMIT_CAPPED = """
     WITH gate AS (
         SELECT coalesce(sum(queued), 0) AS queued FROM tenant_queue_counts WHERE tenant_id = $2
     ), ins AS (
@@ -170,7 +171,7 @@ _SUBMIT_CAPPED = f"""
         INSERT INTO task_events (task_id, at, from_state, to_state, reason)
         SELECT id, $11, NULL, 'ADMITTED', 'submitted' FROM ins
     )
-    SELECT ins.seq, pg_notify('{CHANNEL}', '{WakeSource.SUBMITTED.value}') FROM ins
+    SELECT ins.seq FROM ins
 """
 
 # The id is read as text: asyncpg's own UUID type is not one orjson serializes.
@@ -248,14 +249,15 @@ async def task_submit(
     now: datetime,
     max_queued: int = 0,
 ) -> TaskRow:
-    """Store a validated spec (camelCase JSON) as an ADMITTED task and notify reconcilers.
+    """Store a validated spec (camelCase JSON) as an ADMITTED task (the caller wakes
+    reconcilers once it is committed).
 
     With an ``idempotency_key`` already used by the tenant, return the original task
     (``created=False``) when ``request_hash`` is the same, else raise
     :class:`IdempotencyKeyReused`. With ``max_queued`` (0: no cap), raise
     :class:`TenantQueueFull` when the tenant has that many queued tasks already (a repeat
-    of a stored submission still returns it). One statement does the check, the insert, the
-    event and the notification: on an autocommit connection it is its own transaction.
+    of a stored submission still returns it). One statement does the check, the insert and the
+    event: on an autocommit connection it is its own transaction.
     """
     spec_json = orjson.dumps(spec, option=orjson.OPT_SORT_KEYS)
     if b"\\u0000" in spec_json and _NUL.search(spec_json):

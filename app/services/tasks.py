@@ -1,7 +1,8 @@
 """Tasks: submit, read, list, history and cancel, for the tenants a key acts for.
 
-Submission is one statement on an autocommit connection (the insert, its event and the
-wakeup are one atomic round trip), so it is committed when :func:`task_submit` returns.
+Submission is one statement on an autocommit connection (the insert and its event are one
+atomic round trip), so it is committed when :func:`task_submit` returns; reconcilers are
+woken after that commit, coalesced (:mod:`app.services.wakeups`).
 Cancel locks, changes and releases in one transaction that commits before
 :func:`task_cancel` returns. Reads use an autocommit connection.
 """
@@ -22,6 +23,7 @@ from app.scheduling.spec import TaskSpec
 from app.services.idempotency import request_hash
 from app.services.queue import QueueCache, task_queue
 from app.services.tenancy import tenant_acting, tenants_reading
+from app.services.wakeups import submitted
 
 __all__ = ["task_cancel", "task_events_page", "task_get", "task_submit", "tasks_page"]
 
@@ -46,7 +48,7 @@ async def task_submit(
     if idempotency_key is not None:
         digest = request_hash({"tenantId": tenant_id, "spec": payload})
     async with db.connection() as conn:
-        return await ledger.task_submit(
+        row = await ledger.task_submit(
             conn,
             tenant_id=tenant_id,
             spec=payload,
@@ -55,6 +57,9 @@ async def task_submit(
             now=datetime.now(UTC),
             max_queued=max_queued,
         )
+    if row.created:
+        submitted(db)
+    return row
 
 
 async def task_get(

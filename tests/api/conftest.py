@@ -19,6 +19,7 @@ Fixtures (names are stable; other API tests rely on them):
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ from fastapi import FastAPI
 from app.config import Settings
 from app.db import Database
 from app.ledger.keys import api_key_create
+from app.ledger.wakeups import CHANNEL
 from app.main import create_app
 
 BASE_URL = "http://berth.test"
@@ -164,3 +166,19 @@ async def pool_make(client: httpx.AsyncClient, keys: Keys) -> PoolMaker:
         return put.json()
 
     return make
+
+
+@pytest_asyncio.fixture
+async def wakeups(db: Database) -> AsyncIterator[asyncio.Queue[str]]:
+    """Yield a queue of the wakeup sources notified on the database from now on."""
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    conn = await db.connect(application_name="berth-test-listener")
+
+    def received(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+        queue.put_nowait(payload)
+
+    try:
+        await conn.add_listener(CHANNEL, received)
+        yield queue
+    finally:
+        await conn.close()

@@ -4,16 +4,14 @@ the wakeups they send."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-import pytest_asyncio
 
 from app.db import Database
 from app.ledger.keys import api_key_create
-from app.ledger.wakeups import CHANNEL, Wakeup
+from app.ledger.wakeups import Wakeup
 from tests.api.conftest import TENANT_A, TENANT_B, Keys, PoolMaker, assert_problem
 from tests.api.ledger_state import lease_end, lease_hold
 
@@ -231,22 +229,6 @@ async def test_concurrent_duplicate_cordons_act_once(
 
 
 # --- wakeups -----------------------------------------------------------------------------
-
-
-@pytest_asyncio.fixture
-async def wakeups(db: Database) -> AsyncIterator[asyncio.Queue[str]]:
-    """Yield a queue of the wakeup sources notified on the database from now on."""
-    queue: asyncio.Queue[str] = asyncio.Queue()
-    conn = await db.connect(application_name="berth-test-listener")
-
-    def received(_conn: object, _pid: int, _channel: str, payload: str) -> None:
-        queue.put_nowait(payload)
-
-    try:
-        await conn.add_listener(CHANNEL, received)
-        yield queue
-    finally:
-        await conn.close()
 
 
 async def next_wakeup(queue: asyncio.Queue[str]) -> str:
