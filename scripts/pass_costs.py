@@ -26,14 +26,7 @@ import asyncpg
 
 import app.ledger.claims as claims
 import app.reconciler.passes as passes
-from app.bench.dataset import (
-    database_create,
-    database_drop,
-    dataset_admit,
-    dataset_generate,
-    dataset_load,
-    runtimes_heartbeat,
-)
+from app.bench import dataset as bench
 from app.config import SHARD_SLOTS
 from app.db import Database
 from app.reconciler import Reconciler, ReconcilerConfig
@@ -93,14 +86,14 @@ async def main() -> None:
     ap.add_argument("--tasks", type=int, default=20000)
     ap.add_argument("--batch", type=int, default=1024)
     args = ap.parse_args()
-    url = await database_create(args.server)
+    url = await bench.database_create(args.server)
     try:
-        ds = dataset_generate(pools=args.pools, tasks=args.tasks, seed=1)
-        await dataset_load(url, ds, now=datetime.now(UTC))
-        await dataset_admit(url)
+        ds = bench.dataset_generate(pools=args.pools, tasks=args.tasks, seed=1)
+        await bench.dataset_load(url, ds, now=datetime.now(UTC))
+        await bench.dataset_admit(url)
         del ds
         conn = await asyncpg.connect(url)
-        await runtimes_heartbeat(conn)
+        await bench.runtimes_heartbeat(conn)
         # Healthy for the whole run without heartbeats during it.
         await conn.execute(
             "UPDATE runtime_instances SET last_heartbeat_at = now() + interval '1 hour'")
@@ -128,7 +121,7 @@ async def main() -> None:
         for key, seconds in spent.most_common():
             print(f"  {key:20s} {seconds / n * 1e6:7.1f} us per placement")
     finally:
-        await database_drop(args.server, url)
+        await bench.database_drop(args.server, url)
 
 
 if __name__ == "__main__":
