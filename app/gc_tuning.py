@@ -16,6 +16,16 @@ took about half of the request's CPU time. Two settings remove nearly all of it:
 
 Refcounting frees almost everything a request makes; the collector only finds cycles, and
 it still runs, just less often.
+
+A reconciler pass is the extreme case: it keeps some 100 objects per claimed task alive until
+it commits (claimed rows, compiled specs, decisions, placement documents, statement
+arguments), so with a batch of 1,024 the collector ran several full collections per pass,
+each walking every object of the process, and all of that was freed by reference counting
+once the pass ended. Measured on the e2e dataset (1,000 pools, 20,000 tasks, one in-process
+reconciler), collection took about 50 µs of the 270 µs of reconciler CPU per placement.
+:func:`gc_paused` turns the collector off for the length of a pass (the reconciler process
+also runs under :func:`gc_tuned`): the few cycles a pass leaves are found by the next
+collection after it.
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["GEN0_THRESHOLD", "gc_tuned"]
+__all__ = ["GEN0_THRESHOLD", "gc_paused", "gc_tuned"]
 
 #: Allocations (net of frees) between first-generation collections.
 GEN0_THRESHOLD = 10_000
@@ -42,3 +52,26 @@ def gc_tuned() -> Iterator[None]:
     finally:
         gc.set_threshold(*previous)
         gc.unfreeze()
+
+
+#: Open :func:`gc_paused` blocks of the process (passes of several reconcilers may overlap).
+_paused = 0
+#: Whether the first of them turned the collector off (and the last one turns it on).
+_disabled = False
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Turn the cyclic collector off while the block runs; the last of overlapping blocks
+    turns it on again, if the first one turned it off."""
+    global _paused, _disabled
+    if _paused == 0:
+        _disabled = gc.isenabled()
+        gc.disable()
+    _paused += 1
+    try:
+        yield
+    finally:
+        _paused -= 1
+        if _paused == 0 and _disabled:
+            gc.enable()

@@ -48,6 +48,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from app.db import Connection, Database
+from app.gc_tuning import gc_paused
 from app.ledger.claims import ClaimedTask, claims_settings, tasks_claim, tasks_unclaim
 from app.ledger.plans import (
     ApplyResult,
@@ -235,7 +236,10 @@ async def pass_run(ctx: PassContext, *, pass_id: str, now: datetime) -> PassResu
             await claims_settings(conn, idle_seconds=ctx.config.claim_ttl_seconds)
             return await _pass_in(conn, ctx, pass_id=pass_id, now=now)
 
-    result: PassResult = await ctx.retry(attempt, "pass")
+    # A pass's objects are freed by reference counting when it ends: the collector would
+    # only walk them (and the whole process) meanwhile (see app.gc_tuning).
+    with gc_paused():
+        result: PassResult = await ctx.retry(attempt, "pass")
     _metrics_count(result)
     result.duration_seconds = time.perf_counter() - started
     if result.claimed:

@@ -21,6 +21,7 @@ from pathlib import Path
 from app.config import Settings, get_settings
 from app.db import Database
 from app.errors import ConfigurationError
+from app.gc_tuning import gc_tuned
 from app.logs import logging_configure
 from app.reconciler.config import ReconcilerConfig
 from app.reconciler.loop import Reconciler
@@ -84,7 +85,8 @@ async def _run(settings: Settings, url: str, slots: frozenset[int] | None) -> No
     try:
         runner = asyncio.ensure_future(reconciler.run(stop))
         try:
-            await runner
+            with gc_tuned():
+                await runner
         except asyncio.CancelledError:
             if task is not None and task.cancelling():
                 raise
