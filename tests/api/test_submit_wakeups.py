@@ -12,7 +12,7 @@ import asyncio
 import httpx
 
 from app.db import Database
-from app.ledger.wakeups import Wakeup, WakeSource
+from app.ledger.wakeups import WakeSource, Wakeup
 from app.services.wakeups import submitted
 from tests.api.conftest import Keys
 from tests.api.test_tasks import spec
