@@ -32,7 +32,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from app.scheduling.assumed import Assumed
+from app.scheduling.assumed import Assumed, request_row
 from app.scheduling.cycle import Cycle, tenant_domain_counts
 from app.scheduling.plugins import names
 from app.scheduling.plugins.base import minmax
@@ -81,18 +81,24 @@ class _Class:
 
     __slots__ = (
         "idx", "counts", "counts_map", "cost", "cost_score", "art", "fd", "load", "scored",
-        "cap_of", "cap", "offered", "dims", "every_dim", "unit", "reasons",
+        "cap_of", "res_of", "cap", "offered", "dims", "every_dim", "unit", "reasons",
     )
 
     def refresh(self, snapshot: Snapshot) -> None:
         """Re-read the capacities of the class's pools from ``snapshot``."""
         self.cap_of = snapshot.cap
+        self.res_of = snapshot.reserved
         self.cap = snapshot.cap[self.idx]
         self.offered = self.cap > 0
         self.dims = np.maximum(self.offered.sum(axis=1), 1)
-        # Every pool offers every dimension (the usual case): the division needs no mask and
-        # the mean divides by 3 (the same float division as by an array of threes).
-        self.every_dim = bool(self.offered.all())
+        # Every pool offers every dimension and nothing is reserved below zero (the usual
+        # case): a pool that fits has 0 <= used + request <= capacity, so its utilization
+        # ``(used + request) / capacity`` is already within 0..1 (a correctly rounded quotient
+        # of a ratio <= 1 is <= 1) and needs neither mask nor clip; the mean divides by 3,
+        # the same float division as by an array of threes.
+        self.every_dim = bool(self.offered.all()) and bool(
+            (snapshot.reserved[self.idx] >= 0).all()
+        )
 
 
 def _class(prof: Profile, spec: CompiledSpec, snapshot: Snapshot) -> _Class:
@@ -105,7 +111,7 @@ def _class(prof: Profile, spec: CompiledSpec, snapshot: Snapshot) -> _Class:
     """
     key = ("lean", snapshot.audience[spec.tenant_id], spec.placement_class)
     c = snapshot.memoized(key, _class_build, prof, spec, snapshot)
-    if c.cap_of is not snapshot.cap:
+    if c.cap_of is not snapshot.cap or c.res_of is not snapshot.reserved:
         c.refresh(snapshot)
     return c
 
@@ -156,20 +162,6 @@ def _class_build(prof: Profile, spec: CompiledSpec, snapshot: Snapshot) -> _Clas
     return c
 
 
-#: Requests as int64 rows, by value (a few dozen distinct ones; cheaper than a new array).
-_REQUESTS: dict[tuple[int, int, int], np.ndarray] = {}
-
-
-def _requests(requests: tuple[int, int, int]) -> np.ndarray:
-    row = _REQUESTS.get(requests)
-    if row is None:
-        if len(_REQUESTS) >= 4096:
-            _REQUESTS.clear()
-        row = _REQUESTS[requests] = np.array(requests, dtype=np.int64)
-        row.flags.writeable = False
-    return row
-
-
 def _spread(members: np.ndarray) -> np.ndarray:
     """Return ``minmax(members, higher_is_better=False)`` on the integer counts, without the
     float copy: ``hi - members`` is exact in int64, then scaled as the float path scales it."""
@@ -179,8 +171,9 @@ def _spread(members: np.ndarray) -> np.ndarray:
     hi = np.maximum.reduce(members)
     if hi <= lo:
         return np.full(len(members), 100.0)
+    # hi - members >= 0 times a positive factor: never below zero, only rounding above 100.
     scaled = (hi - members) * (100.0 / float(hi - lo))
-    return np.minimum(np.maximum(scaled, 0.0, out=scaled), 100.0, out=scaled)
+    return np.minimum(scaled, 100.0, out=scaled)
 
 
 def select_lean(
@@ -198,7 +191,7 @@ def select_lean(
     idx = c.idx
     if len(idx) == 0:
         return no_placement_result(c.counts, _NONE, snapshot)
-    req = _requests(spec.requests)
+    req = request_row(spec.requests)
     used = (assumed.used if assumed is not None else snapshot.reserved)[idx]
     need = used + req
     lack = need > c.cap
@@ -233,7 +226,6 @@ def select_lean(
     # least_loaded.projected_utilization, on the rows already at hand.
     if c.every_dim:
         util = need / cap
-        np.minimum(np.maximum(util, 0.0, out=util), 1.0, out=util)
         mean = np.add.reduce(util, axis=1) / 3.0
     else:
         util = np.divide(need, cap, out=np.zeros(cap.shape, dtype=np.float64), where=offered)
