@@ -250,8 +250,12 @@ def select_lean(
             total += values[p.NAME] * w
     order = rank(pools, total, top_k)
 
-    head = int(order[0])
-    pool = int(pools[head])
+    # The ranked positions, pools and totals as Python values, in three conversions.
+    ranked = order.tolist()
+    chosen = pools[order].tolist()
+    scores = total[order].tolist()
+    head = ranked[0]
+    pool = chosen[0]
     parts = []
     said = c.reasons
     for p, w in c.scored:
@@ -274,12 +278,8 @@ def select_lean(
         parts.append(ScoreComponent(name, float(value * w), reason))
     components = tuple(parts)
     ids = snapshot.ids
-    best = Candidate(ids[pool], float(total[head]), components)
-    after = order[1:]
-    rest = [
-        Candidate(ids[i], s)
-        for i, s in zip(pools[after].tolist(), total[after].tolist(), strict=True)
-    ]
+    best = Candidate(ids[pool], scores[0], components)
+    rest = [Candidate(ids[i], s) for i, s in zip(chosen[1:], scores[1:], strict=True)]
     placement = Placement(best.pool_id, best.score, components, ((best.pool_id, 1),),
                           tuple(rest[: max(top_k - 1, 0)]))
     return Result(placement, candidates=(best, *rest), rejection_counts=rejections)
