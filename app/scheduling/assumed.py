@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from app.scheduling.snapshot import Snapshot
     from app.scheduling.spec import CompiledSpec, Items
 
-__all__ = ["Assumed"]
+__all__ = ["Assumed", "request_row"]
 
 
 @dataclass(slots=True)
@@ -32,6 +32,22 @@ class _AssumedEntry:
 _ONE = np.ones(1, dtype=np.int64)
 _ONE.flags.writeable = False
 _SINGLE: dict[int, np.ndarray] = {}
+
+
+#: Requests as read-only int64 rows, by value (a few dozen distinct ones; cheaper than a new
+#: array per task).
+_REQUESTS: dict[tuple[int, int, int], np.ndarray] = {}
+
+
+def request_row(requests: tuple[int, int, int]) -> np.ndarray:
+    """Return ``requests`` as a shared read-only int64 array."""
+    row = _REQUESTS.get(requests)
+    if row is None:
+        if len(_REQUESTS) >= 4096:
+            _REQUESTS.clear()
+        row = _REQUESTS[requests] = np.array(requests, dtype=np.int64)
+        row.flags.writeable = False
+    return row
 
 
 def _single(i: int) -> np.ndarray:
@@ -88,14 +104,16 @@ class Assumed:
         if task_id in self._entries:
             self.remove(task_id)
         pos = self.snapshot.pos
-        req = np.array(spec.requests, dtype=np.int64)
+        req = request_row(spec.requests)
         if len(members) == 1:
             # One pool (every task but a spread gang): row updates, no scatter-add.
             (pool_id, count), = members
             i = pos[pool_id]
             idx = _single(i)
-            counts = _ONE if count == 1 else np.array((count,), dtype=np.int64)
-            amount = req * count
+            if count == 1:
+                counts, amount = _ONE, req
+            else:
+                counts, amount = np.array((count,), dtype=np.int64), req * count
             self.usage[i] += amount
             self.used[i] += amount
         else:

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from app.scheduling.assumed import Assumed
+from app.scheduling.assumed import Assumed, request_row
 from app.scheduling.cycle import Cycle, tenant_domain_counts
 from app.scheduling.plugins import names
 from app.scheduling.plugins.base import minmax
@@ -81,15 +81,24 @@ class _Class:
 
     __slots__ = (
         "idx", "counts", "counts_map", "cost", "cost_score", "art", "fd", "load", "scored",
-        "cap_of", "cap", "offered", "dims",
+        "cap_of", "res_of", "cap", "offered", "dims", "every_dim", "unit", "reasons",
     )
 
     def refresh(self, snapshot: Snapshot) -> None:
         """Re-read the capacities of the class's pools from ``snapshot``."""
         self.cap_of = snapshot.cap
+        self.res_of = snapshot.reserved
         self.cap = snapshot.cap[self.idx]
         self.offered = self.cap > 0
         self.dims = np.maximum(self.offered.sum(axis=1), 1)
+        # Every pool offers every dimension and nothing is reserved below zero (the usual
+        # case): a pool that fits has 0 <= used + request <= capacity, so its utilization
+        # ``(used + request) / capacity`` is already within 0..1 (a correctly rounded quotient
+        # of a ratio <= 1 is <= 1) and needs neither mask nor clip; the mean divides by 3,
+        # the same float division as by an array of threes.
+        self.every_dim = bool(self.offered.all()) and bool(
+            (snapshot.reserved[self.idx] >= 0).all()
+        )
 
 
 def _class(prof: Profile, spec: CompiledSpec, snapshot: Snapshot) -> _Class:
@@ -102,7 +111,7 @@ def _class(prof: Profile, spec: CompiledSpec, snapshot: Snapshot) -> _Class:
     """
     key = ("lean", snapshot.audience[spec.tenant_id], spec.placement_class)
     c = snapshot.memoized(key, _class_build, prof, spec, snapshot)
-    if c.cap_of is not snapshot.cap:
+    if c.cap_of is not snapshot.cap or c.res_of is not snapshot.reserved:
         c.refresh(snapshot)
     return c
 
@@ -144,22 +153,27 @@ def _class_build(prof: Profile, spec: CompiledSpec, snapshot: Snapshot) -> _Clas
             if plugin.NAME not in _LEAN_SCORES:  # pragma: no cover - covers() prevents it
                 raise AssertionError(f"score {plugin.NAME} applies to a lean spec")
             c.scored.append((plugin, weight))
+    # Every weight 1 (the registry's): ``0 + v * 1`` is ``v`` exactly (scores are 0..100,
+    # never -0.0), so the total is the plain sum of the values in profile order.
+    c.unit = all(w == 1 for _, w in c.scored) and len(c.scored) > 1
+    #: The static score reasons rendered so far, by score name and argument.
+    c.reasons = {}
     c.refresh(snapshot)
     return c
 
 
-#: Requests as int64 rows, by value (a few dozen distinct ones; cheaper than a new array).
-_REQUESTS: dict[tuple[int, int, int], np.ndarray] = {}
-
-
-def _requests(requests: tuple[int, int, int]) -> np.ndarray:
-    row = _REQUESTS.get(requests)
-    if row is None:
-        if len(_REQUESTS) >= 4096:
-            _REQUESTS.clear()
-        row = _REQUESTS[requests] = np.array(requests, dtype=np.int64)
-        row.flags.writeable = False
-    return row
+def _spread(members: np.ndarray) -> np.ndarray:
+    """Return ``minmax(members, higher_is_better=False)`` on the integer counts, without the
+    float copy: ``hi - members`` is exact in int64, then scaled as the float path scales it."""
+    if len(members) == 0:
+        return members.astype(np.float64)
+    lo = np.minimum.reduce(members)
+    hi = np.maximum.reduce(members)
+    if hi <= lo:
+        return np.full(len(members), 100.0)
+    # hi - members >= 0 times a positive factor: never below zero, only rounding above 100.
+    scaled = (hi - members) * (100.0 / float(hi - lo))
+    return np.minimum(scaled, 100.0, out=scaled)
 
 
 def select_lean(
@@ -177,7 +191,7 @@ def select_lean(
     idx = c.idx
     if len(idx) == 0:
         return no_placement_result(c.counts, _NONE, snapshot)
-    req = _requests(spec.requests)
+    req = request_row(spec.requests)
     used = (assumed.used if assumed is not None else snapshot.reserved)[idx]
     need = used + req
     lack = need > c.cap
@@ -197,7 +211,10 @@ def select_lean(
             return no_placement_result(counts, near, snapshot)
         rejections = counts_map(counts)
         pools = idx[fit]
-        need, cap, offered, dims = need[fit], c.cap[fit], c.offered[fit], c.dims[fit]
+        need, cap = need[fit], c.cap[fit]
+        offered = dims = None
+        if not c.every_dim:
+            offered, dims = c.offered[fit], c.dims[fit]
         cost = minmax(c.cost[fit], higher_is_better=False)
         fd = c.fd[fit]
         art = None if c.art is None else c.art[fit]
@@ -207,45 +224,62 @@ def select_lean(
         cost, fd, art = c.cost_score, c.fd, c.art
 
     # least_loaded.projected_utilization, on the rows already at hand.
-    util = np.divide(need, cap, out=np.zeros(cap.shape, dtype=np.float64), where=offered)
-    np.minimum(np.maximum(util, 0.0, out=util), 1.0, out=util)
+    if c.every_dim:
+        util = need / cap
+        mean = np.add.reduce(util, axis=1) / 3.0
+    else:
+        util = np.divide(need, cap, out=np.zeros(cap.shape, dtype=np.float64), where=offered)
+        np.minimum(np.maximum(util, 0.0, out=util), 1.0, out=util)
+        mean = np.add.reduce(util, axis=1) / dims
     dominant = np.maximum.reduce(util, axis=1)
-    mean = np.add.reduce(util, axis=1) / dims
     load = c.load.from_utilization(dominant, mean)
     per_domain = tenant_domain_counts(snapshot, assumed, spec.tenant_id, "failureDomain")[1]
     members = per_domain[fd]
-    spread = minmax(members.astype(np.float64), higher_is_better=False)
+    spread = _spread(members)
     values = {c.load.NAME: load, names.COST: cost, names.FAILURE_DOMAIN_SPREAD: spread,
               names.ARTIFACT_LOCALITY: art}
-    # Weighted sum in the profile's order, from zero, exactly as the full select adds it.
-    total = np.zeros(len(pools), dtype=np.float64)
-    for p, w in c.scored:
-        total += values[p.NAME] * w
+    if c.unit:
+        first, second, *more = c.scored
+        total = values[first[0].NAME] + values[second[0].NAME]
+        for p, _ in more:
+            total += values[p.NAME]
+    else:
+        # Weighted sum in the profile's order, from zero, exactly as the full select adds it.
+        total = np.zeros(len(pools), dtype=np.float64)
+        for p, w in c.scored:
+            total += values[p.NAME] * w
     order = rank(pools, total, top_k)
 
-    head = int(order[0])
-    pool = int(pools[head])
+    # The ranked positions, pools and totals as Python values, in three conversions.
+    ranked = order.tolist()
+    chosen = pools[order].tolist()
+    scores = total[order].tolist()
+    head = ranked[0]
+    pool = chosen[0]
     parts = []
+    said = c.reasons
     for p, w in c.scored:
         name = p.NAME
         value = values[name][head]
-        if name == names.COST:
-            reason = p.reason(snapshot.cost[pool])
-        elif name == names.FAILURE_DOMAIN_SPREAD:
-            reason = p.reason(int(members[head]))
-        elif name == names.ARTIFACT_LOCALITY:
-            reason = p.reason(spec.artifact_region, float(value))
-        else:
+        if name == c.load.NAME:
             reason = p.reason(float(dominant[head]), float(mean[head]))
+        else:
+            # Cost and artifact reasons depend on the pool only, spread's on a small count.
+            arg = pool if name != names.FAILURE_DOMAIN_SPREAD else int(members[head])
+            reason = said.get((name, arg))
+            if reason is None:
+                if name == names.COST:
+                    reason = p.reason(snapshot.cost[pool])
+                elif name == names.FAILURE_DOMAIN_SPREAD:
+                    reason = p.reason(arg)
+                else:
+                    reason = p.reason(spec.artifact_region, float(value))
+                said[(name, arg)] = reason
         parts.append(ScoreComponent(name, float(value * w), reason))
     components = tuple(parts)
     ids = snapshot.ids
-    best = Candidate(ids[pool], float(total[head]), components)
-    after = order[1:]
-    rest = [
-        Candidate(ids[i], s)
-        for i, s in zip(pools[after].tolist(), total[after].tolist(), strict=True)
-    ]
+    best = Candidate(ids[pool], scores[0], components)
+    rest = [Candidate(ids[i], s) for i, s in zip(chosen[1:], scores[1:], strict=True)]
     placement = Placement(best.pool_id, best.score, components, ((best.pool_id, 1),),
                           tuple(rest[: max(top_k - 1, 0)]))
     return Result(placement, candidates=(best, *rest), rejection_counts=rejections)

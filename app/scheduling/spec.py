@@ -332,10 +332,11 @@ def compile_spec(spec: TaskSpec, *, tenant_id: str, task_id: str | None = None) 
 
 
 _RESOURCES = Resources.__pydantic_validator__
+# The adapter's own validator: TypeAdapter.validate_python adds a Python-level wrapper.
 _LABELS = TypeAdapter(
     Annotated[dict[LabelKey, LabelValue], Field(max_length=MAX_LABELS)],
     config=ConfigDict(strict=True),
-)
+).validator
 
 
 class StoredSpecs:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -21,7 +22,9 @@ from app.bench.dataset import dataset_generate
 from app.bench.replay import replay
 from app.scheduling.assumed import Assumed
 from app.scheduling.framework import select, select_full
-from app.scheduling.lean import covers
+from app.scheduling.lean import _spread, covers
+from app.scheduling.plugins import names, registry
+from app.scheduling.plugins.base import minmax
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import TaskSpec, compile_spec
 from tests.scheduling.test_properties import GANGS, LABELS, SETTINGS, specs, with_assumed, worlds
@@ -78,9 +81,36 @@ def test_the_lean_select_decides_the_benchmark_dataset_as_the_full_one(dataset, 
 
 
 def test_the_lean_select_decides_the_core_benchmark_mix_as_the_full_one():
-    rng = random.Random(5)
+    core_mix_both(random.Random(5))
+
+
+@pytest.mark.parametrize("strategy", ["spread", "binpack"])
+def test_the_lean_select_decides_as_the_full_one_with_weights_other_than_one(
+    monkeypatch, strategy
+):
+    # With every weight 1 the lean total is a plain sum; other weights take the weighted sum.
+    weights = {names.LEAST_LOADED: 3, names.MOST_LOADED: 3, names.COST: 2,
+               names.FAILURE_DOMAIN_SPREAD: 5, names.ARTIFACT_LOCALITY: 7}
+    scores = {n: (ctor, weights.get(n, w)) for n, (ctor, w) in registry.SCORES.items()}
+    monkeypatch.setattr(registry, "SCORES", scores)
+    monkeypatch.setattr(registry, "_PROFILES", {})
+    assert all(w != 1 for _, w in registry.profile(strategy).scores)
+    core_mix_both(random.Random(9), strategy=strategy)
+
+
+@SETTINGS
+@given(st.lists(st.integers(0, 40), max_size=60))
+def test_the_integer_spread_is_the_float_min_max_to_the_bit(counts):
+    members = np.array(counts, dtype=np.int64)
+    got = _spread(members)
+    want = minmax(members.astype(np.float64), higher_is_better=False)
+    assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+
+
+def core_mix_both(rng: random.Random, *, strategy: str = "spread") -> None:
+    """Decide 1,500 tasks of the core benchmark's mix on 300 pools with both selects."""
     pools = core.make_pools(300, rng)
-    snapshot = Snapshot.build(pools, core.make_placed(pools, rng, 150))
+    snapshot = Snapshot.build(pools, core.make_placed(pools, rng, 150), strategy=strategy)
     both = Both()
     assumed = Assumed(snapshot)
     for i in range(1500):
