@@ -399,7 +399,7 @@ def task_json(row: TaskRow, queue: dict[str, Any] | None = None) -> dict[str, An
         "leasedAt": row.leased_at,
         "finishedAt": row.finished_at,
         "pendingReason": pending_reason_json(row.pending_reason)
-        if row.state in ("ADMITTED", "CLAIMED")
+        if row.state == "ADMITTED"
         else None,
         "placement": placement_json(row.placement, row.hidden_pool_ids),
         "lease": leases[0] if leases else None,

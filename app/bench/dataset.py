@@ -26,6 +26,8 @@ from __future__ import annotations
 import math
 import random
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -45,6 +47,7 @@ __all__ = [
     "Dataset",
     "database_create",
     "database_drop",
+    "scratch_database",
     "dataset_admit",
     "dataset_generate",
     "dataset_load",
@@ -299,6 +302,18 @@ async def database_drop(server_url: str, url: str) -> None:
         await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await conn.close()
+
+
+@asynccontextmanager
+async def scratch_database(
+    server_url: str, *, prefix: str = "berth_bench", settings: dict[str, str] | None = None
+) -> AsyncIterator[str]:
+    """Yield the URL of a fresh database at head (:func:`database_create`), dropped after."""
+    url = await database_create(server_url, prefix=prefix, settings=settings)
+    try:
+        yield url
+    finally:
+        await database_drop(server_url, url)
 
 
 async def dataset_load(url: str, ds: Dataset, *, now: datetime) -> None:

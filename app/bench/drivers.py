@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import asyncpg
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from app.bench.dataset import database_create, database_drop
+from app.bench.dataset import scratch_database
 from app.bench.e2e import DEFAULT_SERVER
 from app.db import async_url, plain_url
 
@@ -106,11 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
 
     async def run() -> dict[str, list[float]]:
-        url = await database_create(args.server_url, prefix="berth_bench_drivers")
-        try:
+        async with scratch_database(args.server_url, prefix="berth_bench_drivers") as url:
             return await _measure(url, statements=args.statements, rounds=args.rounds)
-        finally:
-            await database_drop(args.server_url, url)
 
     result = asyncio.run(run())
     print(json.dumps({

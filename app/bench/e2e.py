@@ -53,14 +53,13 @@ from app.bench.ceiling import ceiling_run
 from app.bench.dataset import (
     MIXES,
     Dataset,
-    database_create,
-    database_drop,
     database_name,
     dataset_admit,
     dataset_generate,
     dataset_load,
     ledger_check,
     runtimes_heartbeat,
+    scratch_database,
 )
 from app.bench.history import history_load
 from app.bench.naive import naive_run, postgres_cpu_seconds
@@ -446,25 +445,16 @@ async def e2e_run(cfg: E2EConfig) -> dict[str, Any]:
     facts = await _server_facts(cfg.server_url)
     with tempfile.TemporaryDirectory(prefix="berth-bench-") as tmp:
         logdir = _logdir(cfg.keep_logs or tmp)
-        url = await database_create(cfg.server_url, settings=dict(cfg.pg_settings))
-        try:
+        async with scratch_database(cfg.server_url, settings=dict(cfg.pg_settings)) as url:
             run = await _place_with_reconcilers(url, ds, cfg, logdir)
-        finally:
-            await database_drop(cfg.server_url, url)
     naive: dict[str, Any] | None = None
     if not cfg.skip_naive:
-        url = await database_create(cfg.server_url)
-        try:
+        async with scratch_database(cfg.server_url) as url:
             naive = await _place_naive(url, ds, cfg)
-        finally:
-            await database_drop(cfg.server_url, url)
     ceiling: dict[str, Any] | None = None
     if not cfg.skip_ceiling:
-        url = await database_create(cfg.server_url)
-        try:
+        async with scratch_database(cfg.server_url) as url:
             ceiling = await _place_ceiling(url, ds, cfg)
-        finally:
-            await database_drop(cfg.server_url, url)
     rate = cfg.tasks / run["wall"] if run["wall"] > 0 else 0.0
     lat = run["latency"]
     cpu_work = run["cpu"]["reconcilers"] + run["cpu"]["postgres"]

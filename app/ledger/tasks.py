@@ -10,7 +10,7 @@ the caller re-reads the winner.
 
 The per-tenant cap on queued tasks (``BERTH_MAX_QUEUED_TASKS_PER_TENANT``) is checked inside
 that same statement, without scanning the queue: ``tenant_queue_counts`` holds each tenant's
-queued (ADMITTED or CLAIMED) tasks in at most 16 stripes, kept exact by statement triggers on
+queued (ADMITTED) tasks in at most 16 stripes, kept exact by statement triggers on
 ``tasks`` (revision 0005), and the insert happens only while their sum is below the cap. The
 sum is read from the statement's snapshot, so submissions of one tenant that run at the same
 moment do not see each other: the cap can be exceeded by at most the number of that tenant's
@@ -138,12 +138,9 @@ class TaskEventRow:
 #: An escaped NUL in JSON: ``\u0000`` not itself preceded by an escaping backslash.
 _NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 
-_SUBMIT = """
-    WITH ins AS (
-        INSERT INTO tasks (id, tenant_id, shard, state, priority, runtime_class, spec, labels,
-                           max_attempts, idempotency_key, request_hash,
-                           created_at, admitted_at, updated_at)
-        VALUES ($1, $2, $3, 'ADMITTED', $4, $5, $6::jsonb, $7::jsonb, $8, $9, $10, $11, $11, $11)
+#: The end of both submit statements: an idempotency-key conflict inserts nothing, the
+#: ADMITTED event follows the task, and the new task's seq is the answer.
+_SUBMIT_TAIL = """
         ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING id, seq
     ), ev AS (
@@ -152,6 +149,14 @@ _SUBMIT = """
     )
     SELECT ins.seq FROM ins
 """
+
+_SUBMIT = """
+    WITH ins AS (
+        INSERT INTO tasks (id, tenant_id, shard, state, priority, runtime_class, spec, labels,
+                           max_attempts, idempotency_key, request_hash,
+                           created_at, admitted_at, updated_at)
+        VALUES ($1, $2, $3, 'ADMITTED', $4, $5, $6::jsonb, $7::jsonb, $8, $9, $10, $11, $11, $11)
+""" + _SUBMIT_TAIL
 
 #: The same statement, inserting only while the tenant has fewer than $12 queued tasks.
 #: (Parameters carry their types: in a SELECT they are not inferred from the columns.)
@@ -165,14 +170,7 @@ _SUBMIT_CAPPED = """
         SELECT $1::uuid, $2::text, $3::int, 'ADMITTED', $4::int, $5::text, $6::jsonb,
                $7::jsonb, $8::int, $9::text, $10::text, $11::timestamptz, $11, $11
         FROM gate WHERE gate.queued < $12::bigint
-        ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-        RETURNING id, seq
-    ), ev AS (
-        INSERT INTO task_events (task_id, at, from_state, to_state, reason)
-        SELECT id, $11, NULL, 'ADMITTED', 'submitted' FROM ins
-    )
-    SELECT ins.seq FROM ins
-"""
+""" + _SUBMIT_TAIL
 
 # The id is read as text: asyncpg's own UUID type is not one orjson serializes.
 _COLUMNS = """
