@@ -178,7 +178,8 @@ async def ledger_violations(db: Database) -> list[str]:
     of a missing task, none on a missing pool; every LEASED task has
     reservations and a live lease on each of its pools; no task with live leases unless
     LEASED; a revoking lease has a deadline and a preemptor; every ADMITTED task
-    that was looked at carries a pending reason or is queued unparked.
+    that was looked at carries a pending reason or is queued unparked; no two tasks share a
+    seq.
     """
     checks = {
         "ledger over total": (
@@ -230,6 +231,8 @@ async def ledger_violations(db: Database) -> list[str]:
         "parked task without pending reason": (
             "SELECT id FROM tasks WHERE state = 'ADMITTED' AND parked AND pending_reason IS NULL"
         ),
+        # No unique index on seq (docs/decisions/0008): its identity keeps it unique.
+        "two tasks with one seq": "SELECT seq FROM tasks GROUP BY seq HAVING count(*) > 1",
     }
     out = []
     async with db.connection() as conn:

@@ -123,7 +123,8 @@ tasks = Table(
     metadata,
     Column("id", UUID(as_uuid=True), primary_key=True),
     # Admission order: the fifo key, the cursor of lists, the tie-break of every policy.
-    Column("seq", BigInteger, Identity(always=True), nullable=False, unique=True),
+    # Unique by its identity, without an index of its own (revision 0009_batch, decision 8).
+    Column("seq", BigInteger, Identity(always=True), nullable=False),
     Column("tenant_id", Text, nullable=False),
     Column("shard", Integer, nullable=False),
     Column("state", Text, nullable=False, server_default="ADMITTED"),
@@ -167,14 +168,8 @@ Index(
     unique=True,
     postgresql_where=text("idempotency_key IS NOT NULL"),
 )
-# The claim query: admitted, unparked tasks of a shard in admission order.
-Index(
-    "ix_tasks_claimable",
-    tasks.c.shard,
-    tasks.c.seq,
-    postgresql_where=text("state = 'ADMITTED' AND NOT parked"),
-)
-# Oldest claimable tasks across every slot (revision 0002).
+# Oldest claimable tasks of a reconciler's slots, in admission order (revision 0002; the
+# per-slot (shard, seq) index is gone since 0009_batch: this one and the next serve its reads).
 Index(
     "ix_tasks_claim_order", tasks.c.seq, postgresql_where=text("state = 'ADMITTED' AND NOT parked")
 )
