@@ -193,9 +193,9 @@ def json_decode(raw: bytes) -> Any:
       was dropped. (``\\u003a``, an escaped colon, would break the count: such a text is
       left to the strict reader.)
     * **nesting deeper than** :data:`DEPTH_MAX`: a text with more brackets than that (a
-      batch of specs) is written back indented by orjson, and any line indented as deep as
-      a member of a container at that depth sends it to the strict reader, which measures
-      it;
+      batch of specs) is written back indented by orjson (the text whose colons are
+      counted), and any line indented as deep as a member of a container at that depth
+      sends it to the strict reader, which measures it;
     * **integers past 64 bits** (read as floats): a text with a run of 19 digits goes to
       the strict reader.
 
@@ -208,10 +208,10 @@ def json_decode(raw: bytes) -> Any:
         except orjson.JSONDecodeError:
             pass
         else:
-            if orjson.dumps(value).count(b":") == raw.count(b":") and (
-                raw.count(b"[") + raw.count(b"{") <= DEPTH_MAX
-                or _DEEP_LINE not in orjson.dumps(value, option=orjson.OPT_INDENT_2)
-            ):
+            # One text written back serves both checks: indentation adds no colon.
+            shallow = raw.count(b"[") + raw.count(b"{") <= DEPTH_MAX
+            back = orjson.dumps(value, option=0 if shallow else orjson.OPT_INDENT_2)
+            if back.count(b":") == raw.count(b":") and (shallow or _DEEP_LINE not in back):
                 return value
     return _strict_decode(raw)
 
