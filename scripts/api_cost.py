@@ -109,10 +109,12 @@ async def _run(args: argparse.Namespace, url: str, key: str) -> dict[str, Any]:
 
     app = create_app()
     body = orjson.dumps(SPEC)
+    batch = orjson.dumps({"items": [{"spec": SPEC}] * args.batch_size})
     auth = (b"authorization", b"Bearer " + key.encode())
     post = [(b"host", b"127.0.0.1:8000"), auth, (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode())]
     get = [(b"host", b"127.0.0.1:8000"), auth]
+    post_batch = [*post[:3], (b"content-length", str(len(batch)).encode())]
     grind = _Callgrind(args.callgrind) if args.callgrind else None
     ids: list[str] = []
     statuses: dict[int, int] = {}
@@ -126,11 +128,16 @@ async def _run(args: argparse.Namespace, url: str, key: str) -> dict[str, Any]:
                     status, answer = await _call(app, "POST", "/v1/tasks", post, body)
                     if status == 201:
                         ids.append(orjson.loads(answer)["id"])
+                elif kind == "batch":
+                    status, answer = await _call(app, "POST", "/v1/task-batches", post_batch,
+                                                 batch)
+                    status = status if answer.count(b'"status":201') == args.batch_size else 0
                 else:
                     status, _ = await _call(app, "GET", f"/v1/tasks/{ids[i % len(ids)]}", get, b"")
                 statuses[status] = statuses.get(status, 0) + 1
 
-        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+        clients = args.batch_clients if kind == "batch" else args.concurrency
+        await asyncio.gather(*(worker() for _ in range(clients)))
 
     out: dict[str, Any] = {}
     async with app.router.lifespan_context(app):
@@ -138,18 +145,25 @@ async def _run(args: argparse.Namespace, url: str, key: str) -> dict[str, Any]:
             app.state.key_cache.ttl = 1e9
         await phase("submit", args.warmup)
         await phase("read", args.warmup)
-        for kind in ("submit", "read"):
+        kinds = ["submit", "read"]
+        if args.batches:
+            await phase("batch", args.batch_clients)
+            kinds.append("batch")
+        for kind in kinds:
+            n = args.batches if kind == "batch" else args.n
             pg0 = await _backends_cpu(url)
             if grind is not None:
                 grind.start()
             cpu0 = time.process_time()
-            await phase(kind, args.n)
+            await phase(kind, n)
             cpu1 = time.process_time()
             if grind is not None:
                 grind.stop(kind)
             pg1 = await _backends_cpu(url)
-            out[kind] = {"cpuMsPerRequest": round((cpu1 - cpu0) / args.n * 1000, 4),
-                         "postgresCpuMsPerRequest": round((pg1 - pg0) / args.n * 1000, 4)}
+            if kind == "batch":  # per task
+                n *= args.batch_size
+            out[kind] = {"cpuMsPerRequest": round((cpu1 - cpu0) / n * 1000, 4),
+                         "postgresCpuMsPerRequest": round((pg1 - pg0) / n * 1000, 4)}
     out["statuses"] = {str(k): v for k, v in sorted(statuses.items())}
     return out
 
@@ -159,6 +173,10 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=3000, help="measured submits and reads")
     parser.add_argument("--warmup", type=int, default=500)
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--batches", type=int, default=0,
+                        help="measured POST /v1/task-batches too (0: none); figures per task")
+    parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument("--batch-clients", type=int, default=4)
     parser.add_argument("--callgrind", help="library of callgrind client requests (api_cost.sh)")
     args = parser.parse_args()
     if args.callgrind:
