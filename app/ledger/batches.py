@@ -108,13 +108,13 @@ _INSERT = f"""
     ORDER BY f.idx
 """
 
-#: The batch without keys: ($5 specs, $6 id prefix). The first
-#: ``room`` items are inserted, in request order; one row answers: how many were, and every
-#: item's id in request order.
+#: The batch without keys: ($5 specs, one per line; $6 id prefix). The first ``room`` items
+#: are inserted, in request order; one row answers: how many were, and every item's id in
+#: request order. (One text instead of an array of 1,000: less to encode and to decode.)
 _INSERT_UNKEYED = f"""
     WITH input AS MATERIALIZED (
         SELECT i.idx, {_id('$6')} AS id, i.spec::jsonb AS spec
-        FROM unnest($5::text[]) WITH ORDINALITY AS i(spec, idx)
+        FROM string_to_table($5::text, E'\\n') WITH ORDINALITY AS i(spec, idx)
     ), {_GATE}, ins AS ({_TASK_COLUMNS}
         SELECT n.id, $1::text, $2::int, 'ADMITTED', (n.spec->>'priority')::int,
                n.spec->>'runtimeClass', n.spec, n.spec->'labels',
@@ -180,17 +180,17 @@ async def task_batch_insert_unkeyed(
     *,
     tenant_id: str,
     shard: int,
-    specs: list[str],
+    specs: str,
     now: datetime,
     max_queued: int = 0,
 ) -> tuple[list[str], int]:
-    """Store validated specs (camelCase JSON) without idempotency keys as ADMITTED tasks in
-    their order, in one statement, and notify reconcilers.
+    """Store validated specs (camelCase JSON, compact: one per line of ``specs``, at most
+    :data:`ITEMS_MAX`) without idempotency keys as ADMITTED tasks in their order, in one
+    statement, and notify reconcilers.
 
     Return every item's task id in order and how many were stored: the first ones; with
     ``max_queued`` (0: no cap), those past the tenant's room are refused (not stored).
     """
-    assert len(specs) <= ITEMS_MAX
     row = await conn.fetchrow(
         _INSERT_UNKEYED, tenant_id, shard, now, max_queued, specs, uuid7_prefix(now),
     )

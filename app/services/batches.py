@@ -99,17 +99,21 @@ _spec_json = TaskSpec.__pydantic_serializer__.to_json
 
 def _storable(
     entries: Sequence[BatchEntry], outcomes: dict[int, BatchOutcome]
-) -> list[tuple[BatchEntry, str]]:
-    """Return each entry with its spec's JSON text; a spec PostgreSQL cannot store (NUL)
-    gets its 422 in ``outcomes`` instead."""
+) -> tuple[list[tuple[BatchEntry, str]], str]:
+    """Return each entry with its spec's JSON text, and those texts one per line (compact
+    JSON holds no newline); a spec PostgreSQL cannot store (NUL) gets its 422 in
+    ``outcomes`` instead. The usual batch, without any escaped NUL, is searched once."""
+    texts = [_spec_json(entry.spec, by_alias=True).decode() for entry in entries]
+    lines = "\n".join(texts)
+    if _NUL_ESCAPE not in lines:
+        return list(zip(entries, texts, strict=True)), lines
     out = []
-    for entry in entries:
-        spec_json = _spec_json(entry.spec, by_alias=True).decode()
+    for entry, spec_json in zip(entries, texts, strict=True):
         if _NUL_ESCAPE in spec_json and _has_nul(spec_json):
             outcomes[entry.index] = BatchOutcome(422, error=SpecHasNul())
         else:
             out.append((entry, spec_json))
-    return out
+    return out, "\n".join(spec_json for _, spec_json in out)
 
 
 def _admitted(entry: BatchEntry, task_id: str, tenant_id: str, spec_json: str,
@@ -170,7 +174,7 @@ async def task_batch_submit(
     owners: dict[str, _Prepared] = {}  # key -> its first valid occurrence
     repeats: list[_Prepared] = []
     submitted: list[_Prepared] = []
-    for entry, spec_json in _storable(entries, outcomes):
+    for entry, spec_json in _storable(entries, outcomes)[0]:
         key = entry.idempotency_key
         digest = (request_hash({"tenantId": tenant_id, "spec": orjson.loads(spec_json)})
                   if key else None)
@@ -243,15 +247,16 @@ async def _unkeyed_submit(
 ) -> dict[int, BatchOutcome]:
     """Store a batch none of whose items has a key (see :func:`task_batch_submit`)."""
     outcomes: dict[int, BatchOutcome] = {}
-    kept = _storable(entries, outcomes)
+    kept, lines = _storable(entries, outcomes)
     if not kept:
         return outcomes
     now = datetime.now(UTC)
     async with db.connection() as conn:
         ids, stored = await ledger.task_batch_insert_unkeyed(
-            conn, tenant_id=tenant_id, shard=shard_of(tenant_id),
-            specs=[spec_json for _, spec_json in kept], now=now, max_queued=max_queued,
+            conn, tenant_id=tenant_id, shard=shard_of(tenant_id), specs=lines, now=now,
+            max_queued=max_queued,
         )
+    assert len(ids) == len(kept)  # one line per spec
     for (entry, spec_json), task_id in zip(kept[:stored], ids, strict=False):
         outcomes[entry.index] = BatchOutcome(
             201, _admitted(entry, task_id, tenant_id, spec_json, now))
