@@ -5,6 +5,7 @@ answered as createTask would answer it alone, stored by one statement, committed
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import httpx
@@ -268,6 +269,42 @@ async def test_past_the_tenant_cap_the_rest_of_a_batch_is_429(database_url, db):
         assert [x["status"] for x in results] == [200, 429, 429]
     assert await count(db, "SELECT count(*) FROM tasks") == 3
     assert await count(db, "SELECT sum(queued) FROM tenant_queue_counts") == 3
+
+
+async def test_past_the_tenant_cap_a_batch_without_keys_stores_its_first_items(
+    database_url, db
+):
+    async with db.transaction() as conn:
+        key = await api_key_create(conn, role="tenant", subject="t", tenant_ids=["acme"])
+    headers = {"Authorization": f"Bearer {key}"}
+    async with serving(database_url, max_queued_tasks_per_tenant=3) as client:
+        assert (await client.post("/v1/tasks", json=SPEC, headers=headers)).status_code == 201
+        results = await batch(client, headers, {"spec": spec(1)},
+                              {"spec": {**SPEC, "requests": {}}},  # invalid: takes no room
+                              {"spec": spec(2)}, {"spec": spec(3)}, {"spec": spec(4)})
+        assert [x["status"] for x in results] == [201, 422, 201, 429, 429]
+        assert all(x["problem"]["type"].endswith("/tenant-queue-full") for x in results[3:])
+        listed = (await client.get("/v1/tasks", headers=headers)).json()["items"]
+        assert [t["spec"]["requests"]["cpuMillis"] for t in listed] == [250, 1, 2]
+        assert [t["id"] for t in listed[1:]] == [results[0]["task"]["id"],
+                                                 results[2]["task"]["id"]]
+    assert await count(db, "SELECT count(*) FROM tasks") == 3
+    assert await count(db, "SELECT count(*) FROM task_events") == 3
+    assert await count(db, "SELECT sum(queued) FROM tenant_queue_counts") == 3
+
+
+async def test_task_ids_are_uuid7_in_admission_order(client, keys):
+    single = (await client.post("/v1/tasks", json=SPEC, headers=keys.tenant_a)).json()
+    results = await batch(client, keys.tenant_a, *({"spec": spec(i + 1)} for i in range(20)))
+    results += await batch(client, keys.tenant_a, {"spec": spec(1), "idempotencyKey": "k"},
+                           {"spec": spec(2)})
+    ids = [single["id"], *(x["task"]["id"] for x in results)]
+    assert all(uuid.UUID(i).version == 7 for i in ids)
+    assert len(set(ids)) == len(ids)
+    # Within a batch the ids follow the items (the batch's millisecond, then the position).
+    assert ids[1:21] == sorted(ids[1:21]) and ids[21:] == sorted(ids[21:])
+    listed = (await client.get("/v1/tasks", headers=keys.tenant_a)).json()["items"]
+    assert [t["id"] for t in listed] == ids
 
 
 async def test_concurrent_batches_with_the_same_keys_create_each_task_once(client, keys, db):
