@@ -60,9 +60,9 @@ _TASK_COLUMNS = """
                        created_at, admitted_at, updated_at)
 """
 _GATE = """
-    gate AS (
+    gate AS MATERIALIZED (
         SELECT CASE WHEN $4::bigint > 0
-                    THEN $4::bigint - coalesce(sum(queued), 0)
+                    THEN ($4::bigint - coalesce(sum(queued), 0))::bigint
                     ELSE NULL END AS room
         FROM tenant_queue_counts WHERE tenant_id = $1
     )
