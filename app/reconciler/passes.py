@@ -452,7 +452,7 @@ async def _plan_commit(
     at most ``commit_rounds_max`` reserving rounds; fill ``result``."""
     cfg = ctx.config
     ttl = cfg.lease_ttl_seconds
-    instance = {p.id: p.runtime_instance_id for p in snapshot.pools}
+    instance = snapshot.instance_of
     # Leases and leased_at carry the commit's time, not the pass start.
     commit_now = ctx.clock() if ctx.clock is not None else now
     while True:
