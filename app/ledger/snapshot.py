@@ -38,29 +38,34 @@ _POOLS = (
     "ORDER BY p.id"
 )
 
-# What changes between passes, in one row: a digest of every pool row's (id, version) in id
-# order (xmin: every committed UPDATE of a row gives it a new one, whoever wrote it; added or
-# deleted pools change the list), the key the static part of a snapshot is cached under; the
-# number of pools; and per pool, in the same order, seven 8-byte big-endian integers: ledger
-# totals and reservations (cpu, memory, llm; zeros without a ledger) and flags (1: has a
-# ledger, 2: its runtime is fresh). Pool ids are ASCII slugs (a check constraint), so
-# ``COLLATE "C"`` orders them as Python sorts them, which is the snapshot's order. One bytea
-# becomes one numpy array without a Python object per pool (5,000 rows of nine columns cost
-# the reconciler ~5 ms per pass; this ~1 ms).
+# What changes between passes, in one row: the number of pools and, per pool in id order, the
+# row's version (xmin: every committed UPDATE of a row gives it a new one, whoever wrote it),
+# ledger totals and reservations (cpu, memory, llm; zeros without a ledger) and flags (1: has
+# a ledger, 2: its runtime is fresh), as one (pools x 8) int8 array in binary form
+# (``array_send``): one bytea that becomes one numpy array, without a Python object per pool.
+# Pool ids are ASCII slugs (a check constraint), so ``COLLATE "C"`` orders them as Python sorts
+# them, which is the snapshot's order.
+#
+# The count and the versions are the key the static part of a snapshot is cached under: a
+# pool added, deleted or changed since the previous read changes one of them. A row written
+# after that read carries the id of a transaction that had not committed when it ran, so its
+# version differs from every version the read saw (short of 2^32 transactions between them).
 _USAGE = (
-    "SELECT COALESCE(md5(string_agg(p.id || ' ' || p.xmin::text, ' ' "
-    "ORDER BY p.id COLLATE \"C\")), ''), count(*), "
-    "string_agg(int8send(COALESCE(l.cpu_total, 0)) || int8send(COALESCE(l.memory_total, 0)) "
-    "|| int8send(COALESCE(l.llm_total, 0)) || int8send(COALESCE(l.cpu_reserved, 0)) "
-    "|| int8send(COALESCE(l.memory_reserved, 0)) || int8send(COALESCE(l.llm_reserved, 0)) "
-    "|| int8send((l.pool_id IS NOT NULL)::int::int8 "
-    "+ 2 * COALESCE(ri.last_heartbeat_at > $1, false)::int::int8), "
-    "''::bytea ORDER BY p.id COLLATE \"C\") "
+    "SELECT count(*), array_send(array_agg(ARRAY[p.xmin::text::bigint, "
+    "COALESCE(l.cpu_total, 0), COALESCE(l.memory_total, 0), COALESCE(l.llm_total, 0), "
+    "COALESCE(l.cpu_reserved, 0), COALESCE(l.memory_reserved, 0), COALESCE(l.llm_reserved, 0), "
+    "(l.pool_id IS NOT NULL)::int::int8 "
+    "+ 2 * COALESCE(ri.last_heartbeat_at > $1, false)::int::int8] ORDER BY p.id COLLATE \"C\")) "
     "FROM pools p LEFT JOIN ledgers l ON l.pool_id = p.id "
     "LEFT JOIN runtime_instances ri ON ri.id = p.runtime_instance_id"
 )
-#: Big-endian int64, the layout of ``int8send``.
-_INT8 = np.dtype(">i8")
+#: Columns of a ``_USAGE`` row per pool.
+_USAGE_COLUMNS = 8
+#: ``array_send`` of a two-dimensional int8 array without NULLs: a header (ndim, has-null
+#: flag, element type, then size and lower bound per dimension), then per element its length
+#: (always 8) and its big-endian value.
+_ARRAY_HEADER = np.dtype(">i4")
+_ARRAY_ELEMENT = np.dtype([("length", ">i4"), ("value", ">i8")])
 
 _PLACED = (
     "SELECT t.id, t.tenant_id, t.labels::text, r.pool_id, r.members FROM tasks t "
@@ -122,18 +127,18 @@ class PoolCache:
 
 
 class SnapshotCache:
-    """The previous snapshot and the digest of the pool rows (ids and row versions) it was
-    built from: while the digest is unchanged, a pass reads only usage and health.
+    """The previous snapshot and the row versions of the pools it was built from: while they
+    are unchanged, a pass reads only usage and health.
 
     Pool rows change rarely (edits, cordons, capacity changes, runtime registration), while
     ledger reservations and heartbeats change every pass. Any committed change of a pool row
-    gives it a new version, and added or deleted pools change the id list.
+    gives it a new version, and added or deleted pools change the count or the versions.
     """
 
-    __slots__ = ("key", "snapshot", "pools", "rebuilds", "reuses")
+    __slots__ = ("versions", "snapshot", "pools", "rebuilds", "reuses")
 
     def __init__(self) -> None:
-        self.key: str | None = None
+        self.versions: np.ndarray | None = None
         self.snapshot: Snapshot | None = None
         self.pools = PoolCache()
         #: How many reads rebuilt the static part, and how many reused it.
@@ -141,18 +146,16 @@ class SnapshotCache:
         self.reuses = 0
 
 
-def _usage_arrays(
-    n: int, data: bytes | None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Return ``cap``, ``has_ledger``, ``reserved`` and ``fresh`` of a ``_USAGE`` row."""
-    usage = np.frombuffer(data or b"", dtype=_INT8).reshape(n, 7).astype(np.int64)
-    flags = usage[:, 6]
-    return (
-        np.ascontiguousarray(usage[:, 0:3]),
-        (flags & 1).astype(bool),
-        np.ascontiguousarray(usage[:, 3:6]),
-        (flags & 2).astype(bool),
-    )
+def _usage_array(n: int, data: bytes | None) -> np.ndarray:
+    """Return the (n, 8) int64 array of a ``_USAGE`` row (see there)."""
+    if not n:
+        return np.zeros((0, _USAGE_COLUMNS), dtype=np.int64)
+    assert data is not None
+    ndim, has_null, _, rows, _, columns, _ = np.frombuffer(data, _ARRAY_HEADER, 7).tolist()
+    if (ndim, has_null, rows, columns) != (2, 0, n, _USAGE_COLUMNS):
+        raise ValueError(f"unexpected usage array ({ndim}, {has_null}, {rows}, {columns})")
+    values = np.frombuffer(data, _ARRAY_ELEMENT, offset=7 * 4)["value"]
+    return values.astype(np.int64).reshape(n, _USAGE_COLUMNS)
 
 
 async def snapshot_read(
@@ -167,25 +170,31 @@ async def snapshot_read(
     """Return the pass's snapshot at ``now``, reusing the cached static part when no pool row
     changed since it was built; ``placed`` reads the placements affinity needs."""
     cutoff = now - timedelta(seconds=freshness_seconds)
-    key, n, data = await conn.fetchrow(_USAGE, cutoff)
+    n, data = await conn.fetchrow(_USAGE, cutoff)
+    usage = _usage_array(n, data)
+    versions = usage[:, 0]
     previous = cache.snapshot
-    if (previous is not None and cache.key == key and previous.strategy == strategy
-            and previous.n == n):
-        cap, has_ledger, reserved, fresh = _usage_arrays(n, data)
+    if (previous is not None and previous.strategy == strategy and previous.n == n
+            and cache.versions is not None and np.array_equal(cache.versions, versions)):
+        flags = usage[:, 7]
         tasks = await placed()
         cache.reuses += 1
         snapshot = previous.with_arrays(
-            cap=cap, has_ledger=has_ledger, reserved=reserved, fresh=fresh, placed=tasks
+            cap=np.ascontiguousarray(usage[:, 1:4]),
+            has_ledger=(flags & 1).astype(bool),
+            reserved=np.ascontiguousarray(usage[:, 4:7]),
+            fresh=(flags & 2).astype(bool),
+            placed=tasks,
         )
     else:
-        # The pool rows may change between the two reads: the key is then older than the
-        # snapshot, and the next pass rebuilds once more (never the other way round).
+        # The pool rows may change between the two reads: the versions are then older than
+        # the snapshot, and the next pass rebuilds once more (never the other way round).
         full = await conn.fetch(_POOLS, cutoff)
         states = _pool_states(full, cache.pools)
         tasks = await placed()
         cache.rebuilds += 1
         snapshot = Snapshot.build(states, tasks, strategy=strategy)
-    cache.key = key
+    cache.versions = versions
     cache.snapshot = snapshot
     return snapshot
 
