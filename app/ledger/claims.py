@@ -48,7 +48,7 @@ import orjson
 
 from app.config import SHARD_SLOTS
 from app.db import Connection
-from app.ledger.literals import array_literal, uuid_array_literal
+from app.ledger.literals import ids_joined, ints_joined, json_joined, uuids_joined
 
 #: Most tenants the fair claim looks at in one pass.
 FAIR_TENANTS_MAX = 512
@@ -220,21 +220,24 @@ class Grant(NamedTuple):
     wakes: tuple[str, ...] = ()
 
 
-# $1 now, $2 expires, $3 ids, $4 placements (one JSON array, in the order of $3), $5 first
-# pools, $6..$12 the member rows; the columns as array literals (app.ledger.literals). The
+# $1 now, $2 expires, $3 ids, $4 placements (JSON), $5 first pools, $6..$12 the member rows:
+# the columns as delimited texts (app.ledger.literals) but the instances. The
 # ``t.id = ANY($3)`` condition lets the planner reach the rows through the primary key whatever
 # it estimates for the unnest (never a scan of every task ever kept).
 _LEASE = (
-    "WITH g AS (SELECT i.id, p.placement, i.pool_id "
-    "FROM unnest($3::text::uuid[], $5::text::text[]) WITH ORDINALITY AS i(id, pool_id, n) "
-    "JOIN jsonb_array_elements($4::text::jsonb) WITH ORDINALITY AS p(placement, n) USING (n)), "
-    "u AS (UPDATE tasks t SET state = 'LEASED', placement = g.placement, "
+    "WITH g AS (SELECT * FROM unnest(string_to_array($3::text, ',')::uuid[], "
+    "string_to_array($4::text, E'\\x1e'), string_to_array($5::text, ',')) "
+    "AS g(id, placement, pool_id)), "
+    "u AS (UPDATE tasks t SET state = 'LEASED', placement = g.placement::jsonb, "
     "leased_at = $1, pending_reason = NULL, parked = false, wake = NULL, "
     "pending_stage = NULL, updated_at = $1 FROM g "
-    "WHERE t.id = ANY($3::text::uuid[]) AND t.id = g.id AND t.state = 'ADMITTED' "
+    "WHERE t.id = ANY(string_to_array($3::text, ',')::uuid[]) AND t.id = g.id "
+    "AND t.state = 'ADMITTED' "
     "RETURNING t.id, t.attempts + t.preemptions AS attempts, g.pool_id), "
-    "m AS (SELECT * FROM unnest($6::text::uuid[], $7::text::text[], $8::text::int[], "
-    "$9::text::bigint[], $10::text::bigint[], $11::text::bigint[], $12::text::text[]) "
+    "m AS (SELECT * FROM unnest(string_to_array($6::text, ',')::uuid[], "
+    "string_to_array($7::text, ','), string_to_array($8::text, ',')::int[], "
+    "string_to_array($9::text, ',')::bigint[], string_to_array($10::text, ',')::bigint[], "
+    "string_to_array($11::text, ',')::bigint[], $12::text[]) "
     "AS m(task_id, pool_id, members, cpu, memory, llm, instance)), "
     "r AS (INSERT INTO reservations (task_id, pool_id, members, cpu, memory, llm, created_at) "
     "SELECT m.task_id, m.pool_id, m.members, m.cpu, m.memory, m.llm, $1::timestamptz "
@@ -281,12 +284,12 @@ async def tasks_lease(
         _LEASE,
         now,
         now + timedelta(seconds=lease_ttl_seconds),
-        uuid_array_literal([g.task_id for g in ordered]),
-        orjson.dumps([g.placement for g in ordered]).decode(),
-        array_literal([g.members[0][0] for g in ordered]),
-        uuid_array_literal(m_task), array_literal(m_pool), array_literal(m_members),
-        array_literal(m_cpu), array_literal(m_memory), array_literal(m_llm),
-        array_literal(m_instance),
+        uuids_joined([g.task_id for g in ordered]),
+        json_joined([g.placement for g in ordered]),
+        ids_joined([g.members[0][0] for g in ordered]),
+        uuids_joined(m_task), ids_joined(m_pool), ints_joined(m_members),
+        ints_joined(m_cpu), ints_joined(m_memory), ints_joined(m_llm),
+        m_instance,
     )
     return {r[0]: r[1] for r in rows}
 
