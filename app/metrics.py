@@ -6,6 +6,9 @@ names, stages, wakeup sources) — never a tenant, task, pool or label value.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
 
 PASS_DURATION = Histogram(
@@ -103,3 +106,24 @@ REQUESTS_SHED = Counter(
 )
 for _reason in SHED_REASONS:
     REQUESTS_SHED.labels(_reason)
+
+
+def histogram_observe_many(histogram: Histogram, values: Sequence[float]) -> None:
+    """Observe every one of ``values`` in an unlabelled ``histogram``, as ``observe`` would one
+    by one, with one increment per bucket: a pass observes the queue wait of each task it
+    leased (a thousand ``observe`` calls cost about 1 µs per placement).
+
+    It reads the histogram's bucket bounds and increments its bucket and sum values
+    (prometheus_client's own attributes, the ones ``observe`` uses; a test checks the two
+    agree; the sum is added in one step, so it may differ from one-by-one in the last bit).
+    """
+    if not values:
+        return
+    histogram._raise_if_not_observable()
+    bounds = histogram._upper_bounds
+    # The first bound >= the value: ``observe``'s bucket (the last bound is +Inf).
+    counts = np.bincount(np.searchsorted(bounds, values, side="left"), minlength=len(bounds))
+    histogram._sum.inc(float(sum(values)))
+    for i, n in enumerate(counts.tolist()):
+        if n:
+            histogram._buckets[i].inc(n)

@@ -48,6 +48,7 @@ import orjson
 
 from app.config import SHARD_SLOTS
 from app.db import Connection
+from app.ledger.literals import ids_joined, ints_joined, json_joined, uuids_joined
 
 #: Most tenants the fair claim looks at in one pass.
 FAIR_TENANTS_MAX = 512
@@ -219,19 +220,24 @@ class Grant(NamedTuple):
     wakes: tuple[str, ...] = ()
 
 
-# $1 now, $2 expires, $3 ids, $4 placements (JSON text), $5 first pools, $6..$12 the member
-# rows. The ``t.id = ANY($3)`` condition lets the planner reach the rows through the primary
-# key whatever it estimates for the unnest (never a scan of every task ever kept).
+# $1 now, $2 expires, $3 ids, $4 placements (JSON), $5 first pools, $6..$12 the member rows:
+# the columns as delimited texts (app.ledger.literals) but the instances. The
+# ``t.id = ANY($3)`` condition lets the planner reach the rows through the primary key whatever
+# it estimates for the unnest (never a scan of every task ever kept).
 _LEASE = (
-    "WITH g AS (SELECT * FROM unnest($3::uuid[], $4::text[], $5::text[]) "
+    "WITH g AS (SELECT * FROM unnest(string_to_array($3::text, ',')::uuid[], "
+    "string_to_array($4::text, E'\\x1e'), string_to_array($5::text, ',')) "
     "AS g(id, placement, pool_id)), "
     "u AS (UPDATE tasks t SET state = 'LEASED', placement = g.placement::jsonb, "
     "leased_at = $1, pending_reason = NULL, parked = false, wake = NULL, "
     "pending_stage = NULL, updated_at = $1 FROM g "
-    "WHERE t.id = ANY($3::uuid[]) AND t.id = g.id AND t.state = 'ADMITTED' "
+    "WHERE t.id = ANY(string_to_array($3::text, ',')::uuid[]) AND t.id = g.id "
+    "AND t.state = 'ADMITTED' "
     "RETURNING t.id, t.attempts + t.preemptions AS attempts, g.pool_id), "
-    "m AS (SELECT * FROM unnest($6::uuid[], $7::text[], $8::int[], $9::bigint[], "
-    "$10::bigint[], $11::bigint[], $12::text[]) "
+    "m AS (SELECT * FROM unnest(string_to_array($6::text, ',')::uuid[], "
+    "string_to_array($7::text, ','), string_to_array($8::text, ',')::int[], "
+    "string_to_array($9::text, ',')::bigint[], string_to_array($10::text, ',')::bigint[], "
+    "string_to_array($11::text, ',')::bigint[], $12::text[]) "
     "AS m(task_id, pool_id, members, cpu, memory, llm, instance)), "
     "r AS (INSERT INTO reservations (task_id, pool_id, members, cpu, memory, llm, created_at) "
     "SELECT m.task_id, m.pool_id, m.members, m.cpu, m.memory, m.llm, $1::timestamptz "
@@ -278,10 +284,12 @@ async def tasks_lease(
         _LEASE,
         now,
         now + timedelta(seconds=lease_ttl_seconds),
-        [g.task_id for g in ordered],
-        [orjson.dumps(g.placement).decode() for g in ordered],
-        [g.members[0][0] for g in ordered],
-        m_task, m_pool, m_members, m_cpu, m_memory, m_llm, m_instance,
+        uuids_joined([g.task_id for g in ordered]),
+        json_joined([g.placement for g in ordered]),
+        ids_joined([g.members[0][0] for g in ordered]),
+        uuids_joined(m_task), ids_joined(m_pool), ints_joined(m_members),
+        ints_joined(m_cpu), ints_joined(m_memory), ints_joined(m_llm),
+        m_instance,
     )
     return {r[0]: r[1] for r in rows}
 

@@ -16,17 +16,19 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 from app.db import Connection
+from app.ledger.literals import ids_joined, ints_joined
 
 Vector = tuple[int, int, int]
 
-# The amounts arrive as arrays joined through unnest, and the lock CTE is consumed by a
-# one-time filter (``(SELECT count(*) FROM locked) > 0``), never joined: the filter runs
-# before the update reads its first row, so every row is locked in pool-id order first, and
-# no plan (a cached generic plan guesses 10 array elements) can pair each ledger row with
-# every element of the batch.
+# The amounts arrive as arrays (sent as delimited texts, see app.ledger.literals) joined
+# through unnest, and the lock CTE is consumed by a one-time filter (``(SELECT count(*) FROM
+# locked) > 0``), never joined: the filter runs before the update reads its first row, so
+# every row is locked in pool-id order first, and no plan (a cached generic plan guesses 10
+# array elements) can pair each ledger row with every element of the batch.
 _LOCKED = (
-    "WITH v AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[]) "
-    "AS v(pool_id, cpu, memory, llm)), "
+    "WITH v AS (SELECT * FROM unnest(string_to_array($1::text, ','), "
+    "string_to_array($2::text, ',')::bigint[], string_to_array($3::text, ',')::bigint[], "
+    "string_to_array($4::text, ',')::bigint[]) AS v(pool_id, cpu, memory, llm)), "
     "locked AS (SELECT l.pool_id FROM ledgers l JOIN v ON v.pool_id = l.pool_id "
     "ORDER BY l.pool_id FOR UPDATE OF l) "
 )
@@ -48,8 +50,9 @@ _RESERVE = (
 # transaction could otherwise wait while holding rows locked by the first, out of pool-id
 # order, and deadlock with another transaction's first statement.
 _RESERVE_HELD = (
-    "WITH v AS (SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[]) "
-    "AS v(pool_id, cpu, memory, llm)), "
+    "WITH v AS (SELECT * FROM unnest(string_to_array($1::text, ','), "
+    "string_to_array($2::text, ',')::bigint[], string_to_array($3::text, ',')::bigint[], "
+    "string_to_array($4::text, ',')::bigint[]) AS v(pool_id, cpu, memory, llm)), "
     "locked AS (SELECT l.pool_id FROM ledgers l JOIN v ON v.pool_id = l.pool_id "
     "ORDER BY l.pool_id FOR UPDATE OF l SKIP LOCKED) "
     "UPDATE ledgers l SET cpu_reserved = l.cpu_reserved + v.cpu, "
@@ -76,13 +79,13 @@ _RESERVATIONS_DELETE = (
 )
 
 
-def _columns(amounts: Mapping[str, Vector]) -> tuple[list, list, list, list]:
+def _columns(amounts: Mapping[str, Vector]) -> tuple[str, str, str, str]:
     pools = sorted(amounts)
     return (
-        pools,
-        [int(amounts[p][0]) for p in pools],
-        [int(amounts[p][1]) for p in pools],
-        [int(amounts[p][2]) for p in pools],
+        ids_joined(pools),
+        ints_joined([int(amounts[p][0]) for p in pools]),
+        ints_joined([int(amounts[p][1]) for p in pools]),
+        ints_joined([int(amounts[p][2]) for p in pools]),
     )
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import numpy as np
 import orjson
 
 from app.db import Connection
@@ -37,22 +38,34 @@ _POOLS = (
     "ORDER BY p.id"
 )
 
-# The same read with each pool row's version (xmin: every committed UPDATE of a row gives it
-# a new one, whoever wrote it), the key the static part of a snapshot is cached under.
-_POOLS_VERSIONED = _POOLS.replace(
-    " FROM pools p", ", p.xmin::text::bigint FROM pools p", 1
-)
-
-# What changes between passes: ledger totals and reservations, heartbeat freshness; with each
-# pool row's id and version to tell whether the cached static part still holds.
+# What changes between passes, in one row: the number of pools and, per pool in id order, the
+# row's version (xmin: every committed UPDATE of a row gives it a new one, whoever wrote it),
+# ledger totals and reservations (cpu, memory, llm; zeros without a ledger) and flags (1: has
+# a ledger, 2: its runtime is fresh), as one (pools x 8) int8 array in binary form
+# (``array_send``): one bytea that becomes one numpy array, without a Python object per pool.
+# Pool ids are ASCII slugs (a check constraint), so ``COLLATE "C"`` orders them as Python sorts
+# them, which is the snapshot's order.
+#
+# The count and the versions are the key the static part of a snapshot is cached under: a
+# pool added, deleted or changed since the previous read changes one of them. A row written
+# after that read carries the id of a transaction that had not committed when it ran, so its
+# version differs from every version the read saw (short of 2^32 transactions between them).
 _USAGE = (
-    "SELECT p.id, p.xmin::text::bigint, l.cpu_total, l.memory_total, l.llm_total, "
-    "l.cpu_reserved, l.memory_reserved, l.llm_reserved, "
-    "COALESCE(ri.last_heartbeat_at > $1, false) "
+    "SELECT count(*), array_send(array_agg(ARRAY[p.xmin::text::bigint, "
+    "COALESCE(l.cpu_total, 0), COALESCE(l.memory_total, 0), COALESCE(l.llm_total, 0), "
+    "COALESCE(l.cpu_reserved, 0), COALESCE(l.memory_reserved, 0), COALESCE(l.llm_reserved, 0), "
+    "(l.pool_id IS NOT NULL)::int::int8 "
+    "+ 2 * COALESCE(ri.last_heartbeat_at > $1, false)::int::int8] ORDER BY p.id COLLATE \"C\")) "
     "FROM pools p LEFT JOIN ledgers l ON l.pool_id = p.id "
-    "LEFT JOIN runtime_instances ri ON ri.id = p.runtime_instance_id "
-    "ORDER BY p.id"
+    "LEFT JOIN runtime_instances ri ON ri.id = p.runtime_instance_id"
 )
+#: Columns of a ``_USAGE`` row per pool.
+_USAGE_COLUMNS = 8
+#: ``array_send`` of a two-dimensional int8 array without NULLs: a header (ndim, has-null
+#: flag, element type, then size and lower bound per dimension), then per element its length
+#: (always 8) and its big-endian value.
+_ARRAY_HEADER = np.dtype(">i4")
+_ARRAY_ELEMENT = np.dtype([("length", ">i4"), ("value", ">i8")])
 
 _PLACED = (
     "SELECT t.id, t.tenant_id, t.labels::text, r.pool_id, r.members FROM tasks t "
@@ -114,23 +127,35 @@ class PoolCache:
 
 
 class SnapshotCache:
-    """The previous snapshot and the (pool id, row version) pairs of the pool rows it was
-    built from: while those are unchanged, a pass reads only usage and health.
+    """The previous snapshot and the row versions of the pools it was built from: while they
+    are unchanged, a pass reads only usage and health.
 
     Pool rows change rarely (edits, cordons, capacity changes, runtime registration), while
     ledger reservations and heartbeats change every pass. Any committed change of a pool row
-    gives it a new version, and added or deleted pools change the id list.
+    gives it a new version, and added or deleted pools change the count or the versions.
     """
 
-    __slots__ = ("key", "snapshot", "pools", "rebuilds", "reuses")
+    __slots__ = ("versions", "snapshot", "pools", "rebuilds", "reuses")
 
     def __init__(self) -> None:
-        self.key: tuple[tuple[str, int], ...] | None = None
+        self.versions: np.ndarray | None = None
         self.snapshot: Snapshot | None = None
         self.pools = PoolCache()
         #: How many reads rebuilt the static part, and how many reused it.
         self.rebuilds = 0
         self.reuses = 0
+
+
+def _usage_array(n: int, data: bytes | None) -> np.ndarray:
+    """Return the (n, 8) int64 array of a ``_USAGE`` row (see there)."""
+    if not n:
+        return np.zeros((0, _USAGE_COLUMNS), dtype=np.int64)
+    assert data is not None
+    ndim, has_null, _, rows, _, columns, _ = np.frombuffer(data, _ARRAY_HEADER, 7).tolist()
+    if (ndim, has_null, rows, columns) != (2, 0, n, _USAGE_COLUMNS):
+        raise ValueError(f"unexpected usage array ({ndim}, {has_null}, {rows}, {columns})")
+    values = np.frombuffer(data, _ARRAY_ELEMENT, offset=7 * 4)["value"]
+    return values.astype(np.int64).reshape(n, _USAGE_COLUMNS)
 
 
 async def snapshot_read(
@@ -145,30 +170,31 @@ async def snapshot_read(
     """Return the pass's snapshot at ``now``, reusing the cached static part when no pool row
     changed since it was built; ``placed`` reads the placements affinity needs."""
     cutoff = now - timedelta(seconds=freshness_seconds)
-    rows = await conn.fetch(_USAGE, cutoff)
-    key = tuple([(r[0], r[1]) for r in rows])
+    n, data = await conn.fetchrow(_USAGE, cutoff)
+    usage = _usage_array(n, data)
+    versions = usage[:, 0]
     previous = cache.snapshot
-    if previous is not None and cache.key == key and previous.strategy == strategy:
-        if previous.ids != tuple([r[0] for r in rows]):
-            # The server's collation may order ids unlike Python; align with the snapshot.
-            pos = previous.pos
-            rows = sorted(rows, key=lambda r: pos[r[0]])
+    if (previous is not None and previous.strategy == strategy and previous.n == n
+            and cache.versions is not None and np.array_equal(cache.versions, versions)):
+        flags = usage[:, 7]
         tasks = await placed()
         cache.reuses += 1
-        snapshot = previous.with_usage(
-            capacity=[None if r[2] is None else (r[2], r[3], r[4]) for r in rows],
-            reserved=[(0, 0, 0) if r[5] is None else (r[5], r[6], r[7]) for r in rows],
-            fresh=[r[8] for r in rows],
+        snapshot = previous.with_arrays(
+            cap=np.ascontiguousarray(usage[:, 1:4]),
+            has_ledger=(flags & 1).astype(bool),
+            reserved=np.ascontiguousarray(usage[:, 4:7]),
+            fresh=(flags & 2).astype(bool),
             placed=tasks,
         )
     else:
-        full = await conn.fetch(_POOLS_VERSIONED, cutoff)
+        # The pool rows may change between the two reads: the versions are then older than
+        # the snapshot, and the next pass rebuilds once more (never the other way round).
+        full = await conn.fetch(_POOLS, cutoff)
         states = _pool_states(full, cache.pools)
         tasks = await placed()
         cache.rebuilds += 1
         snapshot = Snapshot.build(states, tasks, strategy=strategy)
-        key = tuple([(r[0], r[21]) for r in full])
-    cache.key = key
+    cache.versions = versions
     cache.snapshot = snapshot
     return snapshot
 

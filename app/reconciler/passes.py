@@ -78,6 +78,7 @@ from app.metrics import (
     TASKS_CLAIMED,
     TASKS_LEASED,
     TASKS_REEXAMINED,
+    histogram_observe_many,
 )
 from app.reconciler.config import ReconcilerConfig
 from app.reconciler.preempting import PassPreemption
@@ -268,8 +269,7 @@ def _metrics_count(result: PassResult) -> None:
     # A re-examination that changed nothing is not a new decision.
     PLACEMENTS.labels(outcome="pending").inc(result.pending - result.unchanged)
     PLACEMENTS.labels(outcome="conflict").inc(result.requeued)
-    for wait in result.queue_waits:
-        QUEUE_WAIT.observe(wait)
+    histogram_observe_many(QUEUE_WAIT, result.queue_waits)
 
 
 async def _pass_in(
@@ -452,7 +452,7 @@ async def _plan_commit(
     at most ``commit_rounds_max`` reserving rounds; fill ``result``."""
     cfg = ctx.config
     ttl = cfg.lease_ttl_seconds
-    instance = {p.id: p.runtime_instance_id for p in snapshot.pools}
+    instance = snapshot.instance_of
     # Leases and leased_at carry the commit's time, not the pass start.
     commit_now = ctx.clock() if ctx.clock is not None else now
     while True:

@@ -76,7 +76,9 @@ class Snapshot:
     """Immutable pools, ledger usage, health and placed tasks, as arrays and indexes."""
 
     __slots__ = (
-        "pools",
+        "_pools",
+        "_built",
+        "instance_of",
         "ids",
         "pos",
         "n",
@@ -117,8 +119,10 @@ class Snapshot:
             raise ValueError(f"unknown strategy {strategy!r} (spread or binpack)")
         self = cls.__new__(cls)
         ps = tuple(sorted(pools, key=lambda p: p.id))
-        self.pools = ps
+        self._pools = ps
         self.ids = tuple(p.id for p in ps)
+        #: The runtime instance of each pool (by id), what a lease names.
+        self.instance_of = {p.id: p.runtime_instance_id for p in ps}
         self.pos = {pid: i for i, pid in enumerate(self.ids)}
         if len(self.pos) != len(ps):
             raise ValueError("duplicate pool id in snapshot")
@@ -135,6 +139,8 @@ class Snapshot:
         self.residency, self.residency_table = _codes([p.data_residency or None for p in ps])
         self.fd, self.fd_table = _codes([p.failure_domain for p in ps])
         self.cost = np.array([float(p.cost_weight) for p in ps], dtype=np.float64)
+        # The states and the usage they hold: a derived snapshot's states start from them.
+        self._built = (ps, self.cap, self.has_ledger, self.reserved, self.fresh)
         by_tenant: dict[str, list[int]] = {}
         label_idx: dict[tuple[str, str], list[int]] = {}
         artifact_idx: dict[str, list[int]] = {}
@@ -160,6 +166,40 @@ class Snapshot:
         self._memo: dict[Any, Any] = {}
         return self
 
+    @property
+    def pools(self) -> tuple[PoolState, ...]:
+        """Return the pool states in id order.
+
+        A snapshot derived by :meth:`with_usage` builds them on first use (a pass never
+        asks: it reads the arrays): a pool whose ledger and health equal those it was built
+        with keeps its state object, the others get a new one.
+        """
+        pools = self._pools
+        if pools is None:
+            pools = self._pools_derive()
+            object.__setattr__(self, "_pools", pools)
+        return pools
+
+    def _pools_derive(self) -> tuple[PoolState, ...]:
+        built, cap, has_ledger, reserved, fresh = self._built
+        changed = np.flatnonzero(
+            (self.cap != cap).any(axis=1)
+            | (self.reserved != reserved).any(axis=1)
+            | (self.has_ledger != has_ledger)
+            | (self.fresh != fresh)
+        )
+        pools = list(built)
+        for i in changed.tolist():
+            p = pools[i]
+            pools[i] = PoolState(
+                p.id, p.tenant_ids, p.runtime_class, p.runtime_instance_id, p.region,
+                p.data_residency, p.failure_domain, p.labels, p.artifact_regions, p.cost_weight,
+                p.status, p.ready, bool(self.fresh[i]),
+                tuple(self.cap[i].tolist()) if self.has_ledger[i] else None,
+                tuple(self.reserved[i].tolist()),
+            )
+        return tuple(pools)
+
     def with_usage(
         self,
         *,
@@ -171,39 +211,47 @@ class Snapshot:
         """Return a snapshot of the same pools with new ledger totals, reservations, heartbeat
         freshness and placements, sharing this one's static arrays, indexes and memo tables.
 
-        The sequences are aligned with ``ids``. This snapshot stays valid and unchanged; pool
-        states whose values did not change are reused as they are.
+        The sequences are aligned with ``ids`` (see :meth:`with_arrays`).
         """
         n = self.n
         if not (len(capacity) == len(reserved) == len(fresh) == n):
             raise ValueError(f"usage for {n} pools expected")
+        return self.with_arrays(
+            cap=np.array([c or (0, 0, 0) for c in capacity], dtype=np.int64).reshape(n, 3),
+            has_ledger=np.array([c is not None for c in capacity], dtype=bool).reshape(n),
+            reserved=np.array(reserved, dtype=np.int64).reshape(n, 3),
+            fresh=np.array(fresh, dtype=bool).reshape(n),
+            placed=placed,
+        )
+
+    def with_arrays(
+        self,
+        *,
+        cap: np.ndarray,
+        has_ledger: np.ndarray,
+        reserved: np.ndarray,
+        fresh: np.ndarray,
+        placed: Iterable[PlacedTask] = (),
+    ) -> Snapshot:
+        """Return :meth:`with_usage`'s snapshot from arrays aligned with ``ids``: ledger totals
+        and reservations (int64, ``(n, 3)``; a pool without a ledger has zero totals and
+        ``has_ledger`` False) and heartbeat freshness (bool, ``(n,)``).
+
+        The arrays become the new snapshot's own (the caller must not change them). This
+        snapshot stays valid and unchanged.
+        """
+        n = self.n
+        if not (cap.shape == reserved.shape == (n, 3) and has_ledger.shape == fresh.shape
+                == (n,)):
+            raise ValueError(f"usage for {n} pools expected")
         new = Snapshot.__new__(Snapshot)
         for name in _STATIC_SLOTS:
             object.__setattr__(new, name, getattr(self, name))
-        new.cap = np.array(
-            [c or (0, 0, 0) for c in capacity], dtype=np.int64
-        ).reshape(n, 3)
-        new.has_ledger = np.array([c is not None for c in capacity], dtype=bool)
-        new.reserved = np.array(reserved, dtype=np.int64).reshape(n, 3)
-        new.fresh = np.array(fresh, dtype=bool).reshape(n)
-        # Only pools whose values changed get a new state (found by array compares).
-        changed = np.flatnonzero(
-            (new.cap != self.cap).any(axis=1)
-            | (new.reserved != self.reserved).any(axis=1)
-            | (new.has_ledger != self.has_ledger)
-            | (new.fresh != self.fresh)
-        )
-        pools = list(self.pools)
-        for i in changed.tolist():
-            p = pools[i]
-            c = capacity[i]
-            pools[i] = PoolState(
-                p.id, p.tenant_ids, p.runtime_class, p.runtime_instance_id, p.region,
-                p.data_residency, p.failure_domain, p.labels, p.artifact_regions, p.cost_weight,
-                p.status, p.ready, bool(fresh[i]), None if c is None else tuple(c),
-                tuple(reserved[i]),
-            )
-        new.pools = tuple(pools)
+        new.cap = cap
+        new.has_ledger = has_ledger
+        new.reserved = reserved
+        new.fresh = fresh
+        new._pools = None
         new._placed = new._placed_index(placed)
         # Memo entries over static columns carry over; the static filters' verdicts also read
         # heartbeat freshness and ledger presence, so they carry over only when those held.
@@ -326,10 +374,9 @@ class Snapshot:
 
 #: Attributes that depend only on the pools' static columns (shared by ``with_usage``).
 _STATIC_SLOTS = (
-    "ids", "pos", "n", "strategy", "status", "ready", "rc", "rc_table", "region",
-    "region_table", "residency", "residency_table", "fd", "fd_table", "cost", "by_tenant",
-    "audience",
-    "_label_idx", "_artifact_idx",
+    "_built", "instance_of", "ids", "pos", "n", "strategy", "status", "ready", "rc", "rc_table",
+    "region", "region_table", "residency", "residency_table", "fd", "fd_table", "cost",
+    "by_tenant", "audience", "_label_idx", "_artifact_idx",
 )
 #: Memo kinds computed from static columns only (selector, artifact and tenant masks).
 _MEMO_STATIC = frozenset({"sel", "art", "tenant_mask"})
