@@ -187,6 +187,19 @@ def _groups(tenants: int, pools: int) -> int:
     return max(1, min(16, tenants // 25, pools // (2 * len(CLASSES))))
 
 
+#: The millisecond of the first generated task id (2026-01-01T00:00:00Z).
+_ID_EPOCH_MS = 1_767_225_600_000
+
+
+def _task_id(ord_: int, rand: int) -> uuid.UUID:
+    """Return task ``ord_``'s id: a UUIDv7, as the API gives since 0009_batch. Its millisecond
+    is one per task from a fixed epoch, so ids grow with admission order like submitted tasks';
+    its 74 random bits are the top of the 128 the seeded generator gave the former UUIDv4 ids,
+    so every other choice of the dataset is unchanged."""
+    return uuid.UUID(int=((_ID_EPOCH_MS + ord_) << 80) | (0x7 << 76) | ((rand >> 62) << 64)
+                     | (0b10 << 62) | (rand & ((1 << 62) - 1)))
+
+
 def dataset_generate(*, pools: int, tasks: int, seed: int = 1, mix: str = "default") -> Dataset:
     """Generate ``pools`` pools sized so that all ``tasks`` (specs of ``mix``) fit;
     deterministic."""
@@ -227,7 +240,7 @@ def dataset_generate(*, pools: int, tasks: int, seed: int = 1, mix: str = "defau
             anchor.demand[d] += members * req[key]
         ds.kinds[kind] = ds.kinds.get(kind, 0) + 1
         ds.tasks.append((
-            ord_, uuid.UUID(int=rng.getrandbits(128), version=4), tenant_id, shard_of(tenant_id),
+            ord_, _task_id(ord_, rng.getrandbits(128) >> 54), tenant_id, shard_of(tenant_id),
             spec["priority"], rc, orjson.dumps(spec, option=orjson.OPT_SORT_KEYS).decode(),
             orjson.dumps(spec["labels"]).decode(), spec["maxAttempts"],
         ))
