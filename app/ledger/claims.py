@@ -225,7 +225,7 @@ class Grant(NamedTuple):
 _LEASE = (
     "WITH g AS (SELECT * FROM unnest($3::uuid[], $4::text[], $5::text[]) "
     "AS g(id, placement, pool_id)), "
-    "u AS (UPDATE tasks t SET state = 'LEASED', placement = g.placement::jsonb, "
+    "u AS (UPDATE tasks t SET state = 'LEASED', placement = g.placement::json, "
     "leased_at = $1, pending_reason = NULL, parked = false, wake = NULL, "
     "pending_stage = NULL, updated_at = $1 FROM g "
     "WHERE t.id = ANY($3::uuid[]) AND t.id = g.id AND t.state = 'ADMITTED' "

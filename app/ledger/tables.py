@@ -35,7 +35,7 @@ from sqlalchemy import (
     Text,
     text,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSON, JSONB, UUID
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -139,7 +139,9 @@ tasks = Table(
     Column("wake", ARRAY(Text)),
     # The SPEC §4 stage of the pending reason's closest miss (NULL: not examined yet).
     Column("pending_stage", SmallInteger),
-    Column("placement", JSONB),
+    # Written once per lease and read whole, never searched: ``json`` (validated text), not
+    # ``jsonb`` (a binary document built at every lease) (revision 0009_pg).
+    Column("placement", JSON),
     Column("attempts", Integer, nullable=False, server_default="0"),
     # Times the task was displaced by a preemptor (revision 0006_preemption): it uses no
     # attempt, but its next lease's fencing epoch must still be higher.
