@@ -108,6 +108,10 @@ ledgers = Table(
         "memory_reserved >= 0 AND memory_reserved <= memory_total", name="memory_within_total"
     ),
     CheckConstraint("llm_reserved >= 0 AND llm_reserved <= llm_total", name="llm_within_total"),
+    # Every pass updates the rows of the pools it placed on: half of each page stays free so
+    # that the new row version fits beside the old one (a HOT update, no index entry)
+    # (revision 0009_pg).
+    postgresql_with={"fillfactor": 50},
 )
 
 runtime_instances = Table(
