@@ -224,11 +224,17 @@ reservations = Table(
     Column("memory", BigInteger, nullable=False),
     Column("llm", BigInteger, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    # A preemptor's hold (capacity kept for an admitted task), not a lease's reservation
+    # (revision 0009_pg).
+    Column("hold", Boolean, nullable=False, server_default="false"),
     PrimaryKeyConstraint("task_id", "pool_id", name="pk_reservations"),
     CheckConstraint("members >= 1", name="members_positive"),
     CheckConstraint("cpu >= 0 AND memory >= 0 AND llm >= 0", name="amounts_nonnegative"),
 )
-Index("ix_reservations_pool_id", reservations.c.pool_id)
+# A pool's reservations are its live leases' (found through ``ix_leases_pool_live`` and the
+# primary key) and its holds: only holds are indexed by pool, so that a placement's
+# reservation writes one index entry, not two (revision 0009_pg).
+Index("ix_reservations_pool_hold", reservations.c.pool_id, postgresql_where=text("hold"))
 
 leases = Table(
     "leases",
