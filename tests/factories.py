@@ -198,6 +198,16 @@ async def ledger_violations(db: Database) -> list[str]:
             "WHERE t.state != 'LEASED' AND NOT (t.state = 'ADMITTED' "
             "AND t.spec ->> 'preemption' = 'lowerPriority')"
         ),
+        # A pool's reservations are read as its live leases' plus its holds (0010_pg).
+        "reservation neither a hold nor a live lease's": (
+            "SELECT r.task_id FROM reservations r WHERE NOT r.hold AND NOT EXISTS "
+            "(SELECT 1 FROM leases l WHERE l.task_id = r.task_id AND l.pool_id = r.pool_id "
+            "AND l.state IN ('ACTIVE', 'REVOKING'))"
+        ),
+        "hold of a task not ADMITTED": (
+            "SELECT r.task_id FROM reservations r JOIN tasks t ON t.id = r.task_id "
+            "WHERE r.hold AND t.state != 'ADMITTED'"
+        ),
         # No foreign keys on these tables (docs/decisions/0007): the writers keep them valid.
         "reservation, lease or event of a task that does not exist": (
             "SELECT x.task_id FROM (SELECT task_id FROM reservations UNION ALL "

@@ -113,7 +113,19 @@ _EXISTS = "SELECT id FROM pools WHERE id = $1"
 _LIVE_LEASES = (
     "SELECT count(*) FROM leases WHERE pool_id = $1 AND state IN ('ACTIVE', 'REVOKING')"
 )
-_RESERVATIONS = "SELECT count(*) FROM reservations WHERE pool_id = $1"
+# The reservations on pool {pool}: those of its live leases (every live lease has its
+# reservation on the same task and pool, and every reservation that is not a hold belongs
+# to a live lease: the lease statement writes both, and ending or undoing a lease deletes
+# or hands over both) and the preemptors' holds. Only holds are indexed by pool
+# (revision 0010_pg); the live leases are, by ``ix_leases_pool_live``.
+_OF_POOL = (
+    "(SELECT v.task_id, v.cpu, v.memory, v.llm FROM leases s JOIN reservations v "
+    "ON v.task_id = s.task_id AND v.pool_id = s.pool_id "
+    "WHERE s.pool_id = {pool} AND s.state IN ('ACTIVE', 'REVOKING') "
+    "UNION ALL SELECT v.task_id, v.cpu, v.memory, v.llm FROM reservations v "
+    "WHERE v.pool_id = {pool} AND v.hold)"
+)
+_RESERVATIONS = f"SELECT count(*) FROM {_OF_POOL.format(pool='$1')} v"
 _DELETE_LEASES = "DELETE FROM leases WHERE pool_id = $1"
 _DELETE = "DELETE FROM pools WHERE id = $1"
 
@@ -310,8 +322,8 @@ _TENANT_USAGE = """
     FROM unnest($1::text[]) AS p(pool_id)
     LEFT JOIN LATERAL (
         SELECT sum(v.cpu) AS cpu, sum(v.memory) AS memory, sum(v.llm) AS llm
-        FROM reservations v JOIN tasks t ON t.id = v.task_id
-        WHERE v.pool_id = p.pool_id AND t.tenant_id = ANY ($2::text[])
+        FROM """ + _OF_POOL.format(pool="p.pool_id") + """ v JOIN tasks t ON t.id = v.task_id
+        WHERE t.tenant_id = ANY ($2::text[])
     ) r ON true
     LEFT JOIN LATERAL (
         SELECT count(*) AS n

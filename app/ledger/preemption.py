@@ -172,8 +172,8 @@ _REVOKE = (
     "WHERE task_id = ANY($1::uuid[]) AND state = 'ACTIVE' RETURNING task_id"
 )
 _HOLDS_INSERT = (
-    "INSERT INTO reservations (task_id, pool_id, members, cpu, memory, llm, created_at) "
-    "SELECT $1, h.pool_id, h.members, h.cpu, h.memory, h.llm, $2 "
+    "INSERT INTO reservations (task_id, pool_id, members, cpu, memory, llm, created_at, hold) "
+    "SELECT $1, h.pool_id, h.members, h.cpu, h.memory, h.llm, $2, true "
     "FROM unnest($3::text[], $4::int[], $5::bigint[], $6::bigint[], $7::bigint[]) "
     "AS h(pool_id, members, cpu, memory, llm)"
 )

@@ -35,7 +35,7 @@ from sqlalchemy import (
     Text,
     text,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSON, JSONB, UUID
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -108,6 +108,10 @@ ledgers = Table(
         "memory_reserved >= 0 AND memory_reserved <= memory_total", name="memory_within_total"
     ),
     CheckConstraint("llm_reserved >= 0 AND llm_reserved <= llm_total", name="llm_within_total"),
+    # Every pass updates the rows of the pools it placed on: half of each page stays free so
+    # that the new row version fits beside the old one (a HOT update, no index entry)
+    # (revision 0010_pg).
+    postgresql_with={"fillfactor": 50},
 )
 
 runtime_instances = Table(
@@ -140,7 +144,9 @@ tasks = Table(
     Column("wake", ARRAY(Text)),
     # The SPEC §4 stage of the pending reason's closest miss (NULL: not examined yet).
     Column("pending_stage", SmallInteger),
-    Column("placement", JSONB),
+    # Written once per lease and read whole, never searched: ``json`` (validated text), not
+    # ``jsonb`` (a binary document built at every lease) (revision 0010_pg).
+    Column("placement", JSON),
     Column("attempts", Integer, nullable=False, server_default="0"),
     # Times the task was displaced by a preemptor (revision 0006_preemption): it uses no
     # attempt, but its next lease's fencing epoch must still be higher.
@@ -213,11 +219,17 @@ reservations = Table(
     Column("memory", BigInteger, nullable=False),
     Column("llm", BigInteger, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    # A preemptor's hold (capacity kept for an admitted task), not a lease's reservation
+    # (revision 0010_pg).
+    Column("hold", Boolean, nullable=False, server_default="false"),
     PrimaryKeyConstraint("task_id", "pool_id", name="pk_reservations"),
     CheckConstraint("members >= 1", name="members_positive"),
     CheckConstraint("cpu >= 0 AND memory >= 0 AND llm >= 0", name="amounts_nonnegative"),
 )
-Index("ix_reservations_pool_id", reservations.c.pool_id)
+# A pool's reservations are its live leases' (found through ``ix_leases_pool_live`` and the
+# primary key) and its holds: only holds are indexed by pool, so that a placement's
+# reservation writes one index entry, not two (revision 0010_pg).
+Index("ix_reservations_pool_hold", reservations.c.pool_id, postgresql_where=text("hold"))
 
 leases = Table(
     "leases",

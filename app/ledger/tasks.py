@@ -209,7 +209,7 @@ _COLUMNS = """
                 'revokeBy', l.revoke_by) ORDER BY l.pool_id), '[]')
        FROM leases l WHERE l.task_id = t.id AND l.state IN ('ACTIVE', 'REVOKING')),
     (SELECT coalesce(array_agg(a->>'poolId'), '{}')
-       FROM jsonb_array_elements(coalesce(t.placement->'alternatives', '[]')) a
+       FROM json_array_elements(coalesce(t.placement->'alternatives', '[]')) a
       WHERE NOT EXISTS (SELECT 1 FROM pools p
                          WHERE p.id = a->>'poolId' AND t.tenant_id = ANY(p.tenant_ids)))
 """

@@ -5,6 +5,10 @@ only live rows (queued, claimed, leased, live reservations), and pick it over on
 the tenants' history (5,000 finished tasks here): a plan that scans ``tasks`` or walks
 ``ix_tasks_tenant_seq`` (every task a tenant ever had) grows with history (see
 docs/benchmarks.md, "History", for the same plans at 1,000,000 finished tasks).
+
+A pool's reservations are read through indexes too (revision 0010_pg, decision 9): its live
+leases by ``ix_leases_pool_live``, their reservations by the primary key, its holds by
+``ix_reservations_pool_hold`` (reservations are no longer indexed by pool as a whole).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import pytest
 
 from app.config import SHARD_SLOTS
 from app.db import Database
-from app.ledger import preemption, queue, snapshot
+from app.ledger import pools, preemption, queue, snapshot
 
 SLOTS = list(range(SHARD_SLOTS))
 TENANTS = ["t1", "t2"]
@@ -39,7 +43,40 @@ async def test_no_plan_reads_history(db: Database, name: str) -> None:
             "'{}', now() FROM generate_series(1, 5000) AS g", TENANTS,
         )
         await conn.execute("ANALYZE tasks")
-        await conn.execute("SET LOCAL enable_seqscan = off")
-        plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + sql, *args))
+        plan = await _plan(conn, sql, args)
     assert "Seq Scan on tasks" not in plan, plan
     assert "ix_tasks_tenant_seq" not in plan, plan
+
+
+async def _plan(conn, sql: str, args: list) -> str:  # type: ignore[no-untyped-def]
+    """Return the plan of ``sql`` with sequential scans priced out."""
+    await conn.execute("SET LOCAL enable_seqscan = off")
+    return "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + sql, *args))
+
+
+POOL_STATEMENTS = {
+    "reservations of a pool (delete)": (pools._RESERVATIONS, ["p1"]),
+    "tenant usage of pools (pool views)": (pools._TENANT_USAGE, [["p1", "p2"], ["t1"]]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(POOL_STATEMENTS))
+async def test_pool_reservations_use_indexes(db: Database, name: str) -> None:
+    sql, args = POOL_STATEMENTS[name]
+    async with db.transaction() as conn:
+        # 2,000 live leases with their reservations on 100 pools (no foreign keys to fill).
+        await conn.execute(
+            "INSERT INTO leases (id, task_id, pool_id, runtime_instance_id, epoch, expires_at) "
+            "SELECT gen_random_uuid(), gen_random_uuid(), 'p' || (g % 100), 'rt', 1, now() "
+            "FROM generate_series(1, 2000) AS g"
+        )
+        await conn.execute(
+            "INSERT INTO reservations (task_id, pool_id, cpu, memory, llm) "
+            "SELECT task_id, pool_id, 1, 1, 0 FROM leases"
+        )
+        await conn.execute("ANALYZE leases")
+        await conn.execute("ANALYZE reservations")
+        plan = await _plan(conn, sql, args)
+    assert "Seq Scan" not in plan, plan
+    for index in ("ix_leases_pool_live", "pk_reservations", "ix_reservations_pool_hold"):
+        assert index in plan, plan
