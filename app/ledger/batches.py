@@ -22,7 +22,7 @@ key to look up, no conflict to arbitrate, so the statement is a plain insert of 
 
 Task ids are UUIDv7 (:func:`app.ledger.tasks.uuid7_prefix`): the batch's millisecond, then
 the item's position, then 62 random bits. Ids that grow with time append to ``pk_tasks``
-and ``ix_task_events_task_id`` (a few leaf pages per batch) instead of landing on a random
+and ``pk_task_events (task_id, id)`` (a few leaf pages per batch) instead of landing on a random
 page of each, which cost a page dirtied and, after a checkpoint, a full-page image in the
 WAL per task.
 """

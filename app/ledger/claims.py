@@ -307,7 +307,7 @@ _UNLEASE = (
     "AS x(id, pending, stage)), "
     "r AS (DELETE FROM reservations WHERE task_id = ANY($2::uuid[])), "
     "l AS (DELETE FROM leases WHERE task_id = ANY($2::uuid[]) AND state = 'ACTIVE'), "
-    "e AS (DELETE FROM task_events WHERE id = ANY($5::bigint[])) "
+    "e AS (DELETE FROM task_events WHERE task_id = ANY($2::uuid[]) AND id = ANY($5::bigint[])) "
     "UPDATE tasks t SET state = 'ADMITTED', placement = NULL, leased_at = NULL, "
     "pending_reason = x.pending::jsonb, pending_stage = x.stage, updated_at = $1 "
     "FROM x WHERE t.id = ANY($2::uuid[]) AND t.id = x.id AND t.state = 'LEASED'"

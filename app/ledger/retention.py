@@ -23,7 +23,7 @@ __all__ = ["FINISHED", "tasks_finished_prune"]
 FINISHED = "state IN ('SUCCEEDED', 'FAILED', 'CANCELLED')"
 
 # $1 before, $2 limit. The oldest first, one range of ix_tasks_finished. Events and leases
-# are deleted explicitly (by ix_task_events_task_id and ix_leases_task_id): the statement
+# are deleted explicitly (by pk_task_events (task_id, id) and ix_leases_task_id): the statement
 # does not rely on the foreign keys' cascades.
 _PRUNE = (
     f"WITH d AS (SELECT t.id FROM tasks t WHERE {FINISHED} AND t.finished_at < $1 "

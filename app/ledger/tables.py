@@ -286,15 +286,17 @@ Index(
 task_events = Table(
     "task_events",
     metadata,
-    Column("id", BigInteger, Identity(always=True), primary_key=True),
+    Column("id", BigInteger, Identity(always=True), nullable=False),
     Column("task_id", UUID(as_uuid=True), nullable=False),
     Column("at", DateTime(timezone=True), nullable=False, server_default=NOW),
     Column("from_state", Text),
     Column("to_state", Text, nullable=False),
     Column("reason", Text, nullable=False),
     Column("detail", JSONB),
+    # Events are read by task only (a task's trail, retention, the undo of a lost race); ``id``
+    # is unique by its identity, so one index serves both (0011_events).
+    PrimaryKeyConstraint("task_id", "id", name="pk_task_events"),
 )
-Index("ix_task_events_task_id", task_events.c.task_id, task_events.c.id)
 
 api_keys = Table(
     "api_keys",

@@ -65,7 +65,7 @@ _UUID7_BITS = (0x7 << 76) | (0b10 << 62)
 def uuid7(now: datetime) -> uuid.UUID:
     """Return a UUIDv7 (RFC 9562) of ``now``: its millisecond since the epoch, then 74 random
     bits. Task ids grow with time, so new tasks append to ``pk_tasks`` and
-    ``ix_task_events_task_id`` instead of dirtying a random page of each."""
+    ``pk_task_events (task_id, id)`` instead of dirtying a random page of each."""
     rand = int.from_bytes(os.urandom(10))
     return uuid.UUID(int=((int(now.timestamp() * 1000) & _MS_MASK) << 80) | _UUID7_BITS
                      | ((rand >> 62) & 0xFFF) << 64 | (rand & _RAND_B_MASK))
