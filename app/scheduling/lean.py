@@ -55,8 +55,6 @@ _CPU = CODE[Reason.INSUFFICIENT_CPU]
 _MEMORY = CODE[Reason.INSUFFICIENT_MEMORY]
 _LLM = CODE[Reason.INSUFFICIENT_LLM_SLOTS]
 _NONE = np.empty(0, dtype=np.intp)
-#: Capacities up to this are exact in float64 and 1/cap is at least float64's epsilon.
-_EXACT = 2**52
 #: The scores a lean spec can get: every other one (preferred affinity) needs a term.
 _LEAN_SCORES = frozenset({
     names.LEAST_LOADED, names.MOST_LOADED, names.COST, names.FAILURE_DOMAIN_SPREAD,
@@ -83,8 +81,8 @@ class _Class:
 
     __slots__ = (
         "idx", "idx_list", "ids", "counts", "counts_map", "cost", "cost_score", "art", "fd",
-        "load", "scored", "cap_of", "res_of", "cap", "capf", "offered", "dims", "every_dim",
-        "plain", "unit", "reasons",
+        "load", "scored", "cap_of", "res_of", "cap", "offered", "dims", "every_dim",
+        "columns", "share", "unit", "reasons",
     )
 
     def refresh(self, snapshot: Snapshot) -> None:
@@ -102,10 +100,22 @@ class _Class:
         self.every_dim = bool(self.offered.all()) and bool(
             (snapshot.reserved[self.idx] >= 0).all()
         )
-        # And every capacity is exact in float64 with a unit in the last place below 1/cap
-        # (cap <= 2**52): then ``need / cap > 1`` exactly when ``need > cap`` (see decide).
-        self.capf = self.cap.astype(np.float64)
-        self.plain = self.every_dim and (len(self.cap) == 0 or int(self.cap.max()) <= _EXACT)
+        # Every pool offers the same dimensions (a CPU-only class offers no llm slots on any
+        # pool) and nothing is reserved below zero: then the utilization of a pool that fits
+        # is, column by column, ``need / capacity`` for the offered dimensions and 0 for the
+        # others, without mask or clip (see decide): (dimension, capacities as floats) per
+        # offered dimension. None: some pools differ.
+        everywhere = self.offered.all(axis=0)
+        self.columns = None
+        if bool((everywhere == self.offered.any(axis=0)).all()) and bool(
+            (snapshot.reserved[self.idx] >= 0).all()
+        ):
+            self.columns = tuple(
+                (d, np.ascontiguousarray(self.cap[:, d], dtype=np.float64))
+                for d in range(3) if everywhere[d]
+            )
+        #: What the mean utilization divides by: the offered dimensions (at least one).
+        self.share = float(max(int(everywhere.sum()), 1))
 
 
 def _class(prof: Profile, spec: CompiledSpec, snapshot: Snapshot) -> _Class:
@@ -205,21 +215,28 @@ def decide(
     # ``take`` rather than ``used[idx]``: the same rows, in a fifth of the time.
     need = (assumed.used if assumed is not None else snapshot.reserved).take(idx, axis=0)
     need += req
-    if c.plain:
-        util = need / c.capf
-        u0, u1, u2 = util.T
-        # Column by column rather than ``maximum.reduce(util, axis=1)`` (ten times slower on
-        # rows of three); the sum in the order the row reduction adds: (u0 + u1) + u2.
-        dominant = np.maximum(np.maximum(u0, u1), u2)
-        if np.maximum.reduce(dominant) <= 1.0:
-            # Every pool fits (capacities are exact in float64, so a quotient above 1 is
-            # a lacking dimension and none at most 1 is): no cut, the class's static scores.
-            mean = u0 + u1
-            mean += u2
-            mean /= 3.0
-            return _ranked(c, spec, snapshot, assumed, top_k, idx, c.counts_map, dominant,
-                           mean, c.cost_score, c.fd, c.art, None)
-    return _select_cut(c, spec, snapshot, assumed, top_k, need, req)
+    lack = need > c.cap
+    columns = c.columns
+    if columns and not np.count_nonzero(lack):
+        # Every pool fits, and they offer the same dimensions: the utilization column by
+        # column (``maximum.reduce(util, axis=1)`` on rows of three is ten times slower).
+        # The row sum of the full select adds left to right, its zeros (dimensions not
+        # offered) changing nothing: (u0 + u1) + u2 over the offered ones.
+        need = need.T
+        util = [need[d] / cap for d, cap in columns]
+        if len(util) == 1:
+            dominant = util[0]
+            mean = util[0] / c.share
+        else:
+            dominant = np.maximum(util[0], util[1])
+            mean = util[0] + util[1]
+            if len(util) == 3:
+                np.maximum(dominant, util[2], out=dominant)
+                mean += util[2]
+            mean /= c.share
+        return _ranked(c, spec, snapshot, assumed, top_k, idx, c.counts_map, dominant, mean,
+                       c.cost_score, c.fd, c.art, None)
+    return _select_cut(c, spec, snapshot, assumed, top_k, need, req, lack)
 
 
 def _select_cut(
@@ -230,11 +247,11 @@ def _select_cut(
     top_k: int,
     need: np.ndarray,
     req: np.ndarray,
+    lack: np.ndarray,
 ) -> Ranked | Result:
     """:func:`decide` where capacity may cut the class's pools or a pool does not offer every
     dimension: capacity rejections, then the scores of the pools that fit."""
     idx = c.idx
-    lack = need > c.cap
     if np.count_nonzero(lack):
         bad = np.logical_or.reduce(lack, axis=1)
         counts = c.counts.copy()
