@@ -137,5 +137,8 @@ def tenant_domain_counts(
 def _tenant_domains(snapshot: Snapshot, tenant_id: str, topology: str) -> np.ndarray:
     """Return per ``topology`` domain the members of the tenant's actual placements."""
     dom, nd = snapshot.domains(topology)
+    if not snapshot.has_placements(tenant_id):
+        # What the bincount of no placements gives, without a pass over every pool.
+        return np.zeros(nd, dtype=np.int64)
     raw = snapshot.placed_counts(tenant_id, None)
     return np.bincount(dom, weights=raw, minlength=nd).astype(np.int64)

@@ -81,41 +81,53 @@ class _Class:
 
     __slots__ = (
         "idx", "idx_list", "ids", "counts", "counts_map", "cost", "cost_score", "art", "fd",
-        "load", "scored", "cap_of", "res_of", "cap", "offered", "dims", "every_dim",
-        "columns", "share", "unit", "reasons",
+        "load", "scored", "cap_of", "res_of", "cap", "offered", "dims", "all_offered",
+        "layout", "every_dim", "columns", "share", "unit", "reasons",
     )
 
     def refresh(self, snapshot: Snapshot) -> None:
-        """Re-read the capacities of the class's pools from ``snapshot``."""
+        """Re-read the capacities of the class's pools from ``snapshot`` (what follows from
+        them only when they changed: a pass's snapshot has new arrays, mostly equal ones)."""
+        cap = snapshot.cap.take(self.idx, axis=0)
+        if self.cap_of is None or np.count_nonzero(cap != self.cap):
+            self._capacities(cap)
         self.cap_of = snapshot.cap
         self.res_of = snapshot.reserved
-        self.cap = snapshot.cap[self.idx]
-        self.offered = self.cap > 0
-        self.dims = np.maximum(self.offered.sum(axis=1), 1)
-        # Every pool offers every dimension and nothing is reserved below zero (the usual
-        # case): a pool that fits has 0 <= used + request <= capacity, so its utilization
-        # ``(used + request) / capacity`` is already within 0..1 (a correctly rounded quotient
-        # of a ratio <= 1 is <= 1) and needs neither mask nor clip; the mean divides by 3,
-        # the same float division as by an array of threes.
-        self.every_dim = bool(self.offered.all()) and bool(
-            (snapshot.reserved[self.idx] >= 0).all()
+        # Nothing reserved below zero (checked once per snapshot for every pool, then per
+        # class only when some pool has it): a pool that fits has 0 <= used + request <=
+        # capacity, so its utilization is within 0..1 without a clip.
+        nonneg = snapshot.memoized(("nonneg",), _nonneg, snapshot.reserved) or bool(
+            (snapshot.reserved.take(self.idx, axis=0) >= 0).all()
         )
+        # Every pool offers every dimension: ``(used + request) / capacity`` needs neither
+        # mask nor clip, and the mean divides by 3 (the same float division as by an array of
+        # threes).
+        self.every_dim = self.all_offered and nonneg
+        self.columns = self.layout if nonneg else None
+
+    def _capacities(self, cap: np.ndarray) -> None:
+        self.cap = cap
+        self.offered = cap > 0
+        self.dims = np.maximum(self.offered.sum(axis=1), 1)
+        self.all_offered = bool(self.offered.all())
         # Every pool offers the same dimensions (a CPU-only class offers no llm slots on any
-        # pool) and nothing is reserved below zero: then the utilization of a pool that fits
-        # is, column by column, ``need / capacity`` for the offered dimensions and 0 for the
-        # others, without mask or clip (see decide): (dimension, capacities as floats) per
-        # offered dimension. None: some pools differ.
+        # pool): then the utilization of a pool that fits is, column by column, ``need /
+        # capacity`` for the offered dimensions and 0 for the others (see decide); the layout
+        # is (dimension, capacities as floats) per offered dimension, None when pools differ.
         everywhere = self.offered.all(axis=0)
-        self.columns = None
-        if bool((everywhere == self.offered.any(axis=0)).all()) and bool(
-            (snapshot.reserved[self.idx] >= 0).all()
-        ):
-            self.columns = tuple(
-                (d, np.ascontiguousarray(self.cap[:, d], dtype=np.float64))
+        self.layout = None
+        if bool((everywhere == self.offered.any(axis=0)).all()):
+            self.layout = tuple(
+                (d, np.ascontiguousarray(cap[:, d], dtype=np.float64))
                 for d in range(3) if everywhere[d]
             )
         #: What the mean utilization divides by: the offered dimensions (at least one).
         self.share = float(max(int(everywhere.sum()), 1))
+
+
+def _nonneg(reserved: np.ndarray) -> bool:
+    """Return whether no pool has anything reserved below zero."""
+    return not np.count_nonzero(reserved < 0)
 
 
 def _class(prof: Profile, spec: CompiledSpec, snapshot: Snapshot) -> _Class:
@@ -177,6 +189,7 @@ def _class_build(prof: Profile, spec: CompiledSpec, snapshot: Snapshot) -> _Clas
     c.unit = all(w == 1 for _, w in c.scored) and len(c.scored) > 1
     #: The static score reasons rendered so far, by score name and argument.
     c.reasons = {}
+    c.cap_of = None
     c.refresh(snapshot)
     return c
 
