@@ -36,6 +36,7 @@ from app.scheduling.assumed import Assumed, request_row
 from app.scheduling.cycle import Cycle, tenant_domain_counts
 from app.scheduling.plugins import names
 from app.scheduling.plugins.base import minmax
+from app.scheduling.plugins.least_loaded import dominant_and_mean
 from app.scheduling.plugins.registry import Profile, profile
 from app.scheduling.reasons import CODE, PASS, Reason
 from app.scheduling.results import Ranked, Result
@@ -81,7 +82,7 @@ class _Class:
 
     __slots__ = (
         "idx", "idx_list", "ids", "counts", "counts_map", "cost", "cost_score", "art", "fd",
-        "load", "scored", "cap_of", "res_of", "cap", "offered", "dims", "all_offered",
+        "load", "scored", "cap_of", "res_of", "cap", "offered", "all_offered",
         "layout", "every_dim", "columns", "share", "unit", "reasons",
     )
 
@@ -108,7 +109,6 @@ class _Class:
     def _capacities(self, cap: np.ndarray) -> None:
         self.cap = cap
         self.offered = cap > 0
-        self.dims = np.maximum(self.offered.sum(axis=1), 1)
         self.all_offered = bool(self.offered.all())
         # Every pool offers the same dimensions (a CPU-only class offers no llm slots on any
         # pool): then the utilization of a pool that fits is, column by column, ``need /
@@ -281,27 +281,22 @@ def _select_cut(
             return no_placement_result(counts, near, snapshot)
         rejections = counts_map(counts)
         pools = idx[fit]
-        need, cap = need[fit], c.cap[fit]
-        offered = dims = None
-        if not c.every_dim:
-            offered, dims = c.offered[fit], c.dims[fit]
+        need, cap, offered = need[fit], c.cap[fit], c.offered[fit]
         cost = minmax(c.cost[fit], higher_is_better=False)
         fd = c.fd[fit]
         art = None if c.art is None else c.art[fit]
     else:
         rejections = c.counts_map
-        pools, cap, offered, dims = idx, c.cap, c.offered, c.dims
+        pools, cap, offered = idx, c.cap, c.offered
         cost, fd, art = c.cost_score, c.fd, c.art
 
     # least_loaded.projected_utilization, on the rows already at hand.
     if c.every_dim:
         util = need / cap
-        mean = np.add.reduce(util, axis=1) / 3.0
     else:
         util = np.divide(need, cap, out=np.zeros(cap.shape, dtype=np.float64), where=offered)
         np.minimum(np.maximum(util, 0.0, out=util), 1.0, out=util)
-        mean = np.add.reduce(util, axis=1) / dims
-    dominant = np.maximum.reduce(util, axis=1)
+    dominant, mean = dominant_and_mean(util, offered)
     return _ranked(c, spec, snapshot, assumed, top_k, pools, rejections, dominant, mean, cost,
                    fd, art, pools)
 

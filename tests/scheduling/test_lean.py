@@ -29,6 +29,7 @@ from app.scheduling.framework import select, select_full, select_ranked
 from app.scheduling.lean import _spread, covers
 from app.scheduling.plugins import names, registry
 from app.scheduling.plugins.base import minmax
+from app.scheduling.plugins.least_loaded import dominant_and_mean
 from app.scheduling.results import Ranked
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import TaskSpec, compile_spec
@@ -136,6 +137,22 @@ def test_the_integer_spread_is_the_float_min_max_to_the_bit(counts):
     got = _spread(members)
     want = minmax(members.astype(np.float64), higher_is_better=False)
     assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 3),
+                          st.integers(1, 1000), st.integers(-5, 1500)), max_size=40))
+def test_dominant_and_mean_by_columns_are_the_row_reductions_to_the_bit(rows):
+    cap = np.array([(a * r, b * r, c * r) for a, b, c, r, _ in rows], dtype=np.int64)
+    used = np.array([(u, u // 2, u % 7) for *_, u in rows], dtype=np.int64)
+    cap, used = cap.reshape(-1, 3), used.reshape(-1, 3)
+    offered = cap > 0
+    util = np.divide(used, cap, out=np.zeros(cap.shape), where=offered)
+    np.minimum(np.maximum(util, 0.0, out=util), 1.0, out=util)
+    dominant, mean = dominant_and_mean(util, offered)
+    assert dominant.tobytes() == util.max(axis=1).tobytes()
+    want = util.sum(axis=1) / np.maximum(offered.sum(axis=1), 1)
+    assert mean.dtype == want.dtype and mean.tobytes() == want.tobytes()
 
 
 def core_mix_both(rng: random.Random, *, strategy: str = "spread") -> None:
