@@ -56,6 +56,8 @@ _CPU = CODE[Reason.INSUFFICIENT_CPU]
 _MEMORY = CODE[Reason.INSUFFICIENT_MEMORY]
 _LLM = CODE[Reason.INSUFFICIENT_LLM_SLOTS]
 _NONE = np.empty(0, dtype=np.intp)
+_FD = "failureDomain"
+_HUNDREDS: dict[int, np.ndarray] = {}
 #: The scores a lean spec can get: every other one (preferred affinity) needs a term.
 _LEAN_SCORES = frozenset({
     names.LEAST_LOADED, names.MOST_LOADED, names.COST, names.FAILURE_DOMAIN_SPREAD,
@@ -194,6 +196,17 @@ def _class_build(prof: Profile, spec: CompiledSpec, snapshot: Snapshot) -> _Clas
     return c
 
 
+def _hundreds(n: int) -> np.ndarray:
+    """Return a shared read-only array of ``n`` scores of 100 (``np.full(n, 100.0)``)."""
+    a = _HUNDREDS.get(n)
+    if a is None:
+        if len(_HUNDREDS) >= 4096:
+            _HUNDREDS.clear()
+        a = _HUNDREDS[n] = np.full(n, 100.0)
+        a.flags.writeable = False
+    return a
+
+
 def _spread(members: np.ndarray) -> np.ndarray:
     """Return ``minmax(members, higher_is_better=False)`` on the integer counts, without the
     float copy: ``hi - members`` is exact in int64, then scaled as the float path scales it."""
@@ -202,7 +215,7 @@ def _spread(members: np.ndarray) -> np.ndarray:
     lo = np.minimum.reduce(members)
     hi = np.maximum.reduce(members)
     if hi <= lo:
-        return np.full(len(members), 100.0)
+        return _hundreds(len(members))
     # hi - members >= 0 times a positive factor: never below zero, only rounding above 100.
     scaled = (hi - members) * (100.0 / float(hi - lo))
     return np.minimum(scaled, 100.0, out=scaled)
@@ -319,9 +332,18 @@ def _ranked(
     """Score and rank ``pools`` (the class's, or ``cut``: those capacity left), and return the
     best ``top_k`` with the placement's components."""
     load = c.load.from_utilization(dominant, mean)
-    per_domain = tenant_domain_counts(snapshot, assumed, spec.tenant_id, "failureDomain")[1]
-    members = per_domain.take(fd)
-    spread = _spread(members)
+    tenant = spec.tenant_id
+    if (assumed is None or assumed.domain_counts(tenant, _FD) is None) and (
+        not snapshot.has_placements(tenant)
+    ):
+        # None of the tenant's members anywhere (its first task in a pass, when the pass did
+        # not read its placements): every domain counts 0, every pool scores 100.
+        members = None
+        spread = _hundreds(len(pools))
+    else:
+        per_domain = tenant_domain_counts(snapshot, assumed, tenant, _FD)[1]
+        members = per_domain.take(fd)
+        spread = _spread(members)
     values = {c.load.NAME: load, names.COST: cost, names.FAILURE_DOMAIN_SPREAD: spread,
               names.ARTIFACT_LOCALITY: art}
     if c.unit:
@@ -357,7 +379,10 @@ def _ranked(
             reason = p.reason(dominant.item(head), mean.item(head))
         else:
             # Cost and artifact reasons depend on the pool only, spread's on a small count.
-            arg = pool if name != names.FAILURE_DOMAIN_SPREAD else members.item(head)
+            if name != names.FAILURE_DOMAIN_SPREAD:
+                arg = pool
+            else:
+                arg = 0 if members is None else members.item(head)
             reason = said.get((name, arg))
             if reason is None:
                 if name == names.COST:
