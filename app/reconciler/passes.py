@@ -201,7 +201,7 @@ class PassContext:
     rotation: int = 0
     #: The previous pass's snapshot, whose static part is reused while no pool row changed.
     snapshot_cache: SnapshotCache = field(default_factory=SnapshotCache)
-    #: Compiled specs by (tenant, spec text), validated once per spec class, kept across passes.
+    #: Compiled specs by spec text, validated once per spec class, kept across passes.
     compiled: StoredSpecs = field(default_factory=lambda: StoredSpecs(COMPILED_KEPT))
 
     def compile(self, task: ClaimedTask) -> CompiledSpec:

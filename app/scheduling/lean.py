@@ -275,8 +275,9 @@ def _select_cut(
     req: np.ndarray,
     lack: np.ndarray,
 ) -> Ranked | Result:
-    """:func:`decide` where capacity may cut the class's pools or a pool does not offer every
-    dimension: capacity rejections, then the scores of the pools that fit."""
+    """:func:`decide` where capacity cuts the class's pools, or its pools differ in the
+    dimensions they offer (or have something reserved below zero): capacity rejections, then
+    the scores of the pools that fit, with the full select's masked utilization."""
     idx = c.idx
     if np.count_nonzero(lack):
         bad = np.logical_or.reduce(lack, axis=1)
