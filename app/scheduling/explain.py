@@ -72,7 +72,7 @@ def ranked_document(ranked: Ranked) -> dict[str, Any]:
     ids = ranked.pool_ids
     scores = ranked.scores
     pool = ids[0]
-    alternatives = max(ranked.top_k - 1, 0)
+    # The alternatives are the ranked pools after the first, at most top_k - 1 of them.
     return {
         "poolId": pool,
         "score": round(scores[0], 4),
@@ -81,8 +81,8 @@ def ranked_document(ranked: Ranked) -> dict[str, Any]:
         ],
         "members": [{"poolId": pool, "count": 1}],
         "alternatives": [
-            {"poolId": p, "score": round(s, 4)}
-            for p, s in zip(ids[1:alternatives + 1], scores[1:alternatives + 1], strict=True)
+            {"poolId": ids[i], "score": round(scores[i], 4)}
+            for i in range(1, min(len(ids), ranked.top_k))
         ],
     }
 
