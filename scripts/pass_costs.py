@@ -98,7 +98,8 @@ async def main() -> None:
         await conn.execute(
             "UPDATE runtime_instances SET last_heartbeat_at = now() + interval '1 hour'")
         db = Database(url, max_size=4)
-        for name, key in (("select", "select"), ("_grants", "placement documents"),
+        for name, key in (("select", "select"), ("select_ranked", "select"),
+                          ("_grants", "placement documents"),
                           ("tasks_claim", "claim"), ("snapshot_read", "snapshot"),
                           ("plan_apply", "plan_apply"), ("_metrics_count", "metrics")):
             _wrap(passes, name, key)

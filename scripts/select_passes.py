@@ -1,5 +1,6 @@
 """One reconciler's select loop over the e2e bench dataset, runnable on this tree and on older
-ones (before ``StoredSpecs`` and ``Assumed.add(task_id=)``), for instruction counts.
+ones (before ``StoredSpecs`` and ``Assumed.add(task_id=)``, and before ``select_ranked``, the
+reconciler's select since the lean placement became plain values), for instruction counts.
 
 Usage: ``python scripts/select_passes.py POOLS TASKS [CAPACITY_SCALE]``; prints the thread CPU
 per task. With ``SKIP=1`` in the environment it stops before the passes (subtract that run's
@@ -17,14 +18,29 @@ from dataclasses import replace
 import orjson
 
 from app.bench.dataset import dataset_generate
+from app.scheduling import framework
 from app.scheduling.assumed import Assumed
 from app.scheduling.explain import placement_document
-from app.scheduling.framework import select
 from app.scheduling.snapshot import PoolState, Snapshot
 from app.scheduling.spec import TaskSpec, compile_spec
 from app.scheduling.unsatisfiable import UnsatisfiableCache
 
 NEW = "task_id" in inspect.signature(Assumed.add).parameters
+#: The reconciler's select where the tree has it: lean placements as plain values.
+RANKED = hasattr(framework, "select_ranked")
+select = framework.select_ranked if RANKED else framework.select
+
+
+def document(result) -> dict:
+    """Return the stored placement document of a result, as the reconciler builds it."""
+    if RANKED and result.__class__.__name__ == "Ranked":
+        from app.scheduling.explain import ranked_document
+
+        return ranked_document(result)
+    placement = result.placement
+    return placement_document(
+        placement, members=placement.members, alternatives=placement.alternatives
+    )
 
 
 def states(ds, scale: float) -> list[PoolState]:
@@ -66,15 +82,15 @@ def one_pass(snapshot: Snapshot, tasks: list, compile_task) -> Assumed:
         if cache.get(spec) is not None:
             continue
         result = select(spec, snapshot, assumed=assumed, top_k=4)
-        placement = result.placement
-        if placement is not None:
+        members = result.members if RANKED else (
+            result.placement.members if result.placement is not None else None
+        )
+        if members is not None:
             if NEW:
-                assumed.add(spec, placement.members, task_id=str(task[1]))
+                assumed.add(spec, members, task_id=str(task[1]))
             else:
-                assumed.add(spec, placement.members)
-            placement_document(
-                placement, members=placement.members, alternatives=placement.alternatives
-            )
+                assumed.add(spec, members)
+            document(result)
         elif result.reason is not None:
             cache.put(spec, result.reason)
     return assumed

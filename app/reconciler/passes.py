@@ -86,7 +86,7 @@ from app.reconciler.retry import transient_retry
 from app.reconciler.walk import Decision, decisions_walk
 from app.scheduling.assumed import Assumed
 from app.scheduling.explain import no_placement_document
-from app.scheduling.framework import select
+from app.scheduling.framework import select_ranked
 from app.scheduling.parking import STAGE_NONE, key_placed, pending_stage, wake_keys
 from app.scheduling.plugins.registry import reason_plugins
 from app.scheduling.policies import QueuedTask, get_policy
@@ -202,7 +202,7 @@ class PassContext:
     rotation: int = 0
     #: The previous pass's snapshot, whose static part is reused while no pool row changed.
     snapshot_cache: SnapshotCache = field(default_factory=SnapshotCache)
-    #: Compiled specs by (tenant, spec text), validated once per spec class, kept across passes.
+    #: Compiled specs by spec text, validated once per spec class, kept across passes.
     compiled: StoredSpecs = field(default_factory=lambda: StoredSpecs(COMPILED_KEPT))
 
     def compile(self, task: ClaimedTask) -> CompiledSpec:
@@ -364,7 +364,8 @@ async def _pass_in(
         reason = cache.get(spec) if held is None else None
         if reason is None:
             try:
-                outcome = select(spec, snapshot, assumed=assumed, top_k=cfg.top_k, holds=held)
+                outcome = select_ranked(spec, snapshot, assumed=assumed, top_k=cfg.top_k,
+                                        holds=held)
             except Exception as exc:
                 # One task the core cannot evaluate must not poison the batch it came in.
                 log.exception("select failed for a task; parking it",
@@ -377,9 +378,10 @@ async def _pass_in(
                 continue
             for code, n in outcome.rejection_counts.items():
                 rejections[str(code)] += n
-            if outcome.placement is not None:
-                assumed.add(spec, outcome.placement.members, task_id=q.task_id)
-                decisions.append(Decision(task, spec, outcome, outcome.placement.members))
+            members = outcome.members
+            if members is not None:
+                assumed.add(spec, members, task_id=q.task_id)
+                decisions.append(Decision(task, spec, outcome, members))
                 continue
             reason = outcome.reason or NoPlacement(Reason.TENANT_NOT_ALLOWED, "no pool fits")
             if held is None:

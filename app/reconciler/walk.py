@@ -19,8 +19,8 @@ from typing import Any
 
 from app.ledger.claims import ClaimedTask
 from app.ledger.snapshot import LedgerRow
-from app.scheduling.explain import placement_document
-from app.scheduling.results import Result
+from app.scheduling.explain import placement_document, ranked_document
+from app.scheduling.results import Ranked, Result
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec
 
@@ -31,7 +31,8 @@ class Decision:
 
     task: ClaimedTask
     spec: CompiledSpec
-    result: Result
+    #: The core's decision: a lean placement's plain values, or the full select's result.
+    result: Result | Ranked
     members: tuple[tuple[str, int], ...]
     #: Index into ``result.candidates`` of the pool walked to (0: the core's choice).
     cursor: int = 0
@@ -40,6 +41,8 @@ class Decision:
 
     def placement_json(self) -> dict[str, Any]:
         """Return the placement to store: the core's choice, or the candidate walked to."""
+        if self.walks == 0 and isinstance(self.result, Ranked):
+            return ranked_document(self.result)
         placement = self.result.placement
         assert placement is not None
         if self.walks == 0:

@@ -64,14 +64,17 @@ class Cycle:
     def used(self, idx: np.ndarray) -> np.ndarray:
         """Return reserved plus assumed usage of the pools at ``idx`` (rows of 3 ints), less
         what the task itself holds there."""
-        used = self.assumed.used[idx] if self.assumed is not None else self.snapshot.reserved[idx]
+        # ``take``: the same rows as ``used[idx]``, in a fifth of the time.
+        used = (self.snapshot.reserved if self.assumed is None else self.assumed.used).take(
+            idx, axis=0
+        )
         if self.held is not None:
-            return used - self.held[idx]
+            return used - self.held.take(idx, axis=0)
         return used
 
     def available(self, idx: np.ndarray) -> np.ndarray:
         """Return the capacity left on the pools at ``idx`` after actual and assumed usage."""
-        return self.snapshot.cap[idx] - self.used(idx)
+        return self.snapshot.cap.take(idx, axis=0) - self.used(idx)
 
     def slots(self, idx: np.ndarray) -> np.ndarray:
         """Return how many members of the spec fit on each pool at ``idx``."""
@@ -137,5 +140,8 @@ def tenant_domain_counts(
 def _tenant_domains(snapshot: Snapshot, tenant_id: str, topology: str) -> np.ndarray:
     """Return per ``topology`` domain the members of the tenant's actual placements."""
     dom, nd = snapshot.domains(topology)
+    if not snapshot.has_placements(tenant_id):
+        # What the bincount of no placements gives, without a pass over every pool.
+        return np.zeros(nd, dtype=np.int64)
     raw = snapshot.placed_counts(tenant_id, None)
     return np.bincount(dom, weights=raw, minlength=nd).astype(np.int64)

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
         Candidate,
         NoPlacement,
         Placement,
+        Ranked,
         Rejection,
         Result,
         ScoreComponent,
@@ -29,6 +30,7 @@ __all__ = [
     "placement_document",
     "preemption_document",
     "preview_document",
+    "ranked_document",
     "rejection_document",
 ]
 
@@ -62,6 +64,27 @@ def placement_document(
     if walked_from:
         doc["walkedFrom"] = list(walked_from)
     return doc
+
+
+def ranked_document(ranked: Ranked) -> dict[str, Any]:
+    """Build the placement document of a lean placement (:class:`Ranked`): the same document
+    as :func:`placement_document` of its :meth:`~Ranked.result`, from the plain values."""
+    ids = ranked.pool_ids
+    scores = ranked.scores
+    pool = ids[0]
+    # The alternatives are the ranked pools after the first, at most top_k - 1 of them.
+    return {
+        "poolId": pool,
+        "score": round(scores[0], 4),
+        "components": [
+            {"name": n, "value": round(v, 4), "reason": r} for n, v, r in ranked.components
+        ],
+        "members": [{"poolId": pool, "count": 1}],
+        "alternatives": [
+            {"poolId": ids[i], "score": round(scores[i], 4)}
+            for i in range(1, min(len(ids), ranked.top_k))
+        ],
+    }
 
 
 def no_placement_document(reason: NoPlacement) -> dict[str, Any]:

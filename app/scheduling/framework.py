@@ -22,7 +22,7 @@ import numpy as np
 from app.scheduling.assumed import Assumed
 from app.scheduling.cycle import Cycle
 from app.scheduling.gangs import place_gang
-from app.scheduling.lean import covers, select_lean
+from app.scheduling.lean import covers, decide, select_lean
 from app.scheduling.plugins import names
 from app.scheduling.plugins.registry import Profile, profile
 from app.scheduling.reasons import CODE, PASS, REASONS, Reason
@@ -30,6 +30,7 @@ from app.scheduling.results import (
     Candidate,
     NoPlacement,
     Placement,
+    Ranked,
     Rejection,
     Result,
     ScoreComponent,
@@ -46,7 +47,7 @@ from app.scheduling.stages import (
     static_filters,
 )
 
-__all__ = ["WAKE_POOLS_MAX", "feasible_but_capacity", "select", "select_full"]
+__all__ = ["WAKE_POOLS_MAX", "feasible_but_capacity", "select", "select_full", "select_ranked"]
 
 _NONE = np.empty(0, dtype=np.intp)
 
@@ -71,6 +72,21 @@ def select(
     return select_full(
         spec, snapshot, assumed=assumed, explain=explain, top_k=top_k, holds=holds
     )
+
+
+def select_ranked(
+    spec: CompiledSpec,
+    snapshot: Snapshot,
+    *,
+    assumed: Assumed | None = None,
+    top_k: int = 5,
+    holds: Mapping[str, tuple[int, int, int]] | None = None,
+) -> Result | Ranked:
+    """:func:`select` for the reconciler: a lean placement comes as :class:`Ranked` (plain
+    values whose ``result()`` is what ``select`` returns; its document is built from them)."""
+    if covers(spec, holds):
+        return decide(spec, snapshot, assumed=assumed, top_k=top_k)
+    return select_full(spec, snapshot, assumed=assumed, top_k=top_k, holds=holds)
 
 
 def select_full(

@@ -16,6 +16,7 @@ __all__ = [
     "Candidate",
     "NoPlacement",
     "Placement",
+    "Ranked",
     "Rejection",
     "Result",
     "ScoreComponent",
@@ -82,4 +83,70 @@ class Result:
     rejected: tuple[Rejection, ...] = ()
     rejection_counts: Mapping[Reason, int] = field(default_factory=dict)
     reason: NoPlacement | None = None
+
+    @property
+    def members(self) -> tuple[tuple[str, int], ...] | None:
+        """Return every member's pool of the placement, or None when there is none."""
+        return None if self.placement is None else self.placement.members
+
+
+class Ranked:
+    """A placement of the lean select as plain values: the best ``top_k`` pools, their totals,
+    and the placement's components as ``(name, value, reason)`` tuples.
+
+    The reconciler decides most tasks this way and needs of a decision only its members, its
+    rejection counts and its stored document (:func:`app.scheduling.explain.ranked_document`),
+    so no dataclass is built per candidate and component (they cost more than the ranking).
+    It reads like the :class:`Result` it stands for (``members``, ``rejection_counts``,
+    ``reason``, and ``placement`` and ``candidates`` built on first use), and :meth:`result`
+    is that result, equal to the full select's.
+    """
+
+    __slots__ = ("pool_ids", "scores", "components", "top_k", "rejection_counts", "members",
+                 "_result")
+
+    #: A placement has no pending reason.
+    reason: NoPlacement | None = None
+
+    def __init__(
+        self,
+        pool_ids: list[str],
+        scores: list[float],
+        components: tuple[tuple[str, float, str], ...],
+        top_k: int,
+        rejection_counts: Mapping[Reason, int],
+    ) -> None:
+        self.pool_ids = pool_ids
+        self.scores = scores
+        self.components = components
+        self.top_k = top_k
+        self.rejection_counts = rejection_counts
+        self.members = ((pool_ids[0], 1),)
+        self._result: Result | None = None
+
+    @property
+    def placement(self) -> Placement:
+        """Return the placement as the full select returns it."""
+        placement = self.result().placement
+        assert placement is not None
+        return placement
+
+    @property
+    def candidates(self) -> tuple[Candidate, ...]:
+        """Return the ranked candidates as the full select returns them (the walk reads them
+        after a lost race)."""
+        return self.result().candidates
+
+    def result(self) -> Result:
+        """Return the decision as the :class:`Result` the full select returns."""
+        if self._result is None:
+            components = tuple(ScoreComponent(*c) for c in self.components)
+            best = Candidate(self.pool_ids[0], self.scores[0], components)
+            rest = [Candidate(p, s) for p, s in zip(self.pool_ids[1:], self.scores[1:],
+                                                     strict=True)]
+            placement = Placement(best.pool_id, best.score, components, self.members,
+                                  tuple(rest[: max(self.top_k - 1, 0)]))
+            self._result = Result(placement, candidates=(best, *rest),
+                                  rejection_counts=self.rejection_counts)
+        return self._result
 

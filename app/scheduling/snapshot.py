@@ -356,6 +356,11 @@ class Snapshot:
             return self.region, len(self.region_table)
         raise ValueError(f"unknown topology {topology!r}")
 
+    def has_placements(self, tenant_id: str) -> bool:
+        """Return whether the snapshot holds actual placements of ``tenant_id`` (it reads them
+        only for some tenants: see ``placed``)."""
+        return bool(self._placed.get(tenant_id))
+
     def placed_counts(self, tenant_id: str, selector: Items | None) -> np.ndarray:
         """Return, per pool, how many actual member placements of the tenant match ``selector``.
 

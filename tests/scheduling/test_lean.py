@@ -1,5 +1,7 @@
 """The lean select decides exactly as the full select: same pool, score, components,
-alternatives, candidates, rejection counts and pending reasons, on every task.
+alternatives, candidates, rejection counts and pending reasons, on every task, and the
+reconciler's placement document built from its plain values (``Ranked``) is the full
+result's, byte for byte.
 
 The benchmark dataset is replayed in passes (``app.bench.replay``) with both selects on the
 same overlay, as roomy as the benchmark makes it, with a fraction of its capacity (capacity
@@ -13,6 +15,7 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -21,13 +24,39 @@ from app.bench import core
 from app.bench.dataset import dataset_generate
 from app.bench.replay import replay
 from app.scheduling.assumed import Assumed
-from app.scheduling.framework import select, select_full
+from app.scheduling.explain import placement_document, ranked_document
+from app.scheduling.framework import select, select_full, select_ranked
 from app.scheduling.lean import _spread, covers
 from app.scheduling.plugins import names, registry
 from app.scheduling.plugins.base import minmax
+from app.scheduling.plugins.least_loaded import dominant_and_mean
+from app.scheduling.results import Ranked
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import TaskSpec, compile_spec
 from tests.scheduling.test_properties import GANGS, LABELS, SETTINGS, specs, with_assumed, worlds
+
+
+def stored(result) -> bytes | None:
+    """Return the stored placement JSON of a result (None: no placement)."""
+    if isinstance(result, Ranked):
+        return orjson.dumps(ranked_document(result))
+    p = result.placement
+    if p is None:
+        return None
+    return orjson.dumps(placement_document(p, members=p.members, alternatives=p.alternatives))
+
+
+def reconciler_differs(spec, snapshot, old, *, assumed, top_k) -> bool:
+    """Return whether the reconciler's select (``select_ranked``) differs from ``old`` (the
+    full select's result): in its result, its members or its stored placement JSON."""
+    ranked = select_ranked(spec, snapshot, assumed=assumed, top_k=top_k)
+    result = ranked.result() if isinstance(ranked, Ranked) else ranked
+    return (
+        result != old
+        or ranked.members != old.members
+        or ranked.rejection_counts != old.rejection_counts
+        or stored(ranked) != stored(old)
+    )
 
 
 class Both:
@@ -51,7 +80,10 @@ class Both:
         self.capacity_rejections += sum(
             n for r, n in old.rejection_counts.items() if r.startswith("insufficient_")
         )
-        if new != old and len(self.differences) < 5:
+        differs = new != old or reconciler_differs(
+            spec, snapshot, old, assumed=assumed, top_k=top_k
+        )
+        if differs and len(self.differences) < 5:
             self.differences.append((spec, old, new))
         return old
 
@@ -107,6 +139,22 @@ def test_the_integer_spread_is_the_float_min_max_to_the_bit(counts):
     assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
 
 
+@SETTINGS
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 3),
+                          st.integers(1, 1000), st.integers(-5, 1500)), max_size=40))
+def test_dominant_and_mean_by_columns_are_the_row_reductions_to_the_bit(rows):
+    cap = np.array([(a * r, b * r, c * r) for a, b, c, r, _ in rows], dtype=np.int64)
+    used = np.array([(u, u // 2, u % 7) for *_, u in rows], dtype=np.int64)
+    cap, used = cap.reshape(-1, 3), used.reshape(-1, 3)
+    offered = cap > 0
+    util = np.divide(used, cap, out=np.zeros(cap.shape), where=offered)
+    np.minimum(np.maximum(util, 0.0, out=util), 1.0, out=util)
+    dominant, mean = dominant_and_mean(util, offered)
+    assert dominant.tobytes() == util.max(axis=1).tobytes()
+    want = util.sum(axis=1) / np.maximum(offered.sum(axis=1), 1)
+    assert mean.dtype == want.dtype and mean.tobytes() == want.tobytes()
+
+
 def core_mix_both(rng: random.Random, *, strategy: str = "spread") -> None:
     """Decide 1,500 tasks of the core benchmark's mix on 300 pools with both selects."""
     pools = core.make_pools(300, rng)
@@ -133,7 +181,9 @@ def test_the_lean_select_decides_random_worlds_as_the_full_one(world, spec, usag
     assumed = with_assumed(snapshot, pools, [(ids[i % len(ids)], lb) for i, lb in usage])
     for overlay in (None, assumed):
         new = select(spec, snapshot, assumed=overlay, top_k=k)
-        assert new == select_full(spec, snapshot, assumed=overlay, top_k=k)
+        old = select_full(spec, snapshot, assumed=overlay, top_k=k)
+        assert new == old
+        assert not reconciler_differs(spec, snapshot, old, assumed=overlay, top_k=k)
 
 
 def test_only_specs_without_affinity_gangs_holds_or_explanations_take_the_lean_path():

@@ -48,6 +48,25 @@ def test_a_class_seen_from_another_tenant_is_compiled_for_this_one():
     text = stored(VALID)
     specs.compile("t1", text)
     assert same(specs.compile("t2", text), whole(text, "t2"))
+    assert same(specs.compile("t1", text), whole(text, "t1"))
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"requests": {"cpuMillis": 10**9, "memoryMiB": 10**9, "llmSlots": 10**6}},
+        {"requests": {"llmSlots": 1}},
+        {"labels": {"k" * 128: "v" * 256, "a.b/c-d_e": ""}},
+        {"labels": {f"k{i}": "v" for i in range(32)}},
+        {"labels": {}},
+    ],
+    ids=["requests-at-bounds", "one-request", "labels-at-bounds", "most-labels", "no-labels"],
+)
+def test_parts_at_their_bounds_compile_as_the_whole_validation_compiles_them(changes):
+    specs = StoredSpecs()
+    specs.compile("t", stored(VALID))  # the class is known: only the parts are checked
+    text = _variant(**changes)
+    assert same(specs.compile("t", text), whole(text, "t"))
 
 
 def _variant(**changes) -> str:
@@ -74,7 +93,12 @@ def _variant(**changes) -> str:
         pytest.param(_variant(requests={"cpuMillis": 1, "gpus": 1}), id="unknown-resource"),
         pytest.param(_variant(requests=KeyError), id="no-requests"),
         pytest.param(_variant(requests=[1, 2, 3]), id="requests-not-an-object"),
+        pytest.param(_variant(requests={"cpuMillis": 10**9 + 1}), id="cpu-above-bound"),
+        pytest.param(_variant(requests={"llmSlots": 10**6 + 1}), id="llm-above-bound"),
         pytest.param(_variant(labels={"-bad": "v"}), id="bad-label-key"),
+        pytest.param(_variant(labels={"a\n": "v"}), id="label-key-newline"),
+        pytest.param(_variant(labels={"k" * 129: "v"}), id="label-key-too-long"),
+        pytest.param(_variant(labels={"": "v"}), id="label-key-empty"),
         pytest.param(_variant(labels={"k": "v" * 300}), id="label-value-too-long"),
         pytest.param(_variant(labels={f"k{i}": "v" for i in range(33)}), id="too-many-labels"),
         pytest.param(_variant(labels={"k": 1}), id="label-value-not-a-string"),

@@ -26,13 +26,23 @@ def _clip100(x: np.ndarray) -> np.ndarray:
 
 def projected_utilization(cycle: Cycle, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Return (dominant, mean) projected utilization in 0..1 for the pools at ``idx``."""
-    cap = cycle.snapshot.cap[idx]
+    cap = cycle.snapshot.cap.take(idx, axis=0)
     used = cycle.used(idx) + cycle.req
     offered = cap > 0
     util = np.divide(used, cap, out=np.zeros(cap.shape, dtype=np.float64), where=offered)
     np.minimum(np.maximum(util, 0.0, out=util), 1.0, out=util)
-    dims = np.maximum(offered.sum(axis=1), 1)
-    return util.max(axis=1), util.sum(axis=1) / dims
+    return dominant_and_mean(util, offered)
+
+
+def dominant_and_mean(util: np.ndarray, offered: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return per row of ``util`` its largest value and its mean over the ``offered`` columns
+    (at least one): ``util.max(axis=1)`` and ``util.sum(axis=1) / offered.sum(axis=1)``, to
+    the bit, column by column (the row reductions cost several times more on rows of three;
+    the sum adds left to right, as they do)."""
+    u0, u1, u2 = util.T
+    o0, o1, o2 = offered.T.view(np.int8)
+    dims = np.maximum(o0 + o1 + o2, 1)
+    return np.maximum(np.maximum(u0, u1), u2), (u0 + u1 + u2) / dims
 
 
 def _scored(cycle: Cycle, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
