@@ -49,12 +49,17 @@ class PoolState:
 
 @dataclass(frozen=True, slots=True)
 class PlacedTask:
-    """A leased placement that affinity terms of the same tenant can match."""
+    """A leased placement that affinity terms of the same tenant can match.
+
+    ``members[i]`` is how many members it holds on ``pool_ids[i]``; without ``members`` each
+    entry of ``pool_ids`` is one member (a pool repeated once per member).
+    """
 
     task_id: str
     tenant_id: str
     labels: Mapping[str, str]
     pool_ids: tuple[str, ...]
+    members: tuple[int, ...] = ()
 
 
 def _codes(values: Sequence[Any]) -> tuple[np.ndarray, dict[Any, int]]:
@@ -267,14 +272,24 @@ class Snapshot:
 
     def _placed_index(
         self, placed: Iterable[PlacedTask]
-    ) -> dict[str, list[tuple[Items, np.ndarray]]]:
-        """Return the placed tasks by tenant as (labels, pool indexes), skipping unknown pools."""
+    ) -> dict[str, list[tuple[Items, np.ndarray, np.ndarray | int]]]:
+        """Return the placed tasks by tenant as (labels, pool indexes, members per index: an
+        array aligned with the indexes, or 1 for each), skipping unknown pools."""
         pos = self.pos
-        out: dict[str, list[tuple[Items, np.ndarray]]] = {}
+        out: dict[str, list[tuple[Items, np.ndarray, np.ndarray | int]]] = {}
         for t in placed:
-            idx = [pos[p] for p in t.pool_ids if p in pos]
-            if idx:
-                entry = (frozenset(t.labels.items()), np.array(idx, dtype=np.intp))
+            pool_ids, members = t.pool_ids, t.members
+            if members and len(members) != len(pool_ids):
+                raise ValueError(f"{t.task_id}: one member count per pool expected")
+            try:
+                idx = np.fromiter(map(pos.__getitem__, pool_ids), np.intp, len(pool_ids))
+                weights: np.ndarray | int = np.array(members, dtype=np.int64) if members else 1
+            except KeyError:
+                known = [i for i, p in enumerate(pool_ids) if p in pos]
+                idx = np.array([pos[pool_ids[i]] for i in known], dtype=np.intp)
+                weights = np.array([members[i] for i in known], dtype=np.int64) if members else 1
+            if len(idx):
+                entry = (frozenset(t.labels.items()), idx, weights)
                 out.setdefault(t.tenant_id, []).append(entry)
         return out
 
@@ -370,9 +385,9 @@ class Snapshot:
         counts = self._memo.get(key)
         if counts is None:
             counts = np.zeros(self.n, dtype=np.int64)
-            for labels, idx in self._placed.get(tenant_id, ()):
+            for labels, idx, weights in self._placed.get(tenant_id, ()):
                 if selector is None or selector <= labels:
-                    np.add.at(counts, idx, 1)
+                    np.add.at(counts, idx, weights)
             self._memo[key] = counts
         return counts
 

@@ -244,3 +244,26 @@ def test_carried_memo_entries_are_bounded(monkeypatch):
     fresh = old.with_usage(**usage)
     assert fresh.memo_size == 0
     assert fresh.selector_mask(frozenset({("a", "1")})).tolist() == [True]
+
+
+def test_member_counts_count_like_repeated_pools():
+    pools = [pool("p1", failure_domain="f1"), pool("p2", failure_domain="f2"),
+             pool("p3", failure_domain="f1")]
+    counted = [
+        PlacedTask("g1", "acme", {"app": "a"}, ("p2", "gone", "p1", "p2"), (2, 5, 1, 3)),
+        PlacedTask("g2", "acme", {"app": "b"}, ("p3",), (4,)),
+        PlacedTask("g3", "acme", {"app": "c"}, ("gone",), (7,)),
+    ]
+    repeated = [
+        PlacedTask("t1", "acme", {"app": "a"}, ("p2", "p2", "gone", "p1", "p2", "p2", "p2")),
+        PlacedTask("t2", "acme", {"app": "b"}, ("p3",) * 4),
+    ]
+    a, b = Snapshot.build(pools, counted), Snapshot.build(pools, repeated)
+    for selector in (None, frozenset({("app", "a")}), frozenset({("app", "b")}),
+                     frozenset({("app", "c")})):
+        assert a.placed_counts("acme", selector).tolist() == b.placed_counts(
+            "acme", selector).tolist()
+    assert a.placed_counts("acme", None).tolist() == [1, 5, 4]
+    assert Snapshot.build(pools).with_usage(
+        capacity=[None] * 3, reserved=[(0, 0, 0)] * 3, fresh=[True] * 3, placed=counted
+    ).placed_counts("acme", frozenset({("app", "a")})).tolist() == [1, 5, 0]
