@@ -330,17 +330,16 @@ async def _pass_in(
     t0 = time.perf_counter()
     options = {"aging_seconds": cfg.priority_aging_seconds} if cfg.policy == "priority" else {}
     policy = get_policy(cfg.policy, **options)
-    by_id = {str(t.id): t for t in claimed if t.id in specs}
+    # Each claimed task with a spec by its id as text, then as the policy sees it.
+    by_id: dict[str, tuple[ClaimedTask, CompiledSpec]] = {}
+    for t in claimed:
+        spec = specs.get(t.id)
+        if spec is not None:
+            by_id[str(t.id)] = (t, spec)
     queued = [
-        QueuedTask(
-            task_id=key,
-            tenant_id=t.tenant_id,
-            priority=t.priority,
-            seq=t.seq,
-            admitted_at=t.admitted_at.timestamp(),
-            requests=_scaled(specs[t.id].requests, specs[t.id].members),
-        )
-        for key, t in by_id.items()
+        QueuedTask(key, t.tenant_id, t.priority, t.seq, t.admitted_at.timestamp(),
+                   _scaled(spec.requests, spec.members))
+        for key, (t, spec) in by_id.items()
     ]
     total = snapshot.cap.sum(axis=0) if snapshot.n else (0, 0, 0)
     capacity = (int(total[0]), int(total[1]), int(total[2]))
@@ -352,19 +351,22 @@ async def _pass_in(
     cache = UnsatisfiableCache(assumed)
     rejections = result.rejections
     decisions: list[Decision] = []
+    # Bound once: the loop runs once per claimed task.
+    waiting_of, holds, cached = preemption.waiting, preemption.holds, cache.get
+    assume, decided = assumed.add, decisions.append
+    top_k = cfg.top_k
     for q in ordered:
-        task = by_id[q.task_id]
-        spec = specs[task.id]
-        waiting = preemption.waiting(task)
+        task, spec = by_id[q.task_id]
+        waiting = waiting_of(task)
         if waiting is not None:
             unclaims.append(waiting)
             continue
         # A task holding nominated capacity is not like the others of its fingerprint.
-        held = preemption.holds.get(task.id)
-        reason = cache.get(spec) if held is None else None
+        held = holds.get(task.id) if holds else None
+        reason = cached(spec) if held is None else None
         if reason is None:
             try:
-                outcome = select_ranked(spec, snapshot, assumed=assumed, top_k=cfg.top_k,
+                outcome = select_ranked(spec, snapshot, assumed=assumed, top_k=top_k,
                                         holds=held)
             except Exception as exc:
                 # One task the core cannot evaluate must not poison the batch it came in.
@@ -380,8 +382,8 @@ async def _pass_in(
                 rejections[str(code)] += n
             members = outcome.members
             if members is not None:
-                assumed.add(spec, members, task_id=q.task_id)
-                decisions.append(Decision(task, spec, outcome, members))
+                assume(spec, members, task_id=q.task_id)
+                decided(Decision(task, spec, outcome, members))
                 continue
             reason = outcome.reason or NoPlacement(Reason.TENANT_NOT_ALLOWED, "no pool fits")
             if held is None:

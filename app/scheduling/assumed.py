@@ -27,6 +27,9 @@ class _AssumedEntry:
     idx: np.ndarray
     counts: np.ndarray
     requests: np.ndarray
+    #: The pool index and member count of a one-pool placement as ints (pool -1: several).
+    pool: int
+    count: int
 
 
 _ONE = np.ones(1, dtype=np.int64)
@@ -62,14 +65,12 @@ def _single(i: int) -> np.ndarray:
 class Assumed:
     """The mutable overlay of one pass: usage and placements decided but not yet committed."""
 
-    __slots__ = (
-        "snapshot", "usage", "used", "version", "_entries", "_by_tenant", "_domains", "_holds"
-    )
+    __slots__ = ("snapshot", "used", "version", "_entries", "_by_tenant", "_domains", "_holds")
 
     def __init__(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
-        self.usage = np.zeros((snapshot.n, 3), dtype=np.int64)
-        #: Reserved plus assumed usage per pool (``snapshot.reserved + usage``), kept in step.
+        #: Reserved plus assumed usage per pool (``snapshot.reserved + usage``): the one array
+        #: ``add``, ``hold`` and ``remove`` update.
         self.used = snapshot.reserved.copy()
         self.version = 0
         self._entries: dict[str, _AssumedEntry] = {}
@@ -79,6 +80,11 @@ class Assumed:
         self._domains: dict[str, dict[str, np.ndarray]] = {}
         #: Capacity held (not placed) per task: a preemptor's share of the free capacity.
         self._holds: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    @property
+    def usage(self) -> np.ndarray:
+        """Return the assumed usage per pool (placements and holds), a new array."""
+        return self.used - self.snapshot.reserved
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -101,31 +107,36 @@ class Assumed:
         task_id = task_id or spec.task_id
         if task_id is None:
             raise ValueError("an assumed placement needs a task id")
-        if task_id in self._entries:
+        entries = self._entries
+        if task_id in entries:
             self.remove(task_id)
-        pos = self.snapshot.pos
         req = request_row(spec.requests)
+        tenant_id = spec.tenant_id
         if len(members) == 1:
-            # One pool (every task but a spread gang): row updates, no scatter-add.
+            # One pool (every task but a spread gang): a row update in place, no scatter-add.
             (pool_id, count), = members
-            i = pos[pool_id]
-            idx = _single(i)
+            i = self.snapshot.pos[pool_id]
+            row = self.used[i]
             if count == 1:
-                counts, amount = _ONE, req
+                row += req
+                entry = _AssumedEntry(tenant_id, spec.labels, _single(i), _ONE, req, i, 1)
             else:
-                counts, amount = np.array((count,), dtype=np.int64), req * count
-            self.usage[i] += amount
-            self.used[i] += amount
+                row += req * count
+                entry = _AssumedEntry(tenant_id, spec.labels, _single(i),
+                                      np.array((count,), dtype=np.int64), req, i, count)
         else:
+            pos = self.snapshot.pos
             idx = np.array([pos[p] for p, _ in members], dtype=np.intp)
             counts = np.array([c for _, c in members], dtype=np.int64)
-            amounts = counts[:, None] * req
-            np.add.at(self.usage, idx, amounts)
-            np.add.at(self.used, idx, amounts)
-        entry = _AssumedEntry(spec.tenant_id, spec.labels, idx, counts, req)
-        self._entries[task_id] = entry
-        self._by_tenant.setdefault(spec.tenant_id, {})[task_id] = entry
-        self._domains_update(entry, 1)
+            np.add.at(self.used, idx, counts[:, None] * req)
+            entry = _AssumedEntry(tenant_id, spec.labels, idx, counts, req, -1, 0)
+        entries[task_id] = entry
+        by_task = self._by_tenant.get(tenant_id)
+        if by_task is None:
+            by_task = self._by_tenant[tenant_id] = {}
+        by_task[task_id] = entry
+        if self._domains.get(tenant_id):
+            self._domains_update(entry, 1)
         self.version += 1
 
     def hold(self, task_id: str, amounts: Sequence[tuple[str, tuple[int, int, int]]]) -> None:
@@ -135,7 +146,6 @@ class Assumed:
         pos = self.snapshot.pos
         idx = np.array([pos[p] for p, _ in amounts], dtype=np.intp)
         vec = np.array([a for _, a in amounts], dtype=np.int64).reshape(len(idx), 3)
-        np.add.at(self.usage, idx, vec)
         np.add.at(self.used, idx, vec)
         self._holds[task_id] = (idx, vec)
         self.version += 1
@@ -144,15 +154,12 @@ class Assumed:
         """Undo an assumed placement or hold (its reservation lost a race or was not applied)."""
         held = self._holds.pop(task_id, None)
         if held is not None:
-            np.subtract.at(self.usage, held[0], held[1])
             np.subtract.at(self.used, held[0], held[1])
             self.version += 1
         entry = self._entries.pop(task_id, None)
         if entry is None:
             return
-        amounts = entry.counts[:, None] * entry.requests
-        np.subtract.at(self.usage, entry.idx, amounts)
-        np.subtract.at(self.used, entry.idx, amounts)
+        np.subtract.at(self.used, entry.idx, entry.counts[:, None] * entry.requests)
         del self._by_tenant[entry.tenant_id][task_id]
         self._domains_update(entry, -1)
         self.version += 1
@@ -160,11 +167,11 @@ class Assumed:
     def _domains_update(self, entry: _AssumedEntry, sign: int) -> None:
         tracked = self._domains.get(entry.tenant_id)
         if tracked:
-            single = len(entry.idx) == 1
+            pool = entry.pool
             for topology, per_domain in tracked.items():
                 dom, _ = self.snapshot.domains(topology)
-                if single:
-                    per_domain[dom[entry.idx[0]]] += sign * int(entry.counts[0])
+                if pool >= 0:
+                    per_domain[dom[pool]] += sign * entry.count
                 else:
                     np.add.at(per_domain, dom[entry.idx], sign * entry.counts)
 

@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 __all__ = ["Policy", "QueuedTask", "get_policy", "register"]
 
 Vector = tuple[int, int, int]
 
 
-@dataclass(frozen=True, slots=True)
-class QueuedTask:
-    """A claimed task as a policy sees it."""
+class QueuedTask(NamedTuple):
+    """A claimed task as a policy sees it (a named tuple: a pass builds one per claimed task,
+    about five times cheaper than a frozen dataclass)."""
 
     task_id: str
     tenant_id: str
