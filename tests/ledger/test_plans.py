@@ -145,3 +145,16 @@ async def test_a_later_ledger_statement_skips_rows_others_hold(db: Database) -> 
     assert await _written(db) == (1, 1, 400, 1)
     assert await ledger_violations(db) == []
 
+
+
+async def test_a_pass_plans_for_its_arrays_without_jit(db: Database) -> None:
+    from app.ledger.claims import claims_settings
+
+    async with db.transaction() as conn:
+        await claims_settings(conn, idle_seconds=5)
+        settings = await conn.fetchrow(
+            "SELECT current_setting('plan_cache_mode'), current_setting('jit'), "
+            "current_setting('idle_in_transaction_session_timeout')")
+    assert tuple(settings) == ("force_custom_plan", "off", "5s")
+    async with db.connection() as conn:  # the transaction's settings end with it
+        assert await conn.fetchval("SELECT current_setting('plan_cache_mode')") == "auto"
