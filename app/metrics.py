@@ -108,6 +108,10 @@ for _reason in SHED_REASONS:
     REQUESTS_SHED.labels(_reason)
 
 
+#: The attributes of a prometheus_client ``Histogram`` that :func:`histogram_observe_many` uses.
+_HISTOGRAM_PARTS = ("_raise_if_not_observable", "_upper_bounds", "_sum", "_buckets")
+
+
 def histogram_observe_many(histogram: Histogram, values: Sequence[float]) -> None:
     """Observe every one of ``values`` in an unlabelled ``histogram``, as ``observe`` would one
     by one, with one increment per bucket: a pass observes the queue wait of each task it
@@ -116,8 +120,14 @@ def histogram_observe_many(histogram: Histogram, values: Sequence[float]) -> Non
     It reads the histogram's bucket bounds and increments its bucket and sum values
     (prometheus_client's own attributes, the ones ``observe`` uses; a test checks the two
     agree; the sum is added in one step, so it may differ from one-by-one in the last bit).
+    A prometheus_client without those attributes gets the values one by one through
+    ``observe``, so an upgrade can cost the shortcut, never a pass.
     """
     if not values:
+        return
+    if not all(hasattr(histogram, a) for a in _HISTOGRAM_PARTS):
+        for value in values:
+            histogram.observe(value)
         return
     histogram._raise_if_not_observable()
     bounds = histogram._upper_bounds

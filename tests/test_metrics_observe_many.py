@@ -36,3 +36,19 @@ def _samples(registry: CollectorRegistry) -> list[tuple[str, dict, float]]:
         (s.name, s.labels, s.value) for metric in registry.collect() for s in metric.samples
         if not s.name.endswith("_created")
     ]
+
+
+class _Observed:
+    """A histogram without prometheus_client's internals (as another release might have)."""
+
+    def __init__(self) -> None:
+        self.values: list[float] = []
+
+    def observe(self, value: float) -> None:
+        self.values.append(value)
+
+
+def test_without_the_internals_values_are_observed_one_by_one() -> None:
+    histogram = _Observed()
+    histogram_observe_many(histogram, VALUES)  # type: ignore[arg-type]
+    assert histogram.values == VALUES
