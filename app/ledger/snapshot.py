@@ -67,11 +67,13 @@ _USAGE_COLUMNS = 8
 _ARRAY_HEADER = np.dtype(">i4")
 _ARRAY_ELEMENT = np.dtype([("length", ">i4"), ("value", ">i8")])
 
+# The leased tasks behind ``OFFSET 0``, as in ``_PLACED_GROUPED`` below (the same join could
+# otherwise walk ``pk_tasks``).
 _PLACED = (
-    "SELECT t.id, t.tenant_id, t.labels::text, r.pool_id, r.members FROM tasks t "
-    "JOIN reservations r ON r.task_id = t.id "
-    "WHERE t.tenant_id = ANY($1::text[]) AND t.state = 'LEASED' "
-    "ORDER BY t.id, r.pool_id"
+    "SELECT t.id, t.tenant_id, t.labels::text, r.pool_id, r.members "
+    "FROM (SELECT id, tenant_id, labels FROM tasks "
+    "WHERE tenant_id = ANY($1::text[]) AND state = 'LEASED' OFFSET 0) t "
+    "JOIN reservations r ON r.task_id = t.id ORDER BY t.id, r.pool_id"
 )
 
 # The same placements grouped by (tenant, task labels): affinity only counts members per pool
