@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -66,6 +66,48 @@ _USAGE_COLUMNS = 8
 #: (always 8) and its big-endian value.
 _ARRAY_HEADER = np.dtype(">i4")
 _ARRAY_ELEMENT = np.dtype([("length", ">i4"), ("value", ">i8")])
+
+# What changed since an earlier read, without a row per pool: rows are versioned by the
+# transaction that wrote them (``xmin``), and a row written after a read whose snapshot's
+# oldest running transaction was ``$1`` carries a transaction id no older than ``$1`` (every
+# transaction running then or started since has one): ``age(xmin) <= age($1)``. A frozen
+# row's xmin reads as FrozenTransactionId, whose age is the largest there is: it is old.
+# Returned: this read's own horizon (``pg_current_snapshot()`` is the statement's snapshot),
+# ``age($1)`` (the caller refuses a window it cannot trust), then per table the row count and
+# the rows written since: pools (ids only: any of them rebuilds the static part), ledgers
+# (ids, and totals and reservations as an (n x 6) int8 array in binary form), runtime
+# instances (ids, and heartbeats as a timestamptz array in binary form: microseconds since
+# 2000-01-01, the same layout as int8). One scan of each table, no join, no sort: a tenth of
+# ``_USAGE``'s instructions at 5,000 pools.
+_CHANGED = (
+    "SELECT s.x::text, s.a, p.n, p.ids, l.n, l.ids, array_send(l.v), r.n, r.ids, "
+    "array_send(r.hb) "
+    "FROM (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS x, age(xid($1::text::xid8)) AS a) s "
+    "CROSS JOIN LATERAL (SELECT count(*) AS n, "
+    "array_agg(id) FILTER (WHERE age(xmin) <= s.a) AS ids FROM pools) p "
+    "CROSS JOIN LATERAL (SELECT count(*) AS n, "
+    "array_agg(pool_id) FILTER (WHERE age(xmin) <= s.a) AS ids, "
+    "array_agg(ARRAY[cpu_total, memory_total, llm_total, cpu_reserved, memory_reserved, "
+    "llm_reserved]) FILTER (WHERE age(xmin) <= s.a) AS v FROM ledgers) l "
+    "CROSS JOIN LATERAL (SELECT count(*) AS n, "
+    "array_agg(id) FILTER (WHERE age(xmin) <= s.a) AS ids, "
+    "array_agg(last_heartbeat_at) FILTER (WHERE age(xmin) <= s.a) AS hb "
+    "FROM runtime_instances) r"
+)
+# The horizon, row counts and every heartbeat, read before a full ``_USAGE`` read: what the
+# next pass's ``_CHANGED`` starts from (a change after this statement is newer than its
+# horizon, so it is read again then).
+_HEARTBEATS = (
+    "SELECT pg_snapshot_xmin(pg_current_snapshot())::text, "
+    "(SELECT count(*) FROM ledgers), count(*), array_agg(id), "
+    "array_send(array_agg(last_heartbeat_at)) FROM runtime_instances"
+)
+#: Largest ``age`` of the previous horizon ``_CHANGED`` trusts (far from wraparound).
+_AGE_MAX = 1 << 30
+#: Where PostgreSQL's timestamps count microseconds from.
+_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+#: A pool whose runtime instance has no row: never fresh.
+_NEVER = np.iinfo(np.int64).min
 
 # The leased tasks behind ``OFFSET 0``, as in ``_PLACED_GROUPED`` below (the same join could
 # otherwise walk ``pk_tasks``).
@@ -145,9 +187,16 @@ class SnapshotCache:
     Pool rows change rarely (edits, cordons, capacity changes, runtime registration), while
     ledger reservations and heartbeats change every pass. Any committed change of a pool row
     gives it a new version, and added or deleted pools change the count or the versions.
+
+    Usage and health are read whole only when the static part is (re)built; other passes read
+    the rows written since the previous read (``_CHANGED``) and apply them to the previous
+    snapshot's arrays: ``horizon`` is where that read starts, ``ledgers`` and ``instances``
+    the row counts it saw, ``heartbeats`` each known runtime instance's last heartbeat
+    (microseconds since 2000-01-01) and ``pool_heartbeats`` that of each pool's instance.
     """
 
-    __slots__ = ("versions", "snapshot", "pools", "rebuilds", "reuses")
+    __slots__ = ("versions", "snapshot", "pools", "rebuilds", "reuses", "horizon", "ledgers",
+                 "instances", "heartbeats", "pool_heartbeats", "instance_pools", "deltas")
 
     def __init__(self) -> None:
         self.versions: np.ndarray | None = None
@@ -156,6 +205,27 @@ class SnapshotCache:
         #: How many reads rebuilt the static part, and how many reused it.
         self.rebuilds = 0
         self.reuses = 0
+        self.horizon: str | None = None
+        self.ledgers = 0
+        self.instances = 0
+        self.heartbeats: dict[str, int] = {}
+        self.pool_heartbeats: np.ndarray | None = None
+        #: The snapshot's rows of each runtime instance's pools.
+        self.instance_pools: dict[str, list[int]] = {}
+        #: How many reads read only the rows changed since the previous one.
+        self.deltas = 0
+
+
+def _array_1d(data: bytes | None, n: int) -> np.ndarray:
+    """Return the int64 values of ``array_send`` of a one-dimensional array of ``n`` 8-byte
+    elements without NULLs (int8, or timestamptz as microseconds since 2000-01-01)."""
+    if not n:
+        return np.zeros(0, dtype=np.int64)
+    assert data is not None
+    ndim, has_null, _, rows, _ = np.frombuffer(data, _ARRAY_HEADER, 5).tolist()
+    if (ndim, has_null, rows) != (1, 0, n):
+        raise ValueError(f"unexpected array ({ndim}, {has_null}, {rows})")
+    return np.frombuffer(data, _ARRAY_ELEMENT, offset=5 * 4)["value"].astype(np.int64)
 
 
 def _usage_array(n: int, data: bytes | None) -> np.ndarray:
@@ -170,6 +240,16 @@ def _usage_array(n: int, data: bytes | None) -> np.ndarray:
     return values.astype(np.int64).reshape(n, _USAGE_COLUMNS)
 
 
+def _array_1d_2(data: bytes | None, n: int) -> np.ndarray:
+    """Return the (n, 6) int64 array of ``_CHANGED``'s ledger values."""
+    assert data is not None
+    ndim, has_null, _, rows, _, columns, _ = np.frombuffer(data, _ARRAY_HEADER, 7).tolist()
+    if (ndim, has_null, rows, columns) != (2, 0, n, 6):
+        raise ValueError(f"unexpected ledger array ({ndim}, {has_null}, {rows}, {columns})")
+    values = np.frombuffer(data, _ARRAY_ELEMENT, offset=7 * 4)["value"]
+    return values.astype(np.int64).reshape(n, 6)
+
+
 async def snapshot_read(
     conn: Connection,
     *,
@@ -182,10 +262,15 @@ async def snapshot_read(
     """Return the pass's snapshot at ``now``, reusing the cached static part when no pool row
     changed since it was built; ``placed`` reads the placements affinity needs."""
     cutoff = now - timedelta(seconds=freshness_seconds)
+    previous = cache.snapshot
+    if previous is not None and previous.strategy == strategy and cache.horizon is not None:
+        snapshot = await _changed_read(conn, cutoff=cutoff, placed=placed, cache=cache)
+        if snapshot is not None:
+            return snapshot
+    hb = await conn.fetchrow(_HEARTBEATS)
     n, data = await conn.fetchrow(_USAGE, cutoff)
     usage = _usage_array(n, data)
     versions = usage[:, 0]
-    previous = cache.snapshot
     if (previous is not None and previous.strategy == strategy and previous.n == n
             and cache.versions is not None and np.array_equal(cache.versions, versions)):
         flags = usage[:, 7]
@@ -207,6 +292,85 @@ async def snapshot_read(
         cache.rebuilds += 1
         snapshot = Snapshot.build(states, tasks, strategy=strategy)
     cache.versions = versions
+    cache.snapshot = snapshot
+    horizon, ledgers, instances, ids, beats = hb
+    cache.horizon = horizon
+    cache.ledgers = ledgers
+    cache.instances = instances
+    cache.heartbeats = dict(zip(ids or (), _array_1d(beats, instances).tolist(), strict=True))
+    if snapshot.n == n:
+        known = cache.heartbeats
+        cache.instance_pools = {}
+        for i, pid in enumerate(snapshot.ids):
+            cache.instance_pools.setdefault(snapshot.instance_of[pid], []).append(i)
+        cache.pool_heartbeats = np.fromiter(
+            (known.get(snapshot.instance_of[pid], _NEVER) for pid in snapshot.ids),
+            dtype=np.int64, count=n,
+        )
+    else:
+        cache.horizon = None
+    return snapshot
+
+
+async def _changed_read(
+    conn: Connection,
+    *,
+    cutoff: datetime,
+    placed: Callable[[], Awaitable[Iterable[PlacedTask]]],
+    cache: SnapshotCache,
+) -> Snapshot | None:
+    """Return the cached snapshot with the ledger and heartbeat rows written since the
+    previous read applied, or None when a full read is needed: a pool row written, a ledger
+    or runtime instance added or deleted (the counts, or a row not known before), or a
+    window too old to trust. The result equals a full read's: only rows written since the
+    previous read can differ from it, and freshness is recomputed for every pool at
+    ``cutoff`` from the heartbeats."""
+    previous = cache.snapshot
+    pool_heartbeats = cache.pool_heartbeats
+    assert previous is not None
+    row = await conn.fetchrow(_CHANGED, cache.horizon)
+    horizon, age, pools, pool_ids, ledgers, ledger_ids, values, instances, instance_ids, beats = row
+    if (age is None or not 0 <= age <= _AGE_MAX or pools != previous.n or pool_ids
+            or ledgers != cache.ledgers or instances != cache.instances
+            or pool_heartbeats is None):
+        return None
+    pos = previous.pos
+    has_ledger = previous.has_ledger
+    cap = previous.cap
+    reserved = previous.reserved
+    if ledger_ids:
+        rows = np.fromiter((pos.get(pid, -1) for pid in ledger_ids), dtype=np.intp,
+                           count=len(ledger_ids))
+        if (rows < 0).any() or not has_ledger[rows].all():
+            return None
+        v = _array_1d_2(values, len(ledger_ids))
+        cap = cap.copy()
+        reserved = reserved.copy()
+        cap[rows] = v[:, 0:3]
+        reserved[rows] = v[:, 3:6]
+    if instance_ids:
+        known = cache.heartbeats
+        if any(i not in known for i in instance_ids):
+            return None
+        stamps = _array_1d(beats, len(instance_ids)).tolist()
+        changed = dict(zip(instance_ids, stamps, strict=True))
+        known.update(changed)
+        pools_of = cache.instance_pools
+        pool_heartbeats = pool_heartbeats.copy()
+        for instance, stamp in changed.items():
+            rows_of = pools_of.get(instance)
+            if rows_of is not None:
+                pool_heartbeats[rows_of] = stamp
+    limit = (cutoff - _PG_EPOCH) // timedelta(microseconds=1)
+    tasks = await placed()
+    cache.reuses += 1
+    cache.deltas += 1
+    snapshot = previous.with_arrays(
+        cap=cap, has_ledger=has_ledger, reserved=reserved,
+        fresh=pool_heartbeats > limit, placed=tasks,
+    )
+    cache.horizon = horizon
+    cache.pool_heartbeats = pool_heartbeats
     cache.snapshot = snapshot
     return snapshot
 

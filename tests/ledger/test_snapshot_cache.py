@@ -216,3 +216,94 @@ async def test_grouped_placements_count_exactly_like_per_task_ones(db: Database)
                 tenant, selector
             ).tolist()
     assert int(a.placed_counts("acme", None).sum()) == 10  # 5 single tasks + 5 gang members
+
+
+async def test_changed_rows_only_between_full_reads_match_a_fresh_read(db: Database) -> None:
+    """Between rebuilds a pass reads only the ledger and heartbeat rows written since the
+    previous read; every change another writer commits is in its snapshot, every pass."""
+    await _pools(db, "p1", "p2", "p3", "p4")
+    async with db.transaction() as conn:
+        # Two pools on one runtime instance; p4's instance never heartbeated.
+        await conn.execute("UPDATE pools SET runtime_instance_id = 'rt-p1' WHERE id = 'p2'")
+        await conn.execute("DELETE FROM runtime_instances WHERE id = 'rt-p4'")
+        await heartbeat_add(conn, "rt-other", at=NOW)
+    cache = SnapshotCache()
+    now = NOW
+    await _read(db, cache, now=now)
+    rebuilds = cache.rebuilds
+
+    async def step(change, *, later: float = 0.0, delta: bool = True) -> Snapshot:
+        nonlocal now
+        async with db.transaction() as conn:
+            await change(conn)
+        now = now + timedelta(seconds=later)
+        deltas = cache.deltas
+        snap = await _read(db, cache, now=now)
+        assert cache.rebuilds == rebuilds
+        assert cache.deltas == deltas + (1 if delta else 0)
+        _same(snap, await _fresh(db, now=now))
+        return snap
+
+    async def nothing(conn) -> None:
+        await conn.execute("SELECT 1")
+
+    snap = await step(nothing)
+    assert snap.fresh.tolist() == [True, True, True, False]
+
+    async def reserve(conn) -> None:
+        await ledger_reserve_many(conn, amounts={"p1": (300, 0, 0), "p3": (50, 0, 0)}, now=NOW)
+
+    snap = await step(reserve)
+    assert snap.reserved[:, 0].tolist() == [300, 0, 50, 0]
+
+    async def resize_ledger(conn) -> None:
+        await conn.execute("UPDATE ledgers SET cpu_total = 9000 WHERE pool_id = 'p4'")
+
+    snap = await step(resize_ledger)
+    assert snap.cap[3, 0] == 9000
+
+    # Time passes: freshness is recomputed for every pool without any row written.
+    snap = await step(nothing, later=FRESH / 2 + 1)
+    assert snap.fresh.tolist() == [True, True, True, False]
+
+    async def beat(conn) -> None:
+        await heartbeat_add(conn, "rt-p1", at=now + timedelta(seconds=FRESH / 2))
+        await heartbeat_add(conn, "rt-other", at=now)
+
+    snap = await step(beat, later=FRESH / 2)
+    assert snap.fresh.tolist() == [True, True, False, False]
+
+    async def release_in_other_transaction(conn) -> None:
+        await conn.execute(
+            "UPDATE ledgers SET cpu_reserved = cpu_reserved - 300 WHERE pool_id = 'p1'"
+        )
+
+    snap = await step(release_in_other_transaction)
+    assert snap.reserved[:, 0].tolist() == [0, 0, 50, 0]
+
+    # A ledger or runtime instance added or deleted, or a row the cache never saw, makes the
+    # pass read usage and health whole (the static part is still reused).
+    async def drop_ledger(conn) -> None:
+        await conn.execute("DELETE FROM ledgers WHERE pool_id = 'p3'")
+
+    snap = await step(drop_ledger, delta=False)
+    assert snap.pools[2].capacity is None
+
+    async def new_instance(conn) -> None:
+        await heartbeat_add(conn, "rt-p4", at=now)
+
+    snap = await step(new_instance, delta=False)
+    assert snap.fresh.tolist() == [True, True, False, True]
+
+    async def swap_instances(conn) -> None:
+        await conn.execute("DELETE FROM runtime_instances WHERE id = 'rt-other'")
+        await heartbeat_add(conn, "rt-fresh", at=now)
+
+    await step(swap_instances, delta=False)
+    snap = await step(reserve)
+    assert snap.reserved[:, 0].tolist() == [300, 0, 0, 0]
+
+    # A window too old to trust is not used.
+    cache.horizon = "1"
+    await step(nothing, delta=False)
+    await step(nothing)
