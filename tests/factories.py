@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
+
 from app.db import Connection, Database
 from app.shards import shard_of
 
@@ -160,7 +162,11 @@ async def task_get(conn: Connection, task_id: uuid.UUID) -> dict[str, Any]:
     """Return a task row as a dict."""
     row = await conn.fetchrow("SELECT * FROM tasks WHERE id = $1", task_id)
     assert row is not None, f"no task {task_id}"
-    return dict(row)
+    task = dict(row)
+    # The placement is stored as the JSON text the reconciler wrote (decision 11).
+    if task["placement"] is not None:
+        task["placement"] = orjson.loads(task["placement"])
+    return task
 
 
 async def task_states(db: Database) -> dict[str, int]:

@@ -63,7 +63,7 @@ _TASKS = """
                          $7::timestamptz - make_interval(secs => g * $8::float8) AS fin,
                          jsonb_build_object('app', 'app-' || (g % 400) || '-' || (g % 4))
                              AS lbl) x
-    RETURNING id, state, placement ->> 'poolId' AS pool, leased_at, finished_at"""
+    RETURNING id, state, placement::json ->> 'poolId' AS pool, leased_at, finished_at"""
 
 
 async def history_load(

@@ -227,7 +227,8 @@ class Grant(NamedTuple):
 # rows: the columns as delimited texts (app.ledger.literals) but the instances. The
 # ``t.id = ANY($3)`` condition lets the planner reach the rows through the primary key whatever
 # it estimates for the unnest (never a scan of every task ever kept). The placement is stored
-# as ``json`` (validated, not rebuilt as ``jsonb``: nothing searches it). The event's detail is
+# as the text orjson wrote (revision 0012_placement_text: not parsed again, nothing searches
+# it). The event's detail is
 # written as JSON text (half the server CPU of ``jsonb_build_object``): a pool id needs no
 # escaping, since ``ck_pools_id_slug`` admits only [a-z0-9-] and the pools come from the
 # pass's snapshot of ``pools``.
@@ -235,7 +236,7 @@ _LEASE = (
     "WITH g AS (SELECT * FROM unnest(string_to_array($3::text, ',')::uuid[], "
     "string_to_array($4::text, E'\\x1e'), string_to_array($5::text, ',')) "
     "AS g(id, placement, pool_id)), "
-    "u AS (UPDATE tasks t SET state = 'LEASED', placement = g.placement::json, "
+    "u AS (UPDATE tasks t SET state = 'LEASED', placement = g.placement, "
     "leased_at = $1, pending_reason = NULL, parked = false, wake = NULL, "
     "pending_stage = NULL, updated_at = $1 FROM g "
     "WHERE t.id = ANY(string_to_array($3::text, ',')::uuid[]) AND t.id = g.id "

@@ -35,7 +35,7 @@ from sqlalchemy import (
     Text,
     text,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSON, JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -144,9 +144,10 @@ tasks = Table(
     Column("wake", ARRAY(Text)),
     # The SPEC §4 stage of the pending reason's closest miss (NULL: not examined yet).
     Column("pending_stage", SmallInteger),
-    # Written once per lease and read whole, never searched: ``json`` (validated text), not
-    # ``jsonb`` (a binary document built at every lease) (revision 0010_pg).
-    Column("placement", JSON),
+    # Written once per lease and read whole, never searched: the JSON text the reconciler
+    # wrote with orjson, stored as ``text`` (not parsed again at every lease; revisions
+    # 0010_pg and 0012_placement_text, decision 11).
+    Column("placement", Text),
     Column("attempts", Integer, nullable=False, server_default="0"),
     # Times the task was displaced by a preemptor (revision 0006_preemption): it uses no
     # attempt, but its next lease's fencing epoch must still be higher.

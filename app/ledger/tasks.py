@@ -209,7 +209,7 @@ _COLUMNS = """
                 'revokeBy', l.revoke_by) ORDER BY l.pool_id), '[]')
        FROM leases l WHERE l.task_id = t.id AND l.state IN ('ACTIVE', 'REVOKING')),
     (SELECT coalesce(array_agg(a->>'poolId'), '{}')
-       FROM json_array_elements(coalesce(t.placement->'alternatives', '[]')) a
+       FROM json_array_elements(coalesce(t.placement::json->'alternatives', '[]')) a
       WHERE NOT EXISTS (SELECT 1 FROM pools p
                          WHERE p.id = a->>'poolId' AND t.tenant_id = ANY(p.tenant_ids)))
 """
@@ -246,7 +246,7 @@ def _row(r: Any) -> TaskRow:
         spec=r[6],
         labels=r[7],
         pending_reason=r[8],
-        placement=r[9],
+        placement=orjson.loads(r[9]) if r[9] is not None else None,
         attempts=r[10],
         max_attempts=r[11],
         failure_reason=r[12],

@@ -300,7 +300,7 @@ async def _run_dry(db: Database) -> dict:
         await tx.start()
         try:
             await _pass_in(conn, ctx, pass_id="dry", now=NOW)
-            rows = await conn.fetch("SELECT id, placement->>'poolId' FROM tasks")
+            rows = await conn.fetch("SELECT id, placement::json->>'poolId' FROM tasks")
         finally:
             await tx.rollback()
     return {r[0]: r[1] for r in rows}
