@@ -167,10 +167,13 @@ def _term_table(
         # What the bincount of no placements gives, without a pass over every pool.
         return np.zeros(snapshot.n if codes is None else nd, dtype=np.int64), 0
     raw = snapshot.placed_counts(tenant_id, selector)
-    total = int(raw.sum())
     if codes is None:
-        return raw, total
-    return np.bincount(codes, weights=raw, minlength=nd).astype(np.int64), total
+        return raw, int(np.add.reduce(raw))
+    # By domain over the pools that hold any (a few): the bincount of every pool's count.
+    at = raw.nonzero()[0]
+    weights = raw.take(at)
+    per_domain = np.bincount(codes.take(at), weights=weights, minlength=nd)
+    return per_domain.astype(np.int64), int(np.add.reduce(weights))
 
 
 def _tenant_domains(snapshot: Snapshot, tenant_id: str, topology: str) -> np.ndarray:

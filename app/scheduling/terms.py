@@ -150,7 +150,8 @@ def decide(
             v = plugin.normalize(cycle, raw)
         else:
             v = plugin.normalize(cycle, plugin.score_many(cycle, pools))
-        total += v * weight
+        # ``v * 1`` is ``v`` to the bit: the same sum without the product's copy.
+        total += v if weight == 1 else v * weight
         applied.append((plugin, weight, v))
     order = rank(pools, total, top_k)
 
