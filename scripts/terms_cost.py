@@ -26,6 +26,7 @@ The capture pickles this tree's classes; run it with the trees compared on the s
 
 from __future__ import annotations
 
+import gc
 import pickle
 import sys
 
@@ -65,6 +66,9 @@ def capture(pools: int, tasks: int, mix: str, out: str) -> None:
 def run(path: str, what: str, kind: str = "all") -> None:
     with open(path, "rb") as f:
         passes = pickle.load(f)
+    # The loaded passes out of the collector's reach: its collections walk what the calls
+    # make, not the capture (a reconciler's heap holds one pass).
+    gc.freeze()
     select = framework.select_full if what == "full" else framework.select_ranked
     calls = 0
     for snapshot, steps in passes:
