@@ -4,7 +4,11 @@ reconciler's select since the lean placement became plain values), for instructi
 
 Usage: ``python scripts/select_passes.py POOLS TASKS [CAPACITY_SCALE]``; prints the thread CPU
 per task. With ``SKIP=1`` in the environment it stops before the passes (subtract that run's
-instructions from a full run's). See docs/benchmarks.md, Core.
+instructions from a full run's); with ``MIX=antiaffinity`` (or another ``--mix`` of `berth
+bench e2e`) it replays that mix's dataset. With ``REPEAT=terms`` every single-member task with
+affinity terms (``REPEAT=gang``: every gang) is selected twice, the first result dropped:
+that run's instructions less a plain run's are what those tasks' selects cost (warm memo).
+See docs/benchmarks.md, Core.
 """
 
 from __future__ import annotations
@@ -74,6 +78,10 @@ def compiler():
     return compile_old
 
 
+REPEAT = os.environ.get("REPEAT")
+repeated = [0]
+
+
 def one_pass(snapshot: Snapshot, tasks: list, compile_task) -> Assumed:
     assumed = Assumed(snapshot)
     cache = UnsatisfiableCache(assumed)
@@ -81,6 +89,12 @@ def one_pass(snapshot: Snapshot, tasks: list, compile_task) -> Assumed:
         spec = compile_task(task)
         if cache.get(spec) is not None:
             continue
+        if REPEAT and (
+            spec.is_gang if REPEAT == "gang" else (spec.required or spec.preferred)
+            and not spec.is_gang
+        ):
+            repeated[0] += 1
+            select(spec, snapshot, assumed=assumed, top_k=4)
         result = select(spec, snapshot, assumed=assumed, top_k=4)
         members = result.members if RANKED else (
             result.placement.members if result.placement is not None else None
@@ -97,7 +111,8 @@ def one_pass(snapshot: Snapshot, tasks: list, compile_task) -> Assumed:
 
 
 def main(pools: int, tasks: int, scale: float = 1.0) -> None:
-    ds = dataset_generate(pools=pools, tasks=tasks)
+    mix = os.environ.get("MIX")
+    ds = dataset_generate(pools=pools, tasks=tasks, **({"mix": mix} if mix else {}))
     snapshot = Snapshot.build(states(ds, scale))
     mine = [t for t in ds.tasks if t[3] % 2 == 0]
     if os.environ.get("SKIP"):
@@ -115,7 +130,8 @@ def main(pools: int, tasks: int, scale: float = 1.0) -> None:
         )
     tree = "new" if NEW else "base"
     per_task = cpu * 1e6 / max(len(mine), 1)
-    print(f"{tree} pools={pools} tasks={len(mine)} {per_task:.1f} us/task cpu")
+    print(f"{tree} pools={pools} tasks={len(mine)} {per_task:.1f} us/task cpu"
+          + (f" repeated={repeated[0]}" if REPEAT else ""))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ the tasks after it see its usage and its labels. See docs/scheduling.md.
 
 Modules, in pipeline order: ``spec`` (TaskSpec, compile_spec, StoredSpecs), ``snapshot``
 (PoolState, PlacedTask, Snapshot), ``assumed`` (Assumed), ``framework`` (select, dispatching
-to ``lean`` for specs without affinity or gangs, else select_full) with ``stages``, ``cycle``
+to ``lean`` for specs without affinity or gangs, to ``terms`` for single-member specs with
+affinity terms, else select_full) with ``stages``, ``cycle``
 and ``plugins/``, ``gangs``, ``reasons``, ``results`` (Result and its parts), ``explain`` (their
 documents), ``unsatisfiable`` and ``policies``. Import each name from its module.
 """

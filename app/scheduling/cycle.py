@@ -12,19 +12,9 @@ import numpy as np
 
 from app.scheduling.assumed import Assumed
 from app.scheduling.snapshot import Snapshot
-from app.scheduling.spec import CompiledSpec, CompiledTerm
+from app.scheduling.spec import CompiledSpec, CompiledTerm, Items
 
-__all__ = ["Cycle", "tenant_domain_counts", "to_domains"]
-
-
-def to_domains(snapshot: Snapshot, counts: np.ndarray, topology: str) -> np.ndarray:
-    """Return, per pool, the sum of ``counts`` over the pool's ``topology`` domain."""
-    if topology == "pool":
-        return counts
-    dom, nd = snapshot.domains(topology)
-    if nd == 0:
-        return counts
-    return np.bincount(dom, weights=counts, minlength=nd).astype(np.int64)[dom]
+__all__ = ["Cycle", "tenant_domain_counts"]
 
 
 class Cycle:
@@ -90,25 +80,46 @@ class Cycle:
 
         Placements are the tenant's actual ones plus those assumed in this pass.
         """
+        table, codes, total = self.term_table(term)
+        return (table if codes is None else table[codes]), total
+
+    def term_counts_at(self, term: CompiledTerm, idx: np.ndarray) -> tuple[np.ndarray, int]:
+        """Return :meth:`term_counts` at the pools ``idx`` only (what the plugins read): the
+        counts per domain gathered at the pools' domains, no array over every pool."""
+        table, codes, total = self.term_table(term)
+        return table.take(idx if codes is None else codes.take(idx)), total
+
+    def term_table(self, term: CompiledTerm) -> tuple[np.ndarray, np.ndarray | None, int]:
+        """Return the term's matching placements (actual and assumed) per topology domain,
+        each pool's domain code (None: the table is per pool), and their total.
+
+        The actual placements' table is memoized on the snapshot; this pass's assumed ones
+        are added per call, by domain (a bincount over the few pools they are on)."""
         key = (term.selector, term.topology)
         hit = self._terms.get(key)
         if hit is not None:
             return hit
         snap = self.snapshot
         tenant = self.spec.tenant_id
-
-        def build() -> tuple[np.ndarray, int]:
-            raw = snap.placed_counts(tenant, term.selector)
-            return to_domains(snap, raw, term.topology), int(raw.sum())
-
-        counts, total = snap.memoized(("dom", tenant, term.selector, term.topology), build)
+        table, total = snap.memoized(
+            ("domt", tenant, term.selector, term.topology),
+            _term_table, snap, tenant, term.selector, term.topology,
+        )
+        codes, nd = _codes(snap, term.topology)
         if self.assumed is not None:
             extra = self.assumed.placed_counts(tenant, term.selector)
             if extra is not None:
-                counts = counts + to_domains(snap, extra, term.topology)
-                total += int(extra.sum())
-        self._terms[key] = (counts, total)
-        return counts, total
+                at = extra.nonzero()[0]
+                weights = extra.take(at)
+                total += int(weights.sum())
+                if codes is None:
+                    table = table + extra
+                else:
+                    table = table + np.bincount(
+                        codes.take(at), weights=weights, minlength=nd
+                    ).astype(np.int64)
+        hit = self._terms[key] = (table, codes, total)
+        return hit
 
     def tenant_domain_counts(self, topology: str) -> tuple[np.ndarray, np.ndarray]:
         """Return each pool's ``topology`` domain code and, per domain, the tenant's placed
@@ -135,6 +146,34 @@ def tenant_domain_counts(
         if extra is not None:
             per_domain = per_domain + extra
     return dom, per_domain
+
+
+def _codes(snapshot: Snapshot, topology: str) -> tuple[np.ndarray | None, int]:
+    """Return each pool's ``topology`` domain code and the number of domains; None when
+    domains are pools (``to_domains`` leaves per-pool counts as they are)."""
+    if topology == "pool":
+        return None, snapshot.n
+    dom, nd = snapshot.domains(topology)
+    return (None, nd) if nd == 0 else (dom, nd)
+
+
+def _term_table(
+    snapshot: Snapshot, tenant_id: str, selector: Items, topology: str
+) -> tuple[np.ndarray, int]:
+    """Return per ``topology`` domain (per pool: see ``_codes``) the tenant's actual
+    placements matching ``selector``, and their total."""
+    codes, nd = _codes(snapshot, topology)
+    if not snapshot.has_placements(tenant_id):
+        # What the bincount of no placements gives, without a pass over every pool.
+        return np.zeros(snapshot.n if codes is None else nd, dtype=np.int64), 0
+    raw = snapshot.placed_counts(tenant_id, selector)
+    if codes is None:
+        return raw, int(np.add.reduce(raw))
+    # By domain over the pools that hold any (a few): the bincount of every pool's count.
+    at = raw.nonzero()[0]
+    weights = raw.take(at)
+    per_domain = np.bincount(codes.take(at), weights=weights, minlength=nd)
+    return per_domain.astype(np.int64), int(np.add.reduce(weights))
 
 
 def _tenant_domains(snapshot: Snapshot, tenant_id: str, topology: str) -> np.ndarray:

@@ -46,6 +46,8 @@ from app.scheduling.stages import (
     rank,
     static_filters,
 )
+from app.scheduling.terms import covers as terms_covers
+from app.scheduling.terms import decide as terms_decide
 
 __all__ = ["WAKE_POOLS_MAX", "feasible_but_capacity", "select", "select_full", "select_ranked"]
 
@@ -69,6 +71,9 @@ def select(
     """
     if covers(spec, holds, explain=explain):
         return select_lean(spec, snapshot, assumed=assumed, top_k=top_k)
+    if terms_covers(spec, holds, explain=explain):
+        out = terms_decide(spec, snapshot, assumed=assumed, top_k=top_k)
+        return out.result() if isinstance(out, Ranked) else out
     return select_full(
         spec, snapshot, assumed=assumed, explain=explain, top_k=top_k, holds=holds
     )
@@ -86,6 +91,8 @@ def select_ranked(
     values whose ``result()`` is what ``select`` returns; its document is built from them)."""
     if covers(spec, holds):
         return decide(spec, snapshot, assumed=assumed, top_k=top_k)
+    if terms_covers(spec, holds):
+        return terms_decide(spec, snapshot, assumed=assumed, top_k=top_k)
     return select_full(spec, snapshot, assumed=assumed, top_k=top_k, holds=holds)
 
 

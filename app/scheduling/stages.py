@@ -78,7 +78,8 @@ def rank(idx: np.ndarray, total: np.ndarray, k: int | None) -> np.ndarray:
 
 def counts_map(counts: np.ndarray) -> dict[Reason, int]:
     """Return the nonzero rejection counts of a per-code array, by reason."""
-    return {REASONS[i]: int(counts[i]) for i in np.flatnonzero(counts)}
+    # ``nonzero`` on the 1-d array: np.flatnonzero adds two Python-level calls.
+    return {REASONS[i]: int(counts[i]) for i in counts.nonzero()[0].tolist()}
 
 
 def no_placement(counts: np.ndarray, near: np.ndarray, snapshot: Snapshot) -> NoPlacement:

@@ -29,8 +29,8 @@ class PreferredAffinity(ScorePlugin):
         """Return the signed sum of the weights of the terms each pool matches."""
         raw = np.zeros(len(idx), dtype=np.float64)
         for term in cycle.spec.preferred:
-            counts, _ = cycle.term_counts(term)
-            hit = counts[idx] > 0
+            counts, _ = cycle.term_counts_at(term, idx)
+            hit = counts > 0
             raw += np.where(hit, -term.weight if term.anti else term.weight, 0)
         return raw
 
@@ -41,5 +41,8 @@ class PreferredAffinity(ScorePlugin):
 
     def describe(self, cycle: Cycle, pool: int, value: float) -> str:
         """Return the signed sum of matched term weights."""
-        raw = self.score_many(cycle, np.array([pool], dtype=np.intp))[0]
+        return self.reason(self.score_many(cycle, np.array([pool], dtype=np.intp))[0])
+
+    def reason(self, raw: float) -> str:
+        """Return the reason of a pool whose matched terms sum to ``raw`` (a raw score)."""
         return f"preferred terms matched for {raw:+g} of weight"

@@ -33,14 +33,14 @@ class RequiredAffinity(FilterPlugin):
             return None
         codes = None
         for term in terms:
-            counts, total = cycle.term_counts(term)
+            counts, total = cycle.term_counts_at(term, idx)
             if term.anti:
-                bad = counts[idx] > 0
+                bad = counts > 0
                 code = CODE[Reason.ANTI_AFFINITY_VIOLATED]
             elif total == 0 and term.matches(cycle.spec.labels):
                 continue  # bootstrap: the task seeds its own cohort
             else:
-                bad = counts[idx] == 0
+                bad = counts == 0
                 code = CODE[Reason.AFFINITY_UNSATISFIED]
             if not bad.any():
                 continue
