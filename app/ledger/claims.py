@@ -213,7 +213,8 @@ class Grant(NamedTuple):
     tuple: one is built per placement)."""
 
     task_id: uuid.UUID
-    placement: dict[str, Any]
+    #: The placement document, or its JSON text (:meth:`Decision.placement_text`).
+    placement: dict[str, Any] | orjson.Fragment
     #: (pool id, member count, runtime instance id) per pool the task uses.
     members: tuple[tuple[str, int, str], ...]
     #: What one member requests: (cpu, memory, llm).

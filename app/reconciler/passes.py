@@ -403,17 +403,21 @@ async def _pass_in(
 
 
 def _grants(decisions: list[Decision], instance: dict[str, str]) -> list[Grant]:
-    """Return the grants of ``decisions`` (their members on the pools' runtime instances)."""
-    return [
-        Grant(
-            task_id=d.task.id,
-            placement=d.placement_json(),
-            members=tuple((p, c, instance[p]) for p, c in d.members),
-            requests=d.spec.requests,
-            wakes=(key_placed(d.spec.tenant_id),) if d.spec.labels else (),
-        )
-        for d in decisions
-    ]
+    """Return the grants of ``decisions`` (their members on the pools' runtime instances),
+    each placement as its stored JSON text."""
+    grants = []
+    grant = grants.append
+    for d in decisions:
+        spec = d.spec
+        members = d.members
+        if len(members) == 1:
+            (pool_id, count), = members
+            on = ((pool_id, count, instance[pool_id]),)
+        else:
+            on = tuple((p, c, instance[p]) for p, c in members)
+        grant(Grant(d.task.id, d.placement_text(), on, spec.requests,
+                    (key_placed(spec.tenant_id),) if spec.labels else ()))
+    return grants
 
 
 def _plan(

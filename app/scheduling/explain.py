@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 if TYPE_CHECKING:
     from app.scheduling.preemption import Preemption, Victim
     from app.scheduling.results import (
@@ -31,6 +33,7 @@ __all__ = [
     "preemption_document",
     "preview_document",
     "ranked_document",
+    "ranked_json",
     "rejection_document",
 ]
 
@@ -85,6 +88,76 @@ def ranked_document(ranked: Ranked) -> dict[str, Any]:
             for i in range(1, min(len(ids), ranked.top_k))
         ],
     }
+
+
+#: JSON texts of the strings placement documents repeat (pool ids; each component's name
+#: and reason around its value), bounded like the compiled specs a reconciler keeps.
+_TEXTS_KEPT = 4096
+_pool_texts: dict[str, str] = {}
+_component_texts: dict[tuple[str, str], tuple[str, str]] = {}
+
+
+def _pool_text(pool_id: str) -> str:
+    text = _pool_texts.get(pool_id)
+    if text is None:
+        if len(_pool_texts) >= _TEXTS_KEPT:
+            _pool_texts.clear()
+        text = _pool_texts[pool_id] = orjson.dumps(pool_id).decode()
+    return text
+
+
+def _component_text(name: str, reason: str) -> tuple[str, str]:
+    text = _component_texts.get((name, reason))
+    if text is None:
+        if len(_component_texts) >= _TEXTS_KEPT:
+            _component_texts.clear()
+        text = _component_texts[(name, reason)] = (
+            '{"name":' + orjson.dumps(name).decode() + ',"value":',
+            ',"reason":' + orjson.dumps(reason).decode() + "}",
+        )
+    return text
+
+
+def _number(x: float) -> str:
+    """Return the JSON text of ``round(x, 4)`` as orjson writes it.
+
+    Below 1e9 in magnitude that is the fixed-point text with four places, trailing zeros
+    dropped (one digit kept after the point): ``round`` and the ``.4f`` format round the
+    same way (correctly, half to even on the exact binary value), and at that magnitude the
+    rounded float's shortest text is those digits (its neighbours with at most four places
+    are far more than one unit in the last place apart), which orjson writes without an
+    exponent down to 1e-4. ``round`` itself formats, parses back and formats again.
+    Elsewhere (and for inf and nan) orjson writes the rounded float.
+    """
+    if -1e9 < x < 1e9:
+        text = f"{x:.4f}".rstrip("0")
+        return text + "0" if text[-1] == "." else text
+    return orjson.dumps(round(x, 4)).decode()
+
+
+def ranked_json(ranked: Ranked) -> bytes:
+    """Return ``orjson.dumps(ranked_document(ranked))``, byte for byte, without building the
+    document: the reconciler stores one per placement, and the dicts, lists and rounded
+    floats of a document cost more than serializing it (see :func:`_number`)."""
+    ids = ranked.pool_ids
+    scores = ranked.scores
+    pool = _pool_text(ids[0])
+    parts = ['{"poolId":', pool, ',"score":', _number(scores[0]), ',"components":[']
+    for name, value, reason in ranked.components:
+        head, tail = _component_text(name, reason)
+        parts += (head, _number(value), tail, ",")
+    if ranked.components:
+        parts.pop()
+    parts += ('],"members":[{"poolId":', pool, ',"count":1}],"alternatives":[')
+    k = min(len(ids), ranked.top_k)
+    for i in range(1, k):
+        parts += ('{"poolId":', _pool_text(ids[i]), ',"score":', _number(scores[i]), "},")
+    if k > 1:
+        parts.pop()
+        parts.append("}]}")
+    else:
+        parts.append("]}")
+    return "".join(parts).encode()
 
 
 def no_placement_document(reason: NoPlacement) -> dict[str, Any]:

@@ -423,19 +423,28 @@ _REQUEST_BOUNDS = {
 _LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
 
 
+#: The JSON names of :class:`Resources`.
+_REQUEST_KEYS = frozenset(_REQUEST_BOUNDS)
+_CPU_MAX = _REQUEST_BOUNDS["cpuMillis"]
+_MEMORY_MAX = _REQUEST_BOUNDS["memoryMiB"]
+_LLM_MAX = _REQUEST_BOUNDS["llmSlots"]
+_NO_LABELS: Items = frozenset()
+
+
 def _requests(requests: object) -> tuple[int, int, int] | None:
     """Return validated ``requests`` as a tuple, or None when :class:`Resources` refuses them.
 
     Plain values (a dict of ints within the fields' bounds, by their JSON names) are read
     directly; anything else is left to the model's validator, which decides.
     """
-    if type(requests) is dict and all(
-        type(v) is int and 0 <= v <= _REQUEST_BOUNDS.get(k, -1) for k, v in requests.items()
-    ):
-        return (
-            requests.get("cpuMillis", 0), requests.get("memoryMiB", 0),
-            requests.get("llmSlots", 0),
-        )
+    if type(requests) is dict and requests.keys() <= _REQUEST_KEYS:
+        cpu = requests.get("cpuMillis", 0)
+        memory = requests.get("memoryMiB", 0)
+        llm = requests.get("llmSlots", 0)
+        if (type(cpu) is int and type(memory) is int and type(llm) is int
+                and 0 <= cpu <= _CPU_MAX and 0 <= memory <= _MEMORY_MAX
+                and 0 <= llm <= _LLM_MAX):
+            return (cpu, memory, llm)
     try:
         return _RESOURCES.validate_python(requests).as_tuple()
     except ValidationError:
@@ -445,11 +454,14 @@ def _requests(requests: object) -> tuple[int, int, int] | None:
 def _labels(labels: object) -> Items | None:
     """Return validated ``labels`` as items, or None when :data:`LabelKey` and
     :data:`LabelValue` refuse them (plain ones read directly, as :func:`_requests`)."""
-    if type(labels) is dict and len(labels) <= MAX_LABELS and all(
-        len(k) <= 128 and _LABEL_KEY.fullmatch(k) and type(v) is str and len(v) <= 256
-        for k, v in labels.items()
-    ):
-        return frozenset(labels.items())
+    if type(labels) is dict:
+        if not labels:
+            return _NO_LABELS
+        if len(labels) <= MAX_LABELS and all(
+            len(k) <= 128 and _LABEL_KEY.fullmatch(k) and type(v) is str and len(v) <= 256
+            for k, v in labels.items()
+        ):
+            return frozenset(labels.items())
     try:
         return frozenset(_LABELS.validate_python(labels).items())
     except ValidationError:
@@ -468,6 +480,6 @@ def _bind(
         shape.data_residency, shape.artifact_region, shape.pool_selector, shape.required,
         shape.preferred, labels, shape.members, shape.min_pools, shape.max_per_pool,
         shape.priority, shape.may_preempt,
-        (tenant_id, fp[1], requests, *fp[3:7], own, *fp[8:]),
+        (tenant_id, fp[1], requests, fp[3], fp[4], fp[5], fp[6], own, fp[8]),
         shape.placement_class,
     )

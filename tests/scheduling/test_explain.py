@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from app.scheduling.explain import (
     no_placement_document,
     placement_document,
     preview_document,
+    ranked_document,
+    ranked_json,
 )
 from app.scheduling.framework import select
 from app.scheduling.reasons import Reason
-from app.scheduling.results import Candidate, NoPlacement, ScoreComponent
+from app.scheduling.results import Candidate, NoPlacement, Ranked, ScoreComponent
 
 from .factories import pool, snapshot, spec
 
@@ -70,3 +75,30 @@ def test_preview_document_holds_the_placement_document_of_the_result():
     assert [c["poolId"] for c in doc["candidates"]] == ["a", "b"]
     assert doc["rejected"] == [{"poolId": "c", "reasons": ["pool_not_active"]}]
     assert doc["reason"] is None
+
+
+#: Scores as the core makes them (0..a few hundred, four places apart) and the edges of
+#: ``round``'s and orjson's number formats: halves, tiny, negative, huge, inf and nan.
+NUMBERS = st.one_of(
+    st.floats(min_value=-1000, max_value=1000),
+    st.integers(-10**7, 10**7).map(lambda n: n / 10**4 + 0.00005),
+    st.sampled_from([0.0, -0.0, 1e-4, 5e-5, 4.9999e-5, -4e-5, 0.00015, 2.675, 1e9 - 1e-5, 1e9,
+                     -1e9, 1e16, 1.5e-7, float("inf"), float("-inf"), float("nan")]),
+    st.floats(allow_nan=True, allow_infinity=True),
+)
+TEXTS = st.text(min_size=0, max_size=20)
+
+
+@settings(max_examples=500)
+@given(
+    pools=st.lists(st.from_regex(r"[a-z0-9][a-z0-9-]{0,12}", fullmatch=True), min_size=1,
+                   max_size=6, unique=True),
+    scores=st.lists(NUMBERS, min_size=6, max_size=6),
+    components=st.lists(st.tuples(TEXTS, NUMBERS, TEXTS), max_size=4),
+    top_k=st.integers(1, 8),
+)
+def test_ranked_json_is_the_ranked_document_serialized_byte_for_byte(
+    pools, scores, components, top_k
+):
+    ranked = Ranked(pools, scores[: len(pools)], tuple(components), top_k, {})
+    assert ranked_json(ranked) == orjson.dumps(ranked_document(ranked))
