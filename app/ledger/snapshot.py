@@ -74,17 +74,20 @@ _ARRAY_ELEMENT = np.dtype([("length", ">i4"), ("value", ">i8")])
 # row's xmin reads as FrozenTransactionId, whose age is the largest there is: it is old.
 # Returned: this read's own horizon (``pg_current_snapshot()`` is the statement's snapshot),
 # ``age($1)`` (the caller refuses a window it cannot trust), then per table the row count and
-# the rows written since: pools (ids only: any of them rebuilds the static part), ledgers
+# the rows written since: pools (ids and versions: a row whose version is not the one the
+# static part was built from rebuilds it; the same version is a row the window holds only
+# because an older transaction was still running at the previous read), ledgers
 # (ids, and totals and reservations as an (n x 6) int8 array in binary form), runtime
 # instances (ids, and heartbeats as a timestamptz array in binary form: microseconds since
 # 2000-01-01, the same layout as int8). One scan of each table, no join, no sort: a tenth of
 # ``_USAGE``'s instructions at 5,000 pools.
 _CHANGED = (
-    "SELECT s.x::text, s.a, p.n, p.ids, l.n, l.ids, array_send(l.v), r.n, r.ids, "
+    "SELECT s.x::text, s.a, p.n, p.ids, p.vs, l.n, l.ids, array_send(l.v), r.n, r.ids, "
     "array_send(r.hb) "
     "FROM (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS x, age(xid($1::text::xid8)) AS a) s "
     "CROSS JOIN LATERAL (SELECT count(*) AS n, "
-    "array_agg(id) FILTER (WHERE age(xmin) <= s.a) AS ids FROM pools) p "
+    "array_agg(id) FILTER (WHERE age(xmin) <= s.a) AS ids, "
+    "array_agg(xmin::text::bigint) FILTER (WHERE age(xmin) <= s.a) AS vs FROM pools) p "
     "CROSS JOIN LATERAL (SELECT count(*) AS n, "
     "array_agg(pool_id) FILTER (WHERE age(xmin) <= s.a) AS ids, "
     "array_agg(ARRAY[cpu_total, memory_total, llm_total, cpu_reserved, memory_reserved, "
@@ -228,26 +231,17 @@ def _array_1d(data: bytes | None, n: int) -> np.ndarray:
     return np.frombuffer(data, _ARRAY_ELEMENT, offset=5 * 4)["value"].astype(np.int64)
 
 
-def _usage_array(n: int, data: bytes | None) -> np.ndarray:
-    """Return the (n, 8) int64 array of a ``_USAGE`` row (see there)."""
+def _array_2d(data: bytes | None, n: int, columns: int) -> np.ndarray:
+    """Return the (n, columns) int64 values of ``array_send`` of a two-dimensional int8
+    array without NULLs (a ``_USAGE`` row's, or ``_CHANGED``'s ledger values)."""
     if not n:
-        return np.zeros((0, _USAGE_COLUMNS), dtype=np.int64)
+        return np.zeros((0, columns), dtype=np.int64)
     assert data is not None
-    ndim, has_null, _, rows, _, columns, _ = np.frombuffer(data, _ARRAY_HEADER, 7).tolist()
-    if (ndim, has_null, rows, columns) != (2, 0, n, _USAGE_COLUMNS):
-        raise ValueError(f"unexpected usage array ({ndim}, {has_null}, {rows}, {columns})")
+    ndim, has_null, _, rows, _, width, _ = np.frombuffer(data, _ARRAY_HEADER, 7).tolist()
+    if (ndim, has_null, rows, width) != (2, 0, n, columns):
+        raise ValueError(f"unexpected array ({ndim}, {has_null}, {rows}, {width})")
     values = np.frombuffer(data, _ARRAY_ELEMENT, offset=7 * 4)["value"]
-    return values.astype(np.int64).reshape(n, _USAGE_COLUMNS)
-
-
-def _array_1d_2(data: bytes | None, n: int) -> np.ndarray:
-    """Return the (n, 6) int64 array of ``_CHANGED``'s ledger values."""
-    assert data is not None
-    ndim, has_null, _, rows, _, columns, _ = np.frombuffer(data, _ARRAY_HEADER, 7).tolist()
-    if (ndim, has_null, rows, columns) != (2, 0, n, 6):
-        raise ValueError(f"unexpected ledger array ({ndim}, {has_null}, {rows}, {columns})")
-    values = np.frombuffer(data, _ARRAY_ELEMENT, offset=7 * 4)["value"]
-    return values.astype(np.int64).reshape(n, 6)
+    return values.astype(np.int64).reshape(n, columns)
 
 
 async def snapshot_read(
@@ -269,7 +263,7 @@ async def snapshot_read(
             return snapshot
     hb = await conn.fetchrow(_HEARTBEATS)
     n, data = await conn.fetchrow(_USAGE, cutoff)
-    usage = _usage_array(n, data)
+    usage = _array_2d(data, n, _USAGE_COLUMNS)
     versions = usage[:, 0]
     if (previous is not None and previous.strategy == strategy and previous.n == n
             and cache.versions is not None and np.array_equal(cache.versions, versions)):
@@ -329,12 +323,21 @@ async def _changed_read(
     pool_heartbeats = cache.pool_heartbeats
     assert previous is not None
     row = await conn.fetchrow(_CHANGED, cache.horizon)
-    horizon, age, pools, pool_ids, ledgers, ledger_ids, values, instances, instance_ids, beats = row
-    if (age is None or not 0 <= age <= _AGE_MAX or pools != previous.n or pool_ids
+    (horizon, age, pools, pool_ids, pool_versions, ledgers, ledger_ids, values, instances,
+     instance_ids, beats) = row
+    if (age is None or not 0 <= age <= _AGE_MAX or pools != previous.n
             or ledgers != cache.ledgers or instances != cache.instances
-            or pool_heartbeats is None):
+            or pool_heartbeats is None or cache.versions is None):
         return None
     pos = previous.pos
+    if pool_ids:
+        # A pool row in the window is unchanged only if it is the version the static part
+        # was built from (an older transaction held the previous read's horizon back).
+        versions = cache.versions
+        for pid, version in zip(pool_ids, pool_versions, strict=True):
+            row_of = pos.get(pid)
+            if row_of is None or versions[row_of] != version:
+                return None
     has_ledger = previous.has_ledger
     cap = previous.cap
     reserved = previous.reserved
@@ -343,7 +346,7 @@ async def _changed_read(
                            count=len(ledger_ids))
         if (rows < 0).any() or not has_ledger[rows].all():
             return None
-        v = _array_1d_2(values, len(ledger_ids))
+        v = _array_2d(values, len(ledger_ids), 6)
         cap = cap.copy()
         reserved = reserved.copy()
         cap[rows] = v[:, 0:3]

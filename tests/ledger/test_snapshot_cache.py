@@ -307,3 +307,35 @@ async def test_changed_rows_only_between_full_reads_match_a_fresh_read(db: Datab
     cache.horizon = "1"
     await step(nothing, delta=False)
     await step(nothing)
+
+
+async def test_unchanged_pool_rows_in_a_held_back_window_keep_the_cheap_read(db: Database) -> None:
+    """A transaction that was running at the previous read holds its horizon back, so the
+    window also holds pool rows written before that read: rows still at the version the
+    static part was built from are unchanged (no full read); a row written since is not."""
+    async with db.connection() as held:
+        await held.execute("BEGIN")
+        await held.fetchval("SELECT txid_current()")  # running through every read below
+        try:
+            await _pools(db, "p1", "p2")
+            cache = SnapshotCache()
+            await _read(db, cache)
+            rebuilds, deltas = cache.rebuilds, cache.deltas
+            async with db.transaction() as conn:
+                await ledger_reserve_many(conn, amounts={"p2": (700, 0, 0)}, now=NOW)
+            snap = await _read(db, cache)
+            assert (cache.rebuilds, cache.deltas) == (rebuilds, deltas + 1)
+            assert snap.reserved[:, 0].tolist() == [0, 700]
+            _same(snap, await _fresh(db))
+
+            async with db.transaction() as conn:
+                await pool_status_set(
+                    conn, pool_id="p1", status="CORDONED", reason="maintenance",
+                    drain_deadline=None, now=NOW,
+                )
+            snap = await _read(db, cache)
+            assert cache.rebuilds == rebuilds + 1
+            assert snap.pools[0].status == "CORDONED"
+            _same(snap, await _fresh(db))
+        finally:
+            await held.execute("ROLLBACK")
