@@ -50,7 +50,7 @@ from app.scheduling.stages import (
     static_filters,
 )
 
-__all__ = ["covers", "decide", "select_lean"]
+__all__ = ["capacity_rejections", "class_of", "covers", "decide", "select_lean"]
 
 _CPU = CODE[Reason.INSUFFICIENT_CPU]
 _MEMORY = CODE[Reason.INSUFFICIENT_MEMORY]
@@ -132,7 +132,7 @@ def _nonneg(reserved: np.ndarray) -> bool:
     return not np.count_nonzero(reserved < 0)
 
 
-def _class(prof: Profile, spec: CompiledSpec, snapshot: Snapshot) -> _Class:
+def class_of(prof: Profile, spec: CompiledSpec, snapshot: Snapshot) -> _Class:
     """Return the class of ``spec`` on ``snapshot``, built on first use.
 
     Tenants that see the same pools share classes: the filters other than tenant access read
@@ -233,7 +233,7 @@ def decide(
     ``explain=False`` returns), or the full select's result of a task that fits nowhere."""
     if spec.tenant_id not in snapshot.audience:
         return no_placement_result(None, _NONE, snapshot)
-    c = _class(profile(snapshot.strategy), spec, snapshot)
+    c = class_of(profile(snapshot.strategy), spec, snapshot)
     idx = c.idx
     if len(idx) == 0:
         return no_placement_result(c.counts, _NONE, snapshot)
@@ -265,6 +265,20 @@ def decide(
     return _select_cut(c, spec, snapshot, assumed, top_k, need, req, lack)
 
 
+def capacity_rejections(lack: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return which pools lack room (``lack``: pools x dimensions, need > capacity) and a copy
+    of ``counts`` with each of them counted under its first lacking dimension (cpu, memory,
+    llm slots), as the capacity filter codes them."""
+    bad = np.logical_or.reduce(lack, axis=1)
+    counts = counts.copy()
+    first_cpu = lack[:, 0]
+    first_mem = lack[:, 1] & ~first_cpu
+    counts[_CPU] += int(first_cpu.sum())
+    counts[_MEMORY] += int(first_mem.sum())
+    counts[_LLM] += int((bad & ~first_cpu & ~first_mem).sum())
+    return bad, counts
+
+
 def _select_cut(
     c: _Class,
     spec: CompiledSpec,
@@ -280,14 +294,7 @@ def _select_cut(
     the scores of the pools that fit, with the full select's masked utilization."""
     idx = c.idx
     if np.count_nonzero(lack):
-        bad = np.logical_or.reduce(lack, axis=1)
-        counts = c.counts.copy()
-        # Each pool counts under its first lacking dimension: cpu, memory, llm slots.
-        first_cpu = lack[:, 0]
-        first_mem = lack[:, 1] & ~first_cpu
-        counts[_CPU] += int(first_cpu.sum())
-        counts[_MEMORY] += int(first_mem.sum())
-        counts[_LLM] += int((bad & ~first_cpu & ~first_mem).sum())
+        bad, counts = capacity_rejections(lack, c.counts)
         fit = np.flatnonzero(~bad)
         if len(fit) == 0:
             # Woken by released capacity: the pools whose totals could hold the task.

@@ -3,7 +3,7 @@
 About 5% of the benchmark mix (preferred affinity; 10% more with ``--mix antiaffinity``,
 required anti-affinity) carries affinity terms. Their filters up to capacity are those of a
 lean spec of the same class, so :func:`decide` starts from the lean select's per-class memo
-(:func:`app.scheduling.lean._class`: the pools past every filter but capacity, their
+(:func:`app.scheduling.lean.class_of`: the pools past every filter but capacity, their
 rejection counts and capacities) and adds per task only what the terms change:
 
     used + request > capacity      -> capacity rejections (first lacking dimension), as lean
@@ -29,11 +29,11 @@ import numpy as np
 
 from app.scheduling.assumed import Assumed, request_row
 from app.scheduling.cycle import Cycle
-from app.scheduling.lean import _class
+from app.scheduling.lean import capacity_rejections, class_of
 from app.scheduling.plugins import names
 from app.scheduling.plugins.least_loaded import dominant_and_mean
 from app.scheduling.plugins.registry import Profile, profile
-from app.scheduling.reasons import CODE, PASS, Reason
+from app.scheduling.reasons import PASS
 from app.scheduling.results import Ranked, Result
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec
@@ -41,9 +41,6 @@ from app.scheduling.stages import N_REASONS, counts_map, no_placement_result, ra
 
 __all__ = ["covers", "decide"]
 
-_CPU = CODE[Reason.INSUFFICIENT_CPU]
-_MEMORY = CODE[Reason.INSUFFICIENT_MEMORY]
-_LLM = CODE[Reason.INSUFFICIENT_LLM_SLOTS]
 _NONE = np.empty(0, dtype=np.intp)
 _LOAD = frozenset({names.LEAST_LOADED, names.MOST_LOADED})
 #: The term-less spec of each (tenant, placement class): what the lean class is built from.
@@ -89,7 +86,7 @@ def decide(
     if spec.tenant_id not in snapshot.audience:
         return no_placement_result(None, _NONE, snapshot)
     prof = profile(snapshot.strategy)
-    c = _class(prof, _bare(spec), snapshot)
+    c = class_of(prof, _bare(spec), snapshot)
     idx = c.idx
     if len(idx) == 0:
         return no_placement_result(c.counts, _NONE, snapshot)
@@ -102,14 +99,7 @@ def decide(
     near = _NONE
     pools = idx
     if np.count_nonzero(lack):
-        bad = np.logical_or.reduce(lack, axis=1)
-        counts = counts.copy()
-        # Each pool counts under its first lacking dimension: cpu, memory, llm slots.
-        first_cpu = lack[:, 0]
-        first_mem = lack[:, 1] & ~first_cpu
-        counts[_CPU] += int(first_cpu.sum())
-        counts[_MEMORY] += int(first_mem.sum())
-        counts[_LLM] += int((bad & ~first_cpu & ~first_mem).sum())
+        bad, counts = capacity_rejections(lack, counts)
         # Woken by released capacity: the pools whose totals could hold the task.
         near = idx[bad & (cap >= req).all(axis=1)]
         fit = ~bad
