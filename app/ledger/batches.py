@@ -79,12 +79,14 @@ _WAKE = (f"(SELECT pg_notify('{CHANNEL}', '{WakeSource.SUBMITTED.value}') "
 #: The batch arrives as parallel arrays ($5..$7); an item is its position in them (from 1).
 #: Keys and hashes may be empty arrays (no item has a key): ``unnest`` pads them with NULL.
 #: The priority, runtime class, labels and attempts are read from the spec itself (the
-#: validated JSON always has them), so the client sends each spec once. ``input`` is
+#: validated JSON always has them), so the client sends each spec once; the column stores the
+#: text as sent (``json``: revision 0013_spec_json), not the parsed document. ``input`` is
 #: referenced twice, so PostgreSQL computes it once and every id drawn by
 #: ``gen_random_uuid()`` is the one inserted and returned.
 _INSERT = f"""
     WITH input AS (
-        SELECT i.idx, {_id('$8')} AS id, i.spec::jsonb AS spec, i.key, i.hash
+        SELECT i.idx, {_id('$8')} AS id, i.spec::jsonb AS spec, i.spec::json AS raw,
+               i.key, i.hash
         FROM unnest($5::text[], $6::text[], $7::text[]) WITH ORDINALITY AS i(spec, key, hash, idx)
     ), fresh AS (
         SELECT n.*, row_number() OVER (ORDER BY n.idx) AS rank
@@ -93,7 +95,7 @@ _INSERT = f"""
             SELECT 1 FROM tasks t WHERE t.tenant_id = $1 AND t.idempotency_key = n.key)
     ), {_GATE}, ins AS ({_TASK_COLUMNS}
         SELECT f.id, $1::text, $2::int, 'ADMITTED', (f.spec->>'priority')::int,
-               f.spec->>'runtimeClass', f.spec, f.spec->'labels',
+               f.spec->>'runtimeClass', f.raw, f.spec->'labels',
                (f.spec->>'maxAttempts')::int, f.key, f.hash,
                $3::timestamptz, $3::timestamptz, $3::timestamptz
         FROM fresh f, gate
@@ -113,11 +115,11 @@ _INSERT = f"""
 #: request order. (One text instead of an array of 1,000: less to encode and to decode.)
 _INSERT_UNKEYED = f"""
     WITH input AS MATERIALIZED (
-        SELECT i.idx, {_id('$6')} AS id, i.spec::jsonb AS spec
+        SELECT i.idx, {_id('$6')} AS id, i.spec::jsonb AS spec, i.spec::json AS raw
         FROM string_to_table($5::text, E'\\n') WITH ORDINALITY AS i(spec, idx)
     ), {_GATE}, ins AS ({_TASK_COLUMNS}
         SELECT n.id, $1::text, $2::int, 'ADMITTED', (n.spec->>'priority')::int,
-               n.spec->>'runtimeClass', n.spec, n.spec->'labels',
+               n.spec->>'runtimeClass', n.raw, n.spec->'labels',
                (n.spec->>'maxAttempts')::int, NULL, NULL,
                $3::timestamptz, $3::timestamptz, $3::timestamptz
         FROM input n, gate

@@ -35,7 +35,7 @@ from sqlalchemy import (
     Text,
     text,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSON, JSONB, UUID
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -134,7 +134,10 @@ tasks = Table(
     Column("state", Text, nullable=False, server_default="ADMITTED"),
     Column("priority", Integer, nullable=False, server_default="0"),
     Column("runtime_class", Text, nullable=False),
-    Column("spec", JSONB, nullable=False),
+    # The validated spec as the API wrote it, ``json`` (not ``jsonb``): every claim reads it
+    # as text, which ``json`` returns as stored instead of rebuilding it from a binary
+    # document (revision 0013_spec_json, decision 13).
+    Column("spec", JSON, nullable=False),
     Column("labels", JSONB, nullable=False, server_default="{}"),
     Column("pending_reason", JSONB),
     # A parked task is ADMITTED but waits for a wakeup (capacity released, pool activated...)

@@ -180,7 +180,7 @@ _SUBMIT = """
         INSERT INTO tasks (id, tenant_id, shard, state, priority, runtime_class, spec, labels,
                            max_attempts, idempotency_key, request_hash,
                            created_at, admitted_at, updated_at)
-        VALUES ($1, $2, $3, 'ADMITTED', $4, $5, $6::jsonb, $7::jsonb, $8, $9, $10, $11, $11, $11)
+        VALUES ($1, $2, $3, 'ADMITTED', $4, $5, $6::json, $7::jsonb, $8, $9, $10, $11, $11, $11)
 """ + _SUBMIT_TAIL
 
 #: The same statement, inserting only while the tenant has fewer than $12 queued tasks.
@@ -192,7 +192,7 @@ _SUBMIT_CAPPED = """
         INSERT INTO tasks (id, tenant_id, shard, state, priority, runtime_class, spec, labels,
                            max_attempts, idempotency_key, request_hash,
                            created_at, admitted_at, updated_at)
-        SELECT $1::uuid, $2::text, $3::int, 'ADMITTED', $4::int, $5::text, $6::jsonb,
+        SELECT $1::uuid, $2::text, $3::int, 'ADMITTED', $4::int, $5::text, $6::json,
                $7::jsonb, $8::int, $9::text, $10::text, $11::timestamptz, $11, $11
         FROM gate WHERE gate.queued < $12::bigint
 """ + _SUBMIT_TAIL

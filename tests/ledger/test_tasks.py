@@ -6,9 +6,12 @@ import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 import pytest
 
+from app.config import SHARD_SLOTS
 from app.db import Database
+from app.ledger.claims import tasks_claim
 from app.ledger.idempotency import IdempotencyKeyReused
 from app.ledger.tasks import (
     SpecHasNul,
@@ -93,3 +96,21 @@ async def test_a_backslash_u0000_text_is_not_a_nul(db: Database):
         row = await task_submit(conn, tenant_id="t", spec={**SPEC, "labels": {"a": "\\u0000"}},
                                 idempotency_key=None, request_hash=None, now=NOW)
     assert row.created
+
+
+async def test_the_spec_is_stored_and_claimed_as_the_text_written(db: Database):
+    """``tasks.spec`` is ``json`` (revision 0013_spec_json, decision 13): the claim returns
+    the text a submission wrote, byte for byte, and reads decode it to the same spec."""
+    spec = {"runtimeClass": "py", "requests": {"memoryMiB": 64, "cpuMillis": 100},
+            "labels": {"z": "1", "a": "2"}, "priority": 3}
+    async with db.connection() as conn:
+        row = await task_submit(conn, tenant_id="t", spec=spec, idempotency_key=None,
+                                request_hash=None, now=NOW)
+        assert await conn.fetchval(
+            "SELECT pg_typeof(spec)::text FROM tasks WHERE id = $1", row.id) == "json"
+        assert (await task_get(conn, task_id=row.id, tenant_ids=["t"])).spec == spec
+    async with db.transaction() as conn:
+        claimed = await tasks_claim(conn, slots=range(SHARD_SLOTS), batch=10, now=NOW)
+    assert [c.id for c in claimed] == [row.id]
+    assert claimed[0].spec_json == orjson.dumps(spec, option=orjson.OPT_SORT_KEYS).decode()
+    assert claimed[0].spec == spec
