@@ -135,7 +135,7 @@ async def test_four_reconcilers_with_preemptors_never_double_count_or_lose_a_tas
         # A gang is placed whole or not at all.
         gangs = [r[0] for r in await conn.fetch(
             "SELECT SUM(r.members) FROM reservations r JOIN tasks t ON t.id = r.task_id "
-            "WHERE t.spec ? 'gang' AND t.state = 'LEASED' GROUP BY t.id")]
+            "WHERE t.spec::jsonb ? 'gang' AND t.state = 'LEASED' GROUP BY t.id")]
         # Every displacement was of a strictly lower priority task of the same tenant.
         wrong = await conn.fetchval(
             "SELECT count(*) FROM task_events e JOIN tasks v ON v.id = e.task_id "

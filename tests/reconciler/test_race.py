@@ -78,7 +78,7 @@ async def test_four_reconcilers_never_overcommit_lose_or_double_place(
             "HAVING count(*) != count(DISTINCT pool_id)) x")
         gang_members = [r[0] for r in await conn.fetch(
             "SELECT SUM(r.members) FROM reservations r JOIN tasks t ON t.id = r.task_id "
-            "WHERE t.spec ? 'gang' GROUP BY t.id")]
+            "WHERE t.spec::jsonb ? 'gang' GROUP BY t.id")]
         used = await conn.fetchval(
             "SELECT SUM(cpu_reserved)::float / SUM(cpu_total) FROM ledgers")
     assert unexplained == 0  # every waiting task says why
