@@ -83,6 +83,8 @@ class ClaimedTask(NamedTuple):
         return orjson.loads(self.spec_json)
 
 
+# ``spec`` is ``json`` (revision 0013_spec_json, decision 13): ``spec::text`` copies the stored
+# text, where a ``jsonb`` column rebuilt it per claimed task (a third of the claim's work).
 _COLUMNS = (
     "id, tenant_id, seq, priority, spec::text, admitted_at, attempts, "
     "pending_reason ->> 'code', pending_reason::text, pending_stage"
