@@ -123,3 +123,33 @@ async def test_state_machine_values_enforced(db: Database, stmt: str) -> None:
     with pytest.raises(asyncpg.CheckViolationError, match="check constraint"):
         async with db.transaction() as conn:
             await conn.execute(stmt)
+
+
+async def test_ids_compare_bytewise(database_url: str) -> None:
+    """Tenant, pool and runtime-instance ids are ``COLLATE "C"`` (revision
+    0014_keys_collate_c, decision 14), whatever the server's locale: equal ids stay equal,
+    and order is byte order."""
+    expected = {
+        ("pools", "id"), ("pools", "runtime_instance_id"), ("ledgers", "pool_id"),
+        ("runtime_instances", "id"), ("tasks", "tenant_id"), ("reservations", "pool_id"),
+        ("leases", "pool_id"), ("leases", "runtime_instance_id"),
+        ("tenant_queue_counts", "tenant_id"),
+    }
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch(
+            "SELECT c.relname, a.attname, co.collname FROM pg_attribute a "
+            "JOIN pg_class c ON c.oid = a.attrelid JOIN pg_collation co ON co.oid = a.attcollation "
+            "WHERE c.relname = ANY($1::text[]) AND a.attnum > 0 AND NOT a.attisdropped",
+            sorted({t for t, _ in expected}),
+        )
+        collations = {(r[0], r[1]): r[2] for r in rows}
+        assert {k: collations[k] for k in expected} == dict.fromkeys(expected, "C")
+        # Byte order, as the embedded server's C locale has it.
+        assert await conn.fetchval(
+            "SELECT array_agg(tenant_id ORDER BY tenant_id) FROM (SELECT tenant_id FROM "
+            "tenant_queue_counts WHERE false UNION ALL SELECT x FROM unnest("
+            "ARRAY['b', 'B', 'ab', 'a-b']) AS x) v"
+        ) == ["B", "a-b", "ab", "b"]
+    finally:
+        await conn.close()

@@ -64,13 +64,17 @@ def _in(column: str, values: tuple[str, ...]) -> str:
 
 NOW = text("now()")
 
+#: Tenant, pool and runtime-instance ids: machine identifiers compared bytewise, whatever the
+#: server's locale (revision 0014_keys_collate_c, decision 14).
+ID = Text(collation="C")
+
 pools = Table(
     "pools",
     metadata,
-    Column("id", Text, primary_key=True),
+    Column("id", ID, primary_key=True),
     Column("tenant_ids", ARRAY(Text), nullable=False, server_default="{}"),
     Column("runtime_class", Text, nullable=False),
-    Column("runtime_instance_id", Text, nullable=False),
+    Column("runtime_instance_id", ID, nullable=False),
     Column("region", Text, nullable=False),
     Column("data_residency", Text, nullable=False, server_default=""),
     Column("failure_domain", Text, nullable=False, server_default=""),
@@ -95,7 +99,7 @@ Index("ix_pools_runtime_instance_id", pools.c.runtime_instance_id)
 ledgers = Table(
     "ledgers",
     metadata,
-    Column("pool_id", Text, ForeignKey("pools.id", ondelete="CASCADE"), primary_key=True),
+    Column("pool_id", ID, ForeignKey("pools.id", ondelete="CASCADE"), primary_key=True),
     Column("cpu_total", BigInteger, nullable=False),
     Column("memory_total", BigInteger, nullable=False),
     Column("llm_total", BigInteger, nullable=False),
@@ -117,7 +121,7 @@ ledgers = Table(
 runtime_instances = Table(
     "runtime_instances",
     metadata,
-    Column("id", Text, primary_key=True),
+    Column("id", ID, primary_key=True),
     Column("last_heartbeat_at", DateTime(timezone=True), nullable=False),
     Column("first_seen_at", DateTime(timezone=True), nullable=False, server_default=NOW),
 )
@@ -129,7 +133,7 @@ tasks = Table(
     # Admission order: the fifo key, the cursor of lists, the tie-break of every policy.
     # Unique by its identity, without an index of its own (revision 0009_batch, decision 8).
     Column("seq", BigInteger, Identity(always=True), nullable=False),
-    Column("tenant_id", Text, nullable=False),
+    Column("tenant_id", ID, nullable=False),
     Column("shard", Integer, nullable=False),
     Column("state", Text, nullable=False, server_default="ADMITTED"),
     Column("priority", Integer, nullable=False, server_default="0"),
@@ -217,7 +221,7 @@ reservations = Table(
     "reservations",
     metadata,
     Column("task_id", UUID(as_uuid=True), nullable=False),
-    Column("pool_id", Text, nullable=False),
+    Column("pool_id", ID, nullable=False),
     Column("members", Integer, nullable=False, server_default="1"),
     Column("cpu", BigInteger, nullable=False),
     Column("memory", BigInteger, nullable=False),
@@ -240,8 +244,8 @@ leases = Table(
     metadata,
     Column("id", UUID(as_uuid=True), primary_key=True),
     Column("task_id", UUID(as_uuid=True), nullable=False),
-    Column("pool_id", Text, nullable=False),
-    Column("runtime_instance_id", Text, nullable=False),
+    Column("pool_id", ID, nullable=False),
+    Column("runtime_instance_id", ID, nullable=False),
     # Fencing epoch: every write for a lease names it; a recovered and re-granted task has a
     # higher epoch, so a stale runtime's completion is refused.
     Column("epoch", BigInteger, nullable=False),
@@ -346,7 +350,7 @@ Index("ix_idempotency_records_created_at", idempotency_records.c.created_at)
 tenant_queue_counts = Table(
     "tenant_queue_counts",
     metadata,
-    Column("tenant_id", Text, nullable=False),
+    Column("tenant_id", ID, nullable=False),
     Column("stripe", SmallInteger, nullable=False),
     Column("queued", BigInteger, nullable=False),
     PrimaryKeyConstraint("tenant_id", "stripe", name="pk_tenant_queue_counts"),
