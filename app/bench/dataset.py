@@ -431,7 +431,7 @@ _CHECKS = {
             SELECT r.task_id, sum(r.members) AS placed,
                    coalesce((t.spec -> 'gang' ->> 'members')::int, 1) AS wanted
             FROM reservations r JOIN tasks t ON t.id = r.task_id
-            GROUP BY r.task_id, t.spec) x WHERE placed <> wanted""",
+            GROUP BY r.task_id, t.id) x WHERE placed <> wanted""",
     "lease_pool_without_reservation": """
         SELECT count(*) FROM leases l WHERE l.state = 'ACTIVE' AND NOT EXISTS (
             SELECT 1 FROM reservations r WHERE r.task_id = l.task_id AND r.pool_id = l.pool_id)""",
