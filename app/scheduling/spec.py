@@ -7,7 +7,9 @@ JSON with the same model. :func:`compile_spec` turns a valid spec into a frozen,
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
@@ -451,35 +453,88 @@ def _requests(requests: object) -> tuple[int, int, int] | None:
         return None
 
 
+#: Label sets :func:`_labels` accepted (a few hundred distinct ones in a busy queue): one
+#: set lookup instead of matching every key again.
+_LABELS_VALID: set[Items] = set()
+
+
 def _labels(labels: object) -> Items | None:
     """Return validated ``labels`` as items, or None when :data:`LabelKey` and
     :data:`LabelValue` refuse them (plain ones read directly, as :func:`_requests`)."""
     if type(labels) is dict:
         if not labels:
             return _NO_LABELS
+        try:
+            items = frozenset(labels.items())
+        except TypeError:  # a value that is a list or an object
+            items = _NO_LABELS
+        # Only sets of str values are kept: no other value equals one of theirs.
+        if items in _LABELS_VALID:
+            return items
         if len(labels) <= MAX_LABELS and all(
             len(k) <= 128 and _LABEL_KEY.fullmatch(k) and type(v) is str and len(v) <= 256
             for k, v in labels.items()
         ):
-            return frozenset(labels.items())
+            if len(_LABELS_VALID) >= 4096:
+                _LABELS_VALID.clear()
+            _LABELS_VALID.add(items)
+            return items
     try:
         return frozenset(_LABELS.validate_python(labels).items())
     except ValidationError:
         return None
 
 
+#: The slot setters of :class:`CompiledSpec`: :func:`_bind` builds one per claimed task, and the
+#: frozen dataclass's ``__init__`` (``object.__setattr__`` per field, each looking the slot
+#: up through the type) cost twice as much as setting the slots directly.
+_new_spec = object.__new__
+
+
+def _setter(name: str) -> Callable[[CompiledSpec, object], None]:
+    return CompiledSpec.__dict__[name].__set__
+
+
+_s_tenant, _s_task, _s_runtime, _s_requests = (
+    _setter("tenant_id"), _setter("task_id"), _setter("runtime_class"), _setter("requests"))
+_s_regions, _s_residency, _s_artifact, _s_selector = (
+    _setter("regions"), _setter("data_residency"), _setter("artifact_region"),
+    _setter("pool_selector"))
+_s_required, _s_preferred, _s_labels = (
+    _setter("required"), _setter("preferred"), _setter("labels"))
+_s_members, _s_min_pools, _s_max_per_pool = (
+    _setter("members"), _setter("min_pools"), _setter("max_per_pool"))
+_s_priority, _s_preempt, _s_fingerprint, _s_class = (
+    _setter("priority"), _setter("may_preempt"), _setter("fingerprint"),
+    _setter("placement_class"))
+assert len(dataclasses.fields(CompiledSpec)) == 18, "_bind sets every field of CompiledSpec"
+
+
 def _bind(
     shape: CompiledSpec, tenant_id: str, requests: tuple[int, int, int], labels: Items
 ) -> CompiledSpec:
     """Return ``shape`` (a compiled spec of the same class) for this tenant, with these
-    requests and labels."""
+    requests and labels: equal to ``CompiledSpec(...)`` of those values, built by setting
+    its slots (see :data:`_new_spec`)."""
     fp = shape.fingerprint
-    own = labels if shape.required else frozenset()
-    return CompiledSpec(
-        tenant_id, None, shape.runtime_class, requests, shape.regions,
-        shape.data_residency, shape.artifact_region, shape.pool_selector, shape.required,
-        shape.preferred, labels, shape.members, shape.min_pools, shape.max_per_pool,
-        shape.priority, shape.may_preempt,
-        (tenant_id, fp[1], requests, fp[3], fp[4], fp[5], fp[6], own, fp[8]),
-        shape.placement_class,
-    )
+    own = labels if shape.required else _NO_LABELS
+    spec = _new_spec(CompiledSpec)
+    _s_tenant(spec, tenant_id)
+    _s_task(spec, None)
+    _s_runtime(spec, shape.runtime_class)
+    _s_requests(spec, requests)
+    _s_regions(spec, shape.regions)
+    _s_residency(spec, shape.data_residency)
+    _s_artifact(spec, shape.artifact_region)
+    _s_selector(spec, shape.pool_selector)
+    _s_required(spec, shape.required)
+    _s_preferred(spec, shape.preferred)
+    _s_labels(spec, labels)
+    _s_members(spec, shape.members)
+    _s_min_pools(spec, shape.min_pools)
+    _s_max_per_pool(spec, shape.max_per_pool)
+    _s_priority(spec, shape.priority)
+    _s_preempt(spec, shape.may_preempt)
+    _s_fingerprint(spec, (tenant_id, fp[1], requests, fp[3], fp[4], fp[5], fp[6], own, fp[8]))
+    _s_class(spec, shape.placement_class)
+    return spec

@@ -13,6 +13,7 @@ from app.scheduling.explain import (
     preview_document,
     ranked_document,
     ranked_json,
+    ranked_text,
 )
 from app.scheduling.framework import select
 from app.scheduling.reasons import Reason
@@ -102,3 +103,4 @@ def test_ranked_json_is_the_ranked_document_serialized_byte_for_byte(
 ):
     ranked = Ranked(pools, scores[: len(pools)], tuple(components), top_k, {})
     assert ranked_json(ranked) == orjson.dumps(ranked_document(ranked))
+    assert ranked_text(ranked) == orjson.dumps(ranked_document(ranked)).decode()
