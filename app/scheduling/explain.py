@@ -136,6 +136,8 @@ def _number(x: float) -> str:
     return orjson.dumps(round(x, 4)).decode()
 
 
+#: The JSON text of a whole component, by its ``(name, value, reason)``.
+_component_values: dict[tuple[str, float, str], str] = {}
 #: ``{"poolId":<pool>,"score":`` of an alternative, by pool id (see :func:`ranked_text`).
 _alternative_heads: dict[str, str] = {}
 
@@ -159,15 +161,20 @@ def ranked_text(ranked: Ranked) -> str:
     scores = ranked.scores
     pool = _pool_texts.get(ids[0]) or _pool_text(ids[0])
     components = []
-    for name, value, reason in ranked.components:
-        head, tail = _component_texts.get((name, reason)) or _component_text(name, reason)
-        if -1e9 < value < 1e9:
-            text = f"{value:.4f}".rstrip("0")
-            if text[-1] == ".":
-                text += "0"
-        else:
-            text = _number(value)
-        components.append(head + text + tail)
+    for component in ranked.components:
+        # Most components repeat whole (a pool's cost, an empty domain's spread).
+        text = _component_values.get(component)
+        if text is None:
+            name, value, reason = component
+            head, tail = _component_text(name, reason)
+            text = head + _number(value) + tail
+            # Only values whose equals all have this text (not 0.0 and -0.0; no int beyond
+            # the fixed-point range, which orjson writes without the point).
+            if type(value) is float and -1e9 < value < 1e9 and value:
+                if len(_component_values) >= _TEXTS_KEPT:
+                    _component_values.clear()
+                _component_values[component] = text
+        components.append(text)
     alternatives = []
     for i in range(1, min(len(ids), ranked.top_k)):
         score = scores[i]
