@@ -7,9 +7,7 @@ JSON with the same model. :func:`compile_spec` turns a valid spec into a frozen,
 
 from __future__ import annotations
 
-import dataclasses
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
@@ -485,56 +483,45 @@ def _labels(labels: object) -> Items | None:
         return None
 
 
-#: The slot setters of :class:`CompiledSpec`: :func:`_bind` builds one per claimed task, and the
-#: frozen dataclass's ``__init__`` (``object.__setattr__`` per field, each looking the slot
-#: up through the type) cost twice as much as setting the slots directly.
-_new_spec = object.__new__
+class _Binding:
+    """A :class:`CompiledSpec` being bound: the same slots, not frozen.
 
+    :func:`_bind` builds one per claimed task. The frozen dataclass's ``__init__`` sets each
+    field through ``object.__setattr__`` (which looks the slot up through the type, and costs
+    twice the rest of a bind); here the slots are set as plain attributes, then the object
+    becomes a :class:`CompiledSpec` (Python allows the ``__class__`` change only between
+    classes of the same layout: the same slots in the same order), frozen from then on.
+    """
 
-def _setter(name: str) -> Callable[[CompiledSpec, object], None]:
-    return CompiledSpec.__dict__[name].__set__
-
-
-_s_tenant, _s_task, _s_runtime, _s_requests = (
-    _setter("tenant_id"), _setter("task_id"), _setter("runtime_class"), _setter("requests"))
-_s_regions, _s_residency, _s_artifact, _s_selector = (
-    _setter("regions"), _setter("data_residency"), _setter("artifact_region"),
-    _setter("pool_selector"))
-_s_required, _s_preferred, _s_labels = (
-    _setter("required"), _setter("preferred"), _setter("labels"))
-_s_members, _s_min_pools, _s_max_per_pool = (
-    _setter("members"), _setter("min_pools"), _setter("max_per_pool"))
-_s_priority, _s_preempt, _s_fingerprint, _s_class = (
-    _setter("priority"), _setter("may_preempt"), _setter("fingerprint"),
-    _setter("placement_class"))
-assert len(dataclasses.fields(CompiledSpec)) == 18, "_bind sets every field of CompiledSpec"
+    __slots__ = CompiledSpec.__slots__
 
 
 def _bind(
     shape: CompiledSpec, tenant_id: str, requests: tuple[int, int, int], labels: Items
 ) -> CompiledSpec:
     """Return ``shape`` (a compiled spec of the same class) for this tenant, with these
-    requests and labels: equal to ``CompiledSpec(...)`` of those values, built by setting
-    its slots (see :data:`_new_spec`)."""
+    requests and labels: equal to ``CompiledSpec(...)`` of those values (built as a
+    :class:`_Binding`: every slot set, checked by the tests against :func:`compile_spec`)."""
     fp = shape.fingerprint
+    spec = _Binding()
+    spec.tenant_id = tenant_id
+    spec.task_id = None
+    spec.runtime_class = shape.runtime_class
+    spec.requests = requests
+    spec.regions = shape.regions
+    spec.data_residency = shape.data_residency
+    spec.artifact_region = shape.artifact_region
+    spec.pool_selector = shape.pool_selector
+    spec.required = shape.required
+    spec.preferred = shape.preferred
+    spec.labels = labels
+    spec.members = shape.members
+    spec.min_pools = shape.min_pools
+    spec.max_per_pool = shape.max_per_pool
+    spec.priority = shape.priority
+    spec.may_preempt = shape.may_preempt
     own = labels if shape.required else _NO_LABELS
-    spec = _new_spec(CompiledSpec)
-    _s_tenant(spec, tenant_id)
-    _s_task(spec, None)
-    _s_runtime(spec, shape.runtime_class)
-    _s_requests(spec, requests)
-    _s_regions(spec, shape.regions)
-    _s_residency(spec, shape.data_residency)
-    _s_artifact(spec, shape.artifact_region)
-    _s_selector(spec, shape.pool_selector)
-    _s_required(spec, shape.required)
-    _s_preferred(spec, shape.preferred)
-    _s_labels(spec, labels)
-    _s_members(spec, shape.members)
-    _s_min_pools(spec, shape.min_pools)
-    _s_max_per_pool(spec, shape.max_per_pool)
-    _s_priority(spec, shape.priority)
-    _s_preempt(spec, shape.may_preempt)
-    _s_fingerprint(spec, (tenant_id, fp[1], requests, fp[3], fp[4], fp[5], fp[6], own, fp[8]))
-    _s_class(spec, shape.placement_class)
+    spec.fingerprint = (tenant_id, fp[1], requests, fp[3], fp[4], fp[5], fp[6], own, fp[8])
+    spec.placement_class = shape.placement_class
+    spec.__class__ = CompiledSpec  # type: ignore[assignment]
     return spec
