@@ -349,7 +349,6 @@ async def _pass_in(
 
     assumed = Assumed(snapshot)
     cache = UnsatisfiableCache(assumed)
-    rejections = result.rejections
     decisions: list[Decision] = []
     # Bound once: the loop runs once per claimed task. The preemptors' waits and the cache
     # of specs that fit nowhere are only asked once they hold something.
@@ -358,6 +357,9 @@ async def _pass_in(
     assume, decided = assumed.add, decisions.append
     top_k = cfg.top_k
     unsatisfiable = False
+    # The rejection counts maps of the pass's outcomes, by identity (kept alive here, so an
+    # id is never reused), with how many tasks had each.
+    counts_seen: dict[int, list] = {}
     for q in ordered:
         task, spec = by_id[q.task_id]
         if waiting_of is not None:
@@ -382,8 +384,15 @@ async def _pass_in(
                     "rejections": {},
                 }, None))
                 continue
-            for code, n in outcome.rejection_counts.items():
-                rejections[str(code)] += n
+            # Tasks of one placement class mostly share one rejection counts map: each map
+            # is counted once per task here and added up after the loop.
+            counts = outcome.rejection_counts
+            if counts:
+                seen = counts_seen.get(id(counts))
+                if seen is None:
+                    counts_seen[id(counts)] = [counts, 1]
+                else:
+                    seen[1] += 1
             members = outcome.members
             if members is not None:
                 assume(spec, members, task_id=q.task_id)
@@ -398,6 +407,10 @@ async def _pass_in(
         unclaims.append(preempting or _pending(
             task, str(reason.code), no_placement_document(reason), wake_keys(spec, reason)
         ))
+    rejections = result.rejections
+    for counts, times in counts_seen.values():
+        for code, n in counts.items():
+            rejections[str(code)] += n * times
     result.unsatisfiable_hits = cache.hits
     phases["select"] = time.perf_counter() - t0
 
