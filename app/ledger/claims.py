@@ -48,7 +48,7 @@ import orjson
 
 from app.config import SHARD_SLOTS
 from app.db import Connection
-from app.ledger.literals import ids_joined, ints_joined, json_joined, uuids_joined
+from app.ledger.literals import documents_joined, ids_joined, ints_joined, uuids_joined
 
 #: Most tenants the fair claim looks at in one pass.
 FAIR_TENANTS_MAX = 512
@@ -216,7 +216,7 @@ class Grant(NamedTuple):
 
     task_id: uuid.UUID
     #: The placement document, or its JSON text (:meth:`Decision.placement_text`).
-    placement: dict[str, Any] | orjson.Fragment
+    placement: dict[str, Any] | str
     #: (pool id, member count, runtime instance id) per pool the task uses.
     members: tuple[tuple[str, int, str], ...]
     #: What one member requests: (cpu, memory, llm).
@@ -310,7 +310,7 @@ async def tasks_lease(
         now,
         now + timedelta(seconds=lease_ttl_seconds),
         uuids_joined([g.task_id for g in ordered]),
-        json_joined([g.placement for g in ordered]),
+        documents_joined([g.placement for g in ordered]),
         ids_joined([g.members[0][0] for g in ordered]),
         ints_joined(m_task), ids_joined(m_pool), ints_joined(m_members),
         ints_joined(m_cpu), ints_joined(m_memory), ints_joined(m_llm),

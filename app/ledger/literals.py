@@ -25,7 +25,14 @@ from collections.abc import Sequence
 
 import orjson
 
-__all__ = ["JSON_SEPARATOR", "ids_joined", "ints_joined", "json_joined", "uuids_joined"]
+__all__ = [
+    "JSON_SEPARATOR",
+    "documents_joined",
+    "ids_joined",
+    "ints_joined",
+    "json_joined",
+    "uuids_joined",
+]
 
 #: Separates the JSON documents of :func:`json_joined` (``E'\x1e'`` in SQL).
 JSON_SEPARATOR = b"\x1e"
@@ -53,3 +60,13 @@ def json_joined(values: Sequence[object]) -> str:
     """Return each value as a JSON document, joined by :data:`JSON_SEPARATOR` (for
     ``string_to_array($n::text, E'\\x1e')``, each element then cast to ``jsonb``)."""
     return JSON_SEPARATOR.join([orjson.dumps(v) for v in values]).decode()
+
+
+def documents_joined(values: Sequence[object]) -> str:
+    """Return :func:`json_joined` of documents given as values or as their JSON texts: a
+    ``str`` is a document's text already (as orjson writes it: every control character
+    escaped), taken as it is, not serialized as a JSON string."""
+    try:
+        return "\x1e".join(values)  # type: ignore[arg-type]  # texts only: no copy per value
+    except TypeError:
+        return "\x1e".join([v if type(v) is str else orjson.dumps(v).decode() for v in values])

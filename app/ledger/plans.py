@@ -65,12 +65,21 @@ __all__ = [
 
 
 def grants_amounts(grants: Sequence[Grant]) -> dict[str, Vector]:
-    """Return what ``grants`` add to each pool's ledger."""
-    return amounts_sum(
-        (p, c * g.requests[0], c * g.requests[1], c * g.requests[2])
-        for g in grants
-        for p, c, _ in g.members
-    )
+    """Return what ``grants`` add to each pool's ledger (:func:`amounts_sum` of their
+    members' amounts, summed here without a row per member: a pass has one per placement)."""
+    out: dict[str, list[int]] = {}
+    get = out.get
+    for g in grants:
+        cpu, memory, llm = g.requests
+        for p, c, _ in g.members:
+            acc = get(p)
+            if acc is None:
+                out[p] = [c * cpu, c * memory, c * llm]
+            else:
+                acc[0] += c * cpu
+                acc[1] += c * memory
+                acc[2] += c * llm
+    return {p: (a[0], a[1], a[2]) for p, a in out.items()}
 
 
 @dataclass(frozen=True, slots=True)

@@ -295,11 +295,13 @@ async def _pass_in(
         return result
     result.reexamined = sum(1 for t in claimed if t.pending_code is not None)
 
-    specs: dict[uuid.UUID, CompiledSpec] = {}
+    # Each claimed task whose spec compiles, with its spec, in claim order.
+    compiled: list[tuple[ClaimedTask, CompiledSpec]] = []
     unclaims: list[Unclaim] = []
+    compile_, add = ctx.compile, compiled.append
     for task in claimed:
         try:
-            specs[task.id] = ctx.compile(task)
+            add((task, compile_(task)))
         except (ValidationError, ValueError, TypeError) as exc:
             unclaims.append(_pending(task, INVALID_SPEC, {
                 "code": INVALID_SPEC,
@@ -307,8 +309,7 @@ async def _pass_in(
                 "rejections": {},
             }, None))
     affinity_tenants = {
-        specs[t.id].tenant_id for t in claimed
-        if t.id in specs and (specs[t.id].required or specs[t.id].preferred)
+        spec.tenant_id for _, spec in compiled if spec.required or spec.preferred
     }
     tenants = {t.tenant_id for t in claimed}
     preemption = PassPreemption(grace_seconds=cfg.preemption_grace_seconds)
@@ -323,7 +324,7 @@ async def _pass_in(
         cache=ctx.snapshot_cache,
     )
     usage = await tenant_usage_read(conn, tenant_ids=tenants) if cfg.policy == "fair" else {}
-    await preemption.load(conn, claimed=claimed, specs=specs)
+    await preemption.load(conn, claimed=compiled)
     result.snapshot_rebuilt = ctx.snapshot_cache.rebuilds != rebuilds
     phases["snapshot"] = time.perf_counter() - t0
 
@@ -331,14 +332,13 @@ async def _pass_in(
     options = {"aging_seconds": cfg.priority_aging_seconds} if cfg.policy == "priority" else {}
     policy = get_policy(cfg.policy, **options)
     # Each claimed task with a spec by its id as text, then as the policy sees it.
-    by_id: dict[str, tuple[ClaimedTask, CompiledSpec]] = {}
-    for t in claimed:
-        spec = specs.get(t.id)
-        if spec is not None:
-            by_id[str(t.id)] = (t, spec)
+    by_id = {str(t.id): (t, spec) for t, spec in compiled}
+    # QueuedTask's own __new__ is a Python function: the tuple is made directly.
+    new = tuple.__new__
     queued = [
-        QueuedTask(key, t.tenant_id, t.priority, t.seq, t.admitted_at.timestamp(),
-                   _scaled(spec.requests, spec.members))
+        new(QueuedTask, (key, t.tenant_id, t.priority, t.seq, t.admitted_at.timestamp(),
+                         spec.requests if spec.members == 1
+                         else _scaled(spec.requests, spec.members)))
         for key, (t, spec) in by_id.items()
     ]
     total = snapshot.cap.sum(axis=0) if snapshot.n else (0, 0, 0)
@@ -349,21 +349,27 @@ async def _pass_in(
 
     assumed = Assumed(snapshot)
     cache = UnsatisfiableCache(assumed)
-    rejections = result.rejections
     decisions: list[Decision] = []
-    # Bound once: the loop runs once per claimed task.
-    waiting_of, holds, cached = preemption.waiting, preemption.holds, cache.get
+    # Bound once: the loop runs once per claimed task. The preemptors' waits and the cache
+    # of specs that fit nowhere are only asked once they hold something.
+    waiting_of = preemption.waiting if preemption.waits else None
+    holds, cached = preemption.holds, cache.get
     assume, decided = assumed.add, decisions.append
     top_k = cfg.top_k
+    unsatisfiable = False
+    # The rejection counts maps of the pass's outcomes, by identity (kept alive here, so an
+    # id is never reused), with how many tasks had each.
+    counts_seen: dict[int, list] = {}
     for q in ordered:
         task, spec = by_id[q.task_id]
-        waiting = waiting_of(task)
-        if waiting is not None:
-            unclaims.append(waiting)
-            continue
+        if waiting_of is not None:
+            waiting = waiting_of(task)
+            if waiting is not None:
+                unclaims.append(waiting)
+                continue
         # A task holding nominated capacity is not like the others of its fingerprint.
         held = holds.get(task.id) if holds else None
-        reason = cached(spec) if held is None else None
+        reason = cached(spec) if held is None and unsatisfiable else None
         if reason is None:
             try:
                 outcome = select_ranked(spec, snapshot, assumed=assumed, top_k=top_k,
@@ -378,8 +384,15 @@ async def _pass_in(
                     "rejections": {},
                 }, None))
                 continue
-            for code, n in outcome.rejection_counts.items():
-                rejections[str(code)] += n
+            # Tasks of one placement class mostly share one rejection counts map: each map
+            # is counted once per task here and added up after the loop.
+            counts = outcome.rejection_counts
+            if counts:
+                seen = counts_seen.get(id(counts))
+                if seen is None:
+                    counts_seen[id(counts)] = [counts, 1]
+                else:
+                    seen[1] += 1
             members = outcome.members
             if members is not None:
                 assume(spec, members, task_id=q.task_id)
@@ -388,11 +401,16 @@ async def _pass_in(
             reason = outcome.reason or NoPlacement(Reason.TENANT_NOT_ALLOWED, "no pool fits")
             if held is None:
                 cache.put(spec, reason)
+                unsatisfiable = True
         preempting = preemption.plan(task, spec, reason, snapshot=snapshot, assumed=assumed,
                                      now=now)
         unclaims.append(preempting or _pending(
             task, str(reason.code), no_placement_document(reason), wake_keys(spec, reason)
         ))
+    rejections = result.rejections
+    for counts, times in counts_seen.values():
+        for code, n in counts.items():
+            rejections[str(code)] += n * times
     result.unsatisfiable_hits = cache.hits
     phases["select"] = time.perf_counter() - t0
 
@@ -407,6 +425,8 @@ def _grants(decisions: list[Decision], instance: dict[str, str]) -> list[Grant]:
     each placement as its stored JSON text."""
     grants = []
     grant = grants.append
+    # Grant's own __new__ is a Python function: the tuple is made directly.
+    new = tuple.__new__
     for d in decisions:
         spec = d.spec
         members = d.members
@@ -415,8 +435,8 @@ def _grants(decisions: list[Decision], instance: dict[str, str]) -> list[Grant]:
             on = ((pool_id, count, instance[pool_id]),)
         else:
             on = tuple((p, c, instance[p]) for p, c in members)
-        grant(Grant(d.task.id, d.placement_text(), on, spec.requests,
-                    (key_placed(spec.tenant_id),) if spec.labels else ()))
+        grant(new(Grant, (d.task.id, d.placement_text(), on, spec.requests,
+                          (key_placed(spec.tenant_id),) if spec.labels else ())))
     return grants
 
 

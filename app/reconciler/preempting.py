@@ -81,11 +81,11 @@ class PassPreemption:
         self.grants: dict[uuid.UUID, PreemptionGrant] = {}
 
     async def load(
-        self, conn: Connection, *, claimed: Iterable[ClaimedTask],
-        specs: Mapping[uuid.UUID, CompiledSpec],
+        self, conn: Connection, *, claimed: Iterable[tuple[ClaimedTask, CompiledSpec]],
     ) -> None:
-        """Read the holds, waits and possible victims of the claimed preemptors."""
-        preemptors = [t for t in claimed if t.id in specs and specs[t.id].may_preempt]
+        """Read the holds, waits and possible victims of the claimed preemptors (``claimed``:
+        the claimed tasks whose specs compiled, with their specs)."""
+        preemptors = [t for t, spec in claimed if spec.may_preempt]
         if not preemptors:
             return
         ids = [t.id for t in preemptors]
@@ -95,6 +95,12 @@ class PassPreemption:
         for t in preemptors:
             below[t.tenant_id] = max(below.get(t.tenant_id, t.priority), t.priority)
         self._victims = await victims_read(conn, below=below)
+
+    @property
+    def waits(self) -> bool:
+        """Return whether a claimed preemptor is waiting for its victims (else
+        :meth:`waiting` is None for every task)."""
+        return bool(self._waiting)
 
     def waiting(self, task: ClaimedTask) -> Unclaim | None:
         """Return the hand-back of a preemptor whose victims are still revoking, else None."""

@@ -21,7 +21,7 @@ import orjson
 
 from app.ledger.claims import ClaimedTask
 from app.ledger.snapshot import LedgerRow
-from app.scheduling.explain import placement_document, ranked_document, ranked_json
+from app.scheduling.explain import placement_document, ranked_document, ranked_text
 from app.scheduling.results import Ranked, Result
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec
@@ -41,12 +41,12 @@ class Decision:
     #: Next-ranked candidates tried so far after lost races.
     walks: int = 0
 
-    def placement_text(self) -> orjson.Fragment:
+    def placement_text(self) -> str:
         """Return the placement to store as its JSON text: ``placement_json()`` serialized
-        (a lean placement's text is written directly, see :func:`ranked_json`)."""
-        if self.walks == 0 and isinstance(self.result, Ranked):
-            return orjson.Fragment(ranked_json(self.result))
-        return orjson.Fragment(orjson.dumps(self.placement_json()))
+        (a lean placement's text is written directly, see :func:`ranked_text`)."""
+        if self.walks == 0 and type(self.result) is Ranked:
+            return ranked_text(self.result)
+        return orjson.dumps(self.placement_json()).decode()
 
     def placement_json(self) -> dict[str, Any]:
         """Return the placement to store: the core's choice, or the candidate walked to."""

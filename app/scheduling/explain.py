@@ -34,6 +34,7 @@ __all__ = [
     "preview_document",
     "ranked_document",
     "ranked_json",
+    "ranked_text",
     "rejection_document",
 ]
 
@@ -135,29 +136,66 @@ def _number(x: float) -> str:
     return orjson.dumps(round(x, 4)).decode()
 
 
-def ranked_json(ranked: Ranked) -> bytes:
-    """Return ``orjson.dumps(ranked_document(ranked))``, byte for byte, without building the
-    document: the reconciler stores one per placement, and the dicts, lists and rounded
-    floats of a document cost more than serializing it (see :func:`_number`)."""
+#: The JSON text of a whole component, by its ``(name, value, reason)``.
+_component_values: dict[tuple[str, float, str], str] = {}
+#: ``{"poolId":<pool>,"score":`` of an alternative, by pool id (see :func:`ranked_text`).
+_alternative_heads: dict[str, str] = {}
+
+
+def _alternative_head(pool_id: str) -> str:
+    head = _alternative_heads.get(pool_id)
+    if head is None:
+        if len(_alternative_heads) >= _TEXTS_KEPT:
+            _alternative_heads.clear()
+        head = _alternative_heads[pool_id] = '{"poolId":' + _pool_text(pool_id) + ',"score":'
+    return head
+
+
+def ranked_text(ranked: Ranked) -> str:
+    """Return ``orjson.dumps(ranked_document(ranked))`` as text, character for character,
+    without building the document: the reconciler stores one per placement, and the dicts,
+    lists and rounded floats of a document cost more than serializing it (see
+    :func:`_number`, inlined here for the components' values and the alternatives' scores).
+    """
     ids = ranked.pool_ids
     scores = ranked.scores
-    pool = _pool_text(ids[0])
-    parts = ['{"poolId":', pool, ',"score":', _number(scores[0]), ',"components":[']
-    for name, value, reason in ranked.components:
-        head, tail = _component_text(name, reason)
-        parts += (head, _number(value), tail, ",")
-    if ranked.components:
-        parts.pop()
-    parts += ('],"members":[{"poolId":', pool, ',"count":1}],"alternatives":[')
-    k = min(len(ids), ranked.top_k)
-    for i in range(1, k):
-        parts += ('{"poolId":', _pool_text(ids[i]), ',"score":', _number(scores[i]), "},")
-    if k > 1:
-        parts.pop()
-        parts.append("}]}")
-    else:
-        parts.append("]}")
-    return "".join(parts).encode()
+    pool = _pool_texts.get(ids[0]) or _pool_text(ids[0])
+    components = []
+    for component in ranked.components:
+        # Most components repeat whole (a pool's cost, an empty domain's spread).
+        text = _component_values.get(component)
+        if text is None:
+            name, value, reason = component
+            head, tail = _component_text(name, reason)
+            text = head + _number(value) + tail
+            # Only values whose equals all have this text (not 0.0 and -0.0; no int beyond
+            # the fixed-point range, which orjson writes without the point).
+            if type(value) is float and -1e9 < value < 1e9 and value:
+                if len(_component_values) >= _TEXTS_KEPT:
+                    _component_values.clear()
+                _component_values[component] = text
+        components.append(text)
+    alternatives = []
+    for i in range(1, min(len(ids), ranked.top_k)):
+        score = scores[i]
+        if -1e9 < score < 1e9:
+            text = f"{score:.4f}".rstrip("0")
+            if text[-1] == ".":
+                text += "0"
+        else:
+            text = _number(score)
+        alternatives.append((_alternative_heads.get(ids[i]) or _alternative_head(ids[i]))
+                            + text + "}")
+    return (f'{{"poolId":{pool},"score":{_number(scores[0])},'
+            f'"components":[{",".join(components)}],'
+            f'"members":[{{"poolId":{pool},"count":1}}],'
+            f'"alternatives":[{",".join(alternatives)}]}}')
+
+
+def ranked_json(ranked: Ranked) -> bytes:
+    """Return ``orjson.dumps(ranked_document(ranked))``, byte for byte (:func:`ranked_text`
+    encoded)."""
+    return ranked_text(ranked).encode()
 
 
 def no_placement_document(reason: NoPlacement) -> dict[str, Any]:

@@ -451,35 +451,77 @@ def _requests(requests: object) -> tuple[int, int, int] | None:
         return None
 
 
+#: Label sets :func:`_labels` accepted (a few hundred distinct ones in a busy queue): one
+#: set lookup instead of matching every key again.
+_LABELS_VALID: set[Items] = set()
+
+
 def _labels(labels: object) -> Items | None:
     """Return validated ``labels`` as items, or None when :data:`LabelKey` and
     :data:`LabelValue` refuse them (plain ones read directly, as :func:`_requests`)."""
     if type(labels) is dict:
         if not labels:
             return _NO_LABELS
+        try:
+            items = frozenset(labels.items())
+        except TypeError:  # a value that is a list or an object
+            items = _NO_LABELS
+        # Only sets of str values are kept: no other value equals one of theirs.
+        if items in _LABELS_VALID:
+            return items
         if len(labels) <= MAX_LABELS and all(
             len(k) <= 128 and _LABEL_KEY.fullmatch(k) and type(v) is str and len(v) <= 256
             for k, v in labels.items()
         ):
-            return frozenset(labels.items())
+            if len(_LABELS_VALID) >= 4096:
+                _LABELS_VALID.clear()
+            _LABELS_VALID.add(items)
+            return items
     try:
         return frozenset(_LABELS.validate_python(labels).items())
     except ValidationError:
         return None
 
 
+class _Binding:
+    """A :class:`CompiledSpec` being bound: the same slots, not frozen.
+
+    :func:`_bind` builds one per claimed task. The frozen dataclass's ``__init__`` sets each
+    field through ``object.__setattr__`` (which looks the slot up through the type, and costs
+    twice the rest of a bind); here the slots are set as plain attributes, then the object
+    becomes a :class:`CompiledSpec` (Python allows the ``__class__`` change only between
+    classes of the same layout: the same slots in the same order), frozen from then on.
+    """
+
+    __slots__ = CompiledSpec.__slots__
+
+
 def _bind(
     shape: CompiledSpec, tenant_id: str, requests: tuple[int, int, int], labels: Items
 ) -> CompiledSpec:
     """Return ``shape`` (a compiled spec of the same class) for this tenant, with these
-    requests and labels."""
+    requests and labels: equal to ``CompiledSpec(...)`` of those values (built as a
+    :class:`_Binding`: every slot set, checked by the tests against :func:`compile_spec`)."""
     fp = shape.fingerprint
-    own = labels if shape.required else frozenset()
-    return CompiledSpec(
-        tenant_id, None, shape.runtime_class, requests, shape.regions,
-        shape.data_residency, shape.artifact_region, shape.pool_selector, shape.required,
-        shape.preferred, labels, shape.members, shape.min_pools, shape.max_per_pool,
-        shape.priority, shape.may_preempt,
-        (tenant_id, fp[1], requests, fp[3], fp[4], fp[5], fp[6], own, fp[8]),
-        shape.placement_class,
-    )
+    spec = _Binding()
+    spec.tenant_id = tenant_id
+    spec.task_id = None
+    spec.runtime_class = shape.runtime_class
+    spec.requests = requests
+    spec.regions = shape.regions
+    spec.data_residency = shape.data_residency
+    spec.artifact_region = shape.artifact_region
+    spec.pool_selector = shape.pool_selector
+    spec.required = shape.required
+    spec.preferred = shape.preferred
+    spec.labels = labels
+    spec.members = shape.members
+    spec.min_pools = shape.min_pools
+    spec.max_per_pool = shape.max_per_pool
+    spec.priority = shape.priority
+    spec.may_preempt = shape.may_preempt
+    own = labels if shape.required else _NO_LABELS
+    spec.fingerprint = (tenant_id, fp[1], requests, fp[3], fp[4], fp[5], fp[6], own, fp[8])
+    spec.placement_class = shape.placement_class
+    spec.__class__ = CompiledSpec  # type: ignore[assignment]
+    return spec

@@ -7,7 +7,13 @@ import uuid
 import orjson
 
 from app.db import Database
-from app.ledger.literals import ids_joined, ints_joined, json_joined, uuids_joined
+from app.ledger.literals import (
+    documents_joined,
+    ids_joined,
+    ints_joined,
+    json_joined,
+    uuids_joined,
+)
 
 DOCS = [{"a": "x\x1ey", "b": [1, 2.5, None], "c": 'quote " and \\ and \n'}, {}, [], "é", 0]
 
@@ -33,3 +39,14 @@ async def test_columns_round_trip_through_the_server(db: Database) -> None:
             json_joined(DOCS),
         )
         assert [orjson.loads(d) for d in docs] == DOCS
+
+
+async def test_documents_joined_takes_texts_as_they_are(db: Database) -> None:
+    texts = ['{"poolId":"p-1","score":1.5}', "[]", '"\\u001e"']
+    async with db.connection() as conn:
+        docs = await conn.fetchval(
+            "SELECT array_agg(d::jsonb::text ORDER BY n) FROM "
+            "unnest(string_to_array($1::text, E'\\x1e')) WITH ORDINALITY AS x(d, n)",
+            documents_joined([*texts, {"a": "x\x1ey"}]),
+        )
+    assert [orjson.loads(d) for d in docs] == [*map(orjson.loads, texts), {"a": "x\x1ey"}]

@@ -13,6 +13,7 @@ from app.scheduling.explain import (
     preview_document,
     ranked_document,
     ranked_json,
+    ranked_text,
 )
 from app.scheduling.framework import select
 from app.scheduling.reasons import Reason
@@ -102,3 +103,12 @@ def test_ranked_json_is_the_ranked_document_serialized_byte_for_byte(
 ):
     ranked = Ranked(pools, scores[: len(pools)], tuple(components), top_k, {})
     assert ranked_json(ranked) == orjson.dumps(ranked_document(ranked))
+    assert ranked_text(ranked) == orjson.dumps(ranked_document(ranked)).decode()
+
+
+def test_ranked_text_of_repeated_components_is_the_document_serialized():
+    # Whole component texts are remembered: equal values that serialize differently (0.0
+    # and -0.0) must each keep their own text, in either order.
+    for value in (0.0, -0.0, 0.0, 12.5, 12.5, -0.0, 1e12, 1e12):
+        ranked = Ranked(["p-1", "p-2"], [1.0, 0.5], (("cost", value, "why"),), 2, {})
+        assert ranked_text(ranked) == orjson.dumps(ranked_document(ranked)).decode()

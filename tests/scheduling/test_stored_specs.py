@@ -3,12 +3,14 @@ and a text the whole validation refuses is refused with the same error."""
 
 from __future__ import annotations
 
+from dataclasses import FrozenInstanceError
+
 import orjson
 import pytest
 from pydantic import ValidationError
 
 from app.bench.dataset import dataset_generate
-from app.scheduling.spec import StoredSpecs, TaskSpec, compile_spec
+from app.scheduling.spec import CompiledSpec, StoredSpecs, TaskSpec, compile_spec
 
 VALID = {
     "runtimeClass": "python-3.11",
@@ -49,6 +51,20 @@ def test_a_class_seen_from_another_tenant_is_compiled_for_this_one():
     specs.compile("t1", text)
     assert same(specs.compile("t2", text), whole(text, "t2"))
     assert same(specs.compile("t1", text), whole(text, "t1"))
+    # A spec bound for another tenant is a CompiledSpec like any other: frozen, hashable.
+    bound = specs.compile("t3", text)
+    assert type(bound) is CompiledSpec and hash(bound) == hash(whole(text, "t3"))
+    with pytest.raises(FrozenInstanceError):
+        bound.tenant_id = "t4"  # type: ignore[misc]
+
+
+def test_labels_accepted_before_do_not_let_equal_looking_invalid_ones_through():
+    specs = StoredSpecs()
+    specs.compile("t", stored(VALID))
+    specs.compile("t", _variant(labels={"k": "1", "b": "true"}))
+    for labels in ({"k": 1, "b": "true"}, {"k": "1", "b": True}, {"k": ["1"], "b": "true"}):
+        with pytest.raises(ValidationError):
+            specs.compile("t", _variant(labels=labels))
 
 
 @pytest.mark.parametrize(
