@@ -20,14 +20,13 @@ values (or ``bytes`` already holding JSON) and read Python values back.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import asyncpg
 import orjson
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
 
 from app.errors import ConfigurationError
 
@@ -37,7 +36,37 @@ __all__ = ["Connection", "Database", "async_url", "describe_url", "plain_url"]
 Connection = asyncpg.Connection
 
 
+#: A PostgreSQL URL whose every part is plain (unreserved characters, no query): SQLAlchemy's
+#: ``make_url(url).render_as_string()`` gives it back unchanged but for the driver name, so
+#: it is rendered without importing SQLAlchemy (some 25 MiB of a reconciler process, which
+#: has no other use for it). Anything else goes through SQLAlchemy.
+_PLAIN_URL = re.compile(
+    r"(?:postgresql|postgres)(?:\+\w+)?://"
+    r"(?:(?P<user>[A-Za-z0-9._~-]+)(?::(?P<password>[A-Za-z0-9._~-]+))?@)?"
+    r"(?P<rest>[A-Za-z0-9._-]+(?::[1-9][0-9]{0,4})?(?:/[A-Za-z0-9._~-]+)?)"
+)
+
+
+def _plain(url: str, drivername: str | None, *, hide_password: bool) -> str | None:
+    """Return :func:`_url`'s rendering of a plain ``url`` (None if it is not plain)."""
+    m = _PLAIN_URL.fullmatch(url)
+    if m is None:
+        return None
+    scheme = drivername or url.split("://", 1)[0]
+    user, password = m["user"], m["password"]
+    auth = ""
+    if user is not None:
+        auth = user
+        if password is not None:
+            auth += ":" + ("***" if hide_password else password)
+        auth += "@"
+    return f"{scheme}://{auth}{m['rest']}"
+
+
 def _url(url: str):  # type: ignore[no-untyped-def]
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
     try:
         parsed = make_url(url)
     except ArgumentError:
@@ -55,16 +84,27 @@ def _url(url: str):  # type: ignore[no-untyped-def]
 
 def plain_url(url: str) -> str:
     """Return ``url`` as a libpq/asyncpg DSN (``postgresql://…``), or raise ConfigurationError."""
+    plain = _plain(url, "postgresql", hide_password=False)
+    if plain is not None:
+        return plain
     return _url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def async_url(url: str) -> str:
     """Return ``url`` for SQLAlchemy's asyncpg dialect (Alembic), or raise ConfigurationError."""
+    plain = _plain(url, "postgresql+asyncpg", hide_password=False)
+    if plain is not None:
+        return plain
     return _url(url).set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
 
 
 def describe_url(url: str) -> str:
     """Return ``url`` with its password hidden, for logs and start-up lines."""
+    plain = _plain(url, None, hide_password=True)
+    if plain is not None:
+        return plain
+    from sqlalchemy.engine import make_url
+
     return make_url(url).render_as_string(hide_password=True)
 
 

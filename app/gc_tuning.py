@@ -26,18 +26,55 @@ reconciler), collection took about 50 µs of the 270 µs of reconciler CPU per p
 :func:`gc_paused` turns the collector off for the length of a pass (the reconciler process
 also runs under :func:`gc_tuned`): the few cycles a pass leaves are found by the next
 collection after it.
+
+What a pass leaves alive is mostly long-lived: the snapshot's pool states and indexes, memo
+entries, compiled specs. Left in the collector's generations, it was walked again by the
+first-generation collection after a pass, by the second generation's every tenth, and by the
+full collections: at 5,000 pools, 10–13 µs of process CPU per placement without
+:func:`gc_tuned`, 2–3 µs with it (``scripts/pass_costs.py``). So the last of overlapping
+:func:`gc_paused` blocks freezes what is alive when it ends, as :func:`gc_tuned` does at
+start-up (O(1)): reference counting still frees a frozen object that is dropped (a replaced
+snapshot, an evicted memo entry), and only cycles among frozen objects wait. They wait for a
+full collection of everything frozen (unfreeze, collect, freeze again), which runs at the end
+of a pass once the heap grew by :data:`FULL_RATIO` of what the previous one left (at least
+:data:`FULL_MIN` memory blocks), CPython's own rule for its oldest generation, but no sooner
+than :data:`FULL_EVERY_SECONDS` of process CPU and :data:`FULL_SPACING` times the previous
+one's CPU after it (or after the first pause), unless the heap doubled: uncollected cycles
+stay a bounded fraction of the heap, and full collections a bounded fraction of the CPU (at
+5,000 pools one takes 90–170 ms, and the heap grows by a quarter within the first 20 passes,
+some 3 s of CPU, as caches fill; the first full collection found 12 to 1,500 objects in
+cycles). The heap is measured without walking anything: ``sys.getallocatedblocks()``, net of
+frees, so caches that churn (compiled specs, memo entries) do not count as growth, and
+uncollected cycles do.
 """
 
 from __future__ import annotations
 
 import gc
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["GEN0_THRESHOLD", "gc_paused", "gc_tuned"]
+__all__ = [
+    "FULL_EVERY_SECONDS", "FULL_MIN", "FULL_RATIO", "FULL_SPACING", "GEN0_THRESHOLD",
+    "gc_paused", "gc_settle", "gc_tuned",
+]
 
 #: Allocations (net of frees) between first-generation collections.
 GEN0_THRESHOLD = 10_000
+#: Growth of the heap since the last full collection, as a fraction of the heap it left, that
+#: makes the end of the next :func:`gc_paused` block collect everything (CPython's rule for
+#: its oldest generation, in memory blocks rather than objects).
+FULL_RATIO = 0.25
+#: ... and at least this many memory blocks.
+FULL_MIN = 20_000
+#: ... and no sooner than this many times the process CPU the previous full collection took
+#: after it (full collections take at most 1 % of the process's CPU), unless the heap doubled.
+FULL_SPACING = 100
+#: ... and no sooner than this much process CPU (seconds) after the previous one, or after the
+#: first pause ended (while the caches of a new process fill), unless the heap doubled.
+FULL_EVERY_SECONDS = 60.0
 
 
 @contextmanager
@@ -52,6 +89,59 @@ def gc_tuned() -> Iterator[None]:
     finally:
         gc.set_threshold(*previous)
         gc.unfreeze()
+        _settled.reset()
+
+
+class _Settled:
+    """The heap when :func:`gc_settle` last collected everything, and how often it did."""
+
+    __slots__ = ("base", "full", "after")
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        #: Memory blocks allocated after the last full collection (None: none yet).
+        self.base: int | None = None
+        #: Full collections run.
+        self.full = 0
+        #: Process CPU time before which only a doubled heap calls for the next one.
+        self.after = 0.0
+
+
+_settled = _Settled()
+
+
+def gc_settle(*, full: bool = False) -> bool:
+    """Freeze the objects alive now; collect everything first if the heap grew by more than
+    :data:`FULL_RATIO` (and :data:`FULL_MIN` blocks) since the last full collection and
+    :data:`FULL_EVERY_SECONDS` and :data:`FULL_SPACING` allow it, if the heap doubled, or if
+    ``full``. Return whether it collected.
+
+    The heap is measured in memory blocks allocated (``sys.getallocatedblocks()``, every
+    small object, tracked by the collector or not): net of frees, so a cache that churns
+    does not count, and uncollected cycles do. The first call takes the heap as it is then
+    for the base.
+    """
+    s = _settled
+    blocks = sys.getallocatedblocks()
+    if s.base is None and not full:
+        s.base = blocks
+        s.after = time.process_time() + FULL_EVERY_SECONDS
+    elif full or (grown := blocks - s.base) > max(FULL_MIN, s.base) or (
+        grown > max(FULL_MIN, s.base * FULL_RATIO) and time.process_time() >= s.after
+    ):
+        started = time.process_time()
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
+        s.base = sys.getallocatedblocks()
+        s.full += 1
+        ended = time.process_time()
+        s.after = ended + max(FULL_EVERY_SECONDS, FULL_SPACING * (ended - started))
+        return True
+    gc.freeze()  # O(1): the collector's lists are spliced, not walked
+    return False
 
 
 #: Open :func:`gc_paused` blocks of the process (passes of several reconcilers may overlap).
@@ -63,7 +153,8 @@ _disabled = False
 @contextmanager
 def gc_paused() -> Iterator[None]:
     """Turn the cyclic collector off while the block runs; the last of overlapping blocks
-    turns it on again, if the first one turned it off."""
+    freezes what is alive then (:func:`gc_settle`) and turns the collector on again, if the
+    first one turned it off."""
     global _paused, _disabled
     if _paused == 0:
         _disabled = gc.isenabled()
@@ -74,4 +165,5 @@ def gc_paused() -> Iterator[None]:
     finally:
         _paused -= 1
         if _paused == 0 and _disabled:
+            gc_settle()
             gc.enable()

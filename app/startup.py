@@ -76,12 +76,12 @@ async def database_check(url: str, *, connect_timeout_seconds: float = 5.0) -> N
 
 def schema_ensure_head(current: str | None, *, url: str) -> None:
     """Raise ConfigurationError unless ``current`` is the head revision."""
-    from alembic.script import ScriptDirectory
-    from alembic.util import CommandError
-
     head = schema_head()
     if current == head:
         return
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+
     where = describe_url(url)
     if current is None:
         raise ConfigurationError(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import gc
+import weakref
 
-from app.gc_tuning import GEN0_THRESHOLD, gc_paused, gc_tuned
+from app import gc_tuning
+from app.gc_tuning import FULL_MIN, FULL_RATIO, GEN0_THRESHOLD, gc_paused, gc_tuned
 
 
 def test_the_collector_is_tuned_inside_and_restored_after() -> None:
@@ -54,3 +56,77 @@ async def test_a_reconciler_pass_runs_with_the_collector_off(monkeypatch) -> Non
     await passes.pass_run(ctx, pass_id="p", now=None)
     assert seen == [False]
     assert gc.isenabled()
+
+
+class _Node:
+    """A small object that can hold a reference (a cycle) and be watched by a weak one."""
+
+    __slots__ = ("__weakref__", "other")
+
+    def __init__(self) -> None:
+        self.other: object = None
+
+
+def _tracked(obj: object) -> bool:
+    """Return whether ``obj`` is in one of the collector's generations (not frozen)."""
+    return any(o is obj for o in gc.get_objects())
+
+
+def test_a_pause_freezes_what_outlives_it_and_reference_counting_still_frees_it() -> None:
+    with gc_paused():
+        kept = _Node()
+        kept.other = [kept.other]  # a container, tracked by the collector
+    held = kept.other
+    assert not _tracked(held)  # frozen: no collection walks it any more
+    watch = weakref.ref(kept)
+    del kept, held
+    assert watch() is None  # freed at once, frozen or not
+
+
+def test_cycles_frozen_by_pauses_are_collected_once_the_heap_grows(monkeypatch) -> None:
+    monkeypatch.setattr(gc_tuning, "_settled", gc_tuning._Settled())
+    monkeypatch.setattr(gc_tuning, "FULL_EVERY_SECONDS", 0.0)  # not a CPU-minute per test
+    with gc_paused():
+        a, b = _Node(), _Node()
+        a.other, b.other = b, a
+    watch = weakref.ref(a)
+    del a, b
+    gc.collect()
+    assert watch() is not None  # frozen: the garbage waits for a full collection
+    base = gc_tuning._settled.base
+    assert base is not None
+    with gc_paused():  # a pass that keeps a quarter of the heap more alive
+        grown = [_Node() for _ in range(max(FULL_MIN, int(base * FULL_RATIO)) + 10_000)]
+    assert watch() is None
+    assert gc_tuning._settled.full == 1
+    del grown
+
+
+async def test_a_snapshot_a_pass_replaced_is_freed_though_it_was_frozen(db) -> None:
+    from app.config import SHARD_SLOTS
+    from app.ledger.pools import pool_status_set
+    from app.reconciler import Reconciler, ReconcilerConfig
+    from tests.factories import NOW, heartbeat_add, pool_add, spec_make, tasks_add
+
+    async with db.transaction() as conn:
+        for pid in ("p1", "p2"):
+            await pool_add(conn, pid, tenants=["t1"], capacity=(1000, 1000, 0))
+            await heartbeat_add(conn, f"rt-{pid}", at=NOW)
+        await tasks_add(conn, tenant="t1", count=1, spec=spec_make(cpu=100))
+    rec = Reconciler(db, ReconcilerConfig(), owner_id="test", slots=frozenset(range(SHARD_SLOTS)))
+    assert (await rec.run_once(now=NOW)).snapshot_rebuilt
+    snapshot = rec._snapshot_cache.snapshot
+    assert snapshot is not None and not _tracked(snapshot)  # frozen when the pass ended
+    watch = weakref.ref(snapshot.fresh)
+    del snapshot
+
+    async with db.transaction() as conn:  # a pool row changes: the next pass rebuilds
+        await pool_status_set(conn, pool_id="p1", status="CORDONED", reason=None,
+                              drain_deadline=None, now=NOW)
+        await tasks_add(conn, tenant="t1", count=1, spec=spec_make(cpu=100))
+    gc.disable()  # freed by reference counting, not found by a collection
+    try:
+        assert (await rec.run_once(now=NOW)).snapshot_rebuilt
+        assert watch() is None
+    finally:
+        gc.enable()

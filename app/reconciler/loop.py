@@ -68,8 +68,9 @@ from app.scheduling.spec import StoredSpecs
 
 log = logging.getLogger("berth.reconciler")
 
-#: Pass results kept in ``Reconciler.results``.
-RESULTS_KEPT = 64
+#: Pass results kept in ``Reconciler.results``: each holds its leased task ids and queue
+#: waits, some 150 KiB with a full batch of 1,024 (64 of them held up to 10 MiB).
+RESULTS_KEPT = 16
 #: How often a reconciler refreshes the pending and parked gauges of its owned slots.
 QUEUE_GAUGES_SECONDS = 15.0
 #: The fixed label set of the pending gauge.

@@ -377,7 +377,7 @@ class StoredSpecs:
     def __init__(self, kept: int = 4096) -> None:
         self.kept = kept
         self._texts: dict[str, CompiledSpec] = {}
-        self._classes: dict[bytes, CompiledSpec] = {}
+        self._classes: dict[str, CompiledSpec] = {}
 
     def __len__(self) -> int:
         return len(self._texts)
@@ -398,7 +398,8 @@ class StoredSpecs:
             body = orjson.loads(text)
             requests = body.pop("requests")
             labels = body.pop("labels", {})
-            cls_key = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+            # As text: orjson's bytes keep the 4 KiB buffer they were written in.
+            cls_key = orjson.dumps(body, option=orjson.OPT_SORT_KEYS).decode()
         except (orjson.JSONDecodeError, TypeError, AttributeError, KeyError):
             return compile_spec(TaskSpec.model_validate_json(text), tenant_id=tenant_id)
         shape = self._classes.get(cls_key)
