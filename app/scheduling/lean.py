@@ -32,6 +32,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from app.scheduling import kernel as _k
 from app.scheduling.assumed import Assumed, request_row
 from app.scheduling.cycle import Cycle, tenant_domain_counts
 from app.scheduling.plugins import names
@@ -50,12 +51,18 @@ from app.scheduling.stages import (
     static_filters,
 )
 
-__all__ = ["capacity_rejections", "class_of", "covers", "decide", "select_lean"]
+__all__ = ["capacity_rejections", "class_of", "covers", "decide", "select_lean", "warm"]
 
 _CPU = CODE[Reason.INSUFFICIENT_CPU]
 _MEMORY = CODE[Reason.INSUFFICIENT_MEMORY]
 _LLM = CODE[Reason.INSUFFICIENT_LLM_SLOTS]
 _NONE = np.empty(0, dtype=np.intp)
+_NO_FLOATS = np.empty(0, dtype=np.float64)
+_NO_MEMBERS = np.zeros(1, dtype=np.int64)
+#: The kernel's code of each lean score.
+_CODES = {names.LEAST_LOADED: _k.SCORE_LOAD, names.MOST_LOADED: _k.SCORE_LOAD,
+          names.COST: _k.SCORE_COST, names.FAILURE_DOMAIN_SPREAD: _k.SCORE_SPREAD,
+          names.ARTIFACT_LOCALITY: _k.SCORE_ART}
 _FD = "failureDomain"
 _HUNDREDS: dict[int, np.ndarray] = {}
 #: The scores a lean spec can get: every other one (preferred affinity) needs a term.
@@ -85,7 +92,8 @@ class _Class:
     __slots__ = (
         "idx", "idx_list", "ids", "counts", "counts_map", "cost", "cost_score", "art", "fd",
         "load", "scored", "cap_of", "res_of", "cap", "offered", "all_offered",
-        "layout", "every_dim", "columns", "share", "unit", "reasons",
+        "layout", "every_dim", "columns", "share", "unit", "reasons", "codes", "weights",
+        "load_kind", "art_in",
     )
 
     def refresh(self, snapshot: Snapshot) -> None:
@@ -189,6 +197,11 @@ def _class_build(prof: Profile, spec: CompiledSpec, snapshot: Snapshot) -> _Clas
     # Every weight 1 (the registry's): ``0 + v * 1`` is ``v`` exactly (scores are 0..100,
     # never -0.0), so the total is the plain sum of the values in profile order.
     c.unit = all(w == 1 for _, w in c.scored) and len(c.scored) > 1
+    # The compiled kernel's view of the scores (see app.scheduling.kernel).
+    c.codes = np.array([_CODES[p.NAME] for p, _ in c.scored], dtype=np.int64)
+    c.weights = np.array([float(w) for _, w in c.scored], dtype=np.float64)
+    c.load_kind = _k.LOAD_MOST if c.load.NAME == names.MOST_LOADED else _k.LOAD_LEAST
+    c.art_in = _NO_FLOATS if c.art is None else c.art
     #: The static score reasons rendered so far, by score name and argument.
     c.reasons = {}
     c.cap_of = None
@@ -234,9 +247,78 @@ def decide(
     if spec.tenant_id not in snapshot.audience:
         return no_placement_result(None, _NONE, snapshot)
     c = class_of(profile(snapshot.strategy), spec, snapshot)
-    idx = c.idx
-    if len(idx) == 0:
+    if len(c.idx) == 0:
         return no_placement_result(c.counts, _NONE, snapshot)
+    kern = _k.load()
+    if kern is None or top_k < 1:
+        return _decide_numpy(c, spec, snapshot, assumed, top_k)
+    tenant = spec.tenant_id
+    if (assumed is None or assumed.domain_counts(tenant, _FD) is None) and (
+        not snapshot.has_placements(tenant)
+    ):
+        # None of the tenant's members anywhere: every pool's spread scores 100.
+        per_domain, spread = _NO_MEMBERS, False
+    else:
+        per_domain, spread = tenant_domain_counts(snapshot, assumed, tenant, _FD)[1], True
+    out_i = np.empty(_k.I_POS + top_k, dtype=np.int64)
+    out_f = np.empty(top_k + _k.F_VALUES + 4, dtype=np.float64)
+    kern(assumed.used if assumed is not None else snapshot.reserved, c.idx,
+         request_row(spec.requests), c.cap, c.cost, c.fd, per_domain, spread, c.art_in, c.codes,
+         c.weights, c.load_kind, top_k, out_i, out_f)
+    ints = out_i.tolist()
+    if ints[_k.I_FIT] == 0:
+        # Fits nowhere (rare: the pass's unsatisfiable cache answers repeats): the numpy path
+        # names the pools whose released capacity could help.
+        return _decide_numpy(c, spec, snapshot, assumed, top_k)
+    if ints[_k.I_CPU] or ints[_k.I_MEM] or ints[_k.I_LLM]:
+        counts = c.counts.copy()
+        counts[_CPU] += ints[_k.I_CPU]
+        counts[_MEMORY] += ints[_k.I_MEM]
+        counts[_LLM] += ints[_k.I_LLM]
+        rejections = counts_map(counts)
+    else:
+        rejections = c.counts_map
+    k = ints[_k.I_K]
+    ranked = ints[_k.I_POS:_k.I_POS + k]
+    floats = out_f.tolist()
+    head = ranked[0]
+    pool = c.idx_list[head]
+    ids = c.ids
+    at = k + _k.F_VALUES
+    parts = []
+    said = c.reasons
+    for (p, w), code in zip(c.scored, c.codes.tolist(), strict=True):
+        name = p.NAME
+        value = floats[at + code]
+        if code == _k.SCORE_LOAD:
+            reason = p.reason(floats[k + _k.F_DOMINANT], floats[k + _k.F_MEAN])
+        else:
+            # Cost and artifact reasons depend on the pool only, spread's on a small count.
+            arg = pool if code != _k.SCORE_SPREAD else ints[_k.I_MEMBERS]
+            reason = said.get((name, arg))
+            if reason is None:
+                if code == _k.SCORE_COST:
+                    reason = p.reason(snapshot.cost[pool])
+                elif code == _k.SCORE_SPREAD:
+                    reason = p.reason(arg)
+                else:
+                    reason = p.reason(spec.artifact_region, value)
+                said[(name, arg)] = reason
+        parts.append((name, value * w, reason))
+    return Ranked([ids[p] for p in ranked], floats[:k], tuple(parts), top_k, rejections)
+
+
+def warm() -> None:
+    """Load the compiled kernel (from numba's cache, else compiling it) now rather than in the
+    first pass that selects."""
+    _k.load()
+
+
+def _decide_numpy(
+    c: _Class, spec: CompiledSpec, snapshot: Snapshot, assumed: Assumed | None, top_k: int
+) -> Ranked | Result:
+    """:func:`decide` in numpy calls (without numba, and where nothing fits)."""
+    idx = c.idx
     req = request_row(spec.requests)
     # ``take`` rather than ``used[idx]``: the same rows, in a fifth of the time.
     need = (assumed.used if assumed is not None else snapshot.reserved).take(idx, axis=0)
