@@ -15,18 +15,32 @@ reassociation and no contraction into fused multiply-adds):
     total = ((0 + v1 * w1) + v2 * w2) + ...     in profile order
     top k by total descending, then position ascending (``stages.rank``)
 
-The compiled code is cached on disk (``cache=True``): in numba's default place (``__pycache__``
-beside this file, else a user cache directory), or ``NUMBA_CACHE_DIR``; :func:`load` falls back
-to an uncached compile when no cache directory is writable, and returns None when numba is not
-installed (the lean select then keeps its numpy path). :func:`load` compiles or loads the
-kernel and runs it once: the reconciler calls it at start so that no pass pays for it.
+How it is loaded (:func:`load`, once per process; the reconciler calls it when built, so
+that no pass pays for it): by default as an extension module compiled ahead of time
+(``numba.pycc``) into a user cache directory, built on first use by a child process, so that
+the reconciler itself does not import numba and LLVM (about 120 MiB of resident memory per
+process); else compiled by numba in the process (``cache=True``: numba's own cache places,
+``NUMBA_CACHE_DIR`` first; uncached when no place is writable); without numba, or with
+``BERTH_LEAN_KERNEL=0``, not at all (the lean select keeps its numpy path). The ahead-of-time
+module does not check its arguments' types: :mod:`app.scheduling.lean` passes arrays of the
+types the signature names, and the replay tests compare every decision with the numpy path's.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import importlib.metadata
+import importlib.util
+import inspect
+import logging
 import os
+import subprocess
 import sys
+import sysconfig
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -48,7 +62,7 @@ F_DOMINANT, F_MEAN, F_VALUES = 0, 1, 2
 _SCALE = 100.0 / 1.001
 
 
-def _lean_scores(used, idx, req, cap, cost, fd, per_domain, spread, art, codes, weights,
+def _lean_scores(used, idx, req, cap, cost, fd, per_domain, extra, spread, art, codes, weights,
                  load_kind, top_k, out_i, out_f):  # pragma: no cover - compiled (see lean)
     m = idx.shape[0]
     fit = np.empty(m, dtype=np.intp)
@@ -107,23 +121,27 @@ def _lean_scores(used, idx, req, cap, cost, fd, per_domain, spread, art, codes, 
     # The ranges of cost and of the tenant's members over the pools that fit.
     cost_lo = cost[fit[0]]
     cost_hi = cost_lo
+    # The tenant's members per failure domain: ``per_domain`` (its actual placements) plus,
+    # with spread 2, ``extra`` (its assumed ones), as numpy adds them; then the pool's domain
+    # code indexes it (-1, no domain, wrapping to the last as numpy's take does).
     nd = per_domain.shape[0]
-    mem_lo = 0
-    mem_hi = 0
+    members = np.zeros(m, dtype=np.int64)
     if spread:
-        d = fd[fit[0]]
-        mem_lo = per_domain[d + nd if d < 0 else d]
-        mem_hi = mem_lo
+        for j in range(n_fit):
+            p = fit[j]
+            d = fd[p]
+            if d < 0:
+                d += nd
+            members[j] = per_domain[d] + extra[d] if spread == 2 else per_domain[d]
+    mem_lo = members[0]
+    mem_hi = mem_lo
     for j in range(1, n_fit):
         p = fit[j]
         v = cost[p]
         cost_lo = min(cost_lo, v)
         cost_hi = max(cost_hi, v)
-        if spread:
-            d = fd[p]
-            k = per_domain[d + nd if d < 0 else d]
-            mem_lo = min(mem_lo, k)
-            mem_hi = max(mem_hi, k)
+        mem_lo = min(mem_lo, members[j])
+        mem_hi = max(mem_hi, members[j])
     cost_flat = not (cost_hi > cost_lo)
     cost_factor = 0.0
     if not cost_flat:
@@ -157,9 +175,7 @@ def _lean_scores(used, idx, req, cap, cost, fd, per_domain, spread, art, codes, 
                 if mem_flat:
                     v = 100.0
                 else:
-                    d = fd[p]
-                    v = min(float(mem_hi - per_domain[d + nd if d < 0 else d]) * mem_factor,
-                            100.0)
+                    v = min(float(mem_hi - members[j]) * mem_factor, 100.0)
             else:
                 v = art[p]
             total = total + v * weights[s]
@@ -183,11 +199,7 @@ def _lean_scores(used, idx, req, cap, cost, fd, per_domain, spread, art, codes, 
     p = fit[h]
     out_f[k_out + F_DOMINANT] = dominant[h]
     out_f[k_out + F_MEAN] = mean[h]
-    members = 0
-    if spread:
-        d = fd[p]
-        members = per_domain[d + nd if d < 0 else d]
-    out_i[I_MEMBERS] = members
+    out_i[I_MEMBERS] = members[h]
     for s in range(n_scores):
         code = codes[s]
         if code == 0:
@@ -205,7 +217,7 @@ def _lean_scores(used, idx, req, cap, cost, fd, per_domain, spread, art, codes, 
             if mem_flat:
                 v = 100.0
             else:
-                v = min(float(mem_hi - members) * mem_factor, 100.0)
+                v = min(float(mem_hi - members[h]) * mem_factor, 100.0)
         else:
             v = art[p]
         out_f[k_out + F_VALUES + code] = v
@@ -214,6 +226,7 @@ def _lean_scores(used, idx, req, cap, cost, fd, per_domain, spread, art, codes, 
 
 
 _KERNEL: list[Callable | None] = []
+log = logging.getLogger("berth.scheduling")
 
 
 def ready() -> bool:
@@ -227,15 +240,44 @@ def loaded() -> Callable | None:
 
 
 def load() -> Callable | None:
-    """Compile (or load from the cache) and run the kernel once; return it, or None when
-    numba is missing or ``BERTH_LEAN_KERNEL=0`` (the numpy path then decides)."""
+    """Load the kernel, run it once and return it (once per process; later calls return it).
+
+    ``BERTH_LEAN_KERNEL`` says how: ``aot`` (the default) imports the ahead-of-time compiled
+    extension module from :func:`aot_dir`, building it first in a subprocess when it is not
+    there (numba and a C compiler; about half a minute, once per machine and kernel source),
+    so that the process itself never imports numba (about 120 MiB less resident memory);
+    when that fails, or with ``jit``, numba compiles it in this process (cached on disk);
+    ``0`` or no numba: None, and the lean select keeps its numpy path.
+    """
     if _KERNEL:
         return _KERNEL[0]
+    mode = os.environ.get("BERTH_LEAN_KERNEL", "aot")
     kernel = None
-    if os.environ.get("BERTH_LEAN_KERNEL", "1") != "0":
-        kernel = _compile()
+    if mode != "0":
+        if mode != "jit":
+            kernel = _aot_load()
+        if kernel is None:
+            kernel = _compile()
+    if kernel is not None:
+        _warm(kernel)
     _KERNEL.append(kernel)
     return kernel
+
+
+def _signature():
+    """Return the kernel's one signature (explicit: under the JIT an argument of another type
+    raises rather than compiling a second specialization in the middle of a pass). Inputs are
+    read-only arrays, which writable ones convert to."""
+    from numba import types as t
+
+    def ro(dtype, ndim=1):
+        return t.Array(dtype, ndim, "A", readonly=True)
+
+    return t.void(
+        ro(t.int64, 2), ro(t.intp), ro(t.int64), ro(t.int64, 2), ro(t.float64), ro(t.int32),
+        ro(t.int64), ro(t.int64), t.int64, ro(t.float64), ro(t.int64), ro(t.float64), t.int64,
+        t.int64, t.Array(t.int64, 1, "A"), t.Array(t.float64, 1, "A"),
+    )
 
 
 def _compile() -> Callable | None:
@@ -243,28 +285,101 @@ def _compile() -> Callable | None:
         import numba
     except ImportError:  # pragma: no cover - numba is a dependency
         return None
-    from numba import types as t
-
-    # The one signature (explicit: an argument of another type raises rather than compiling
-    # a second specialization in the middle of a pass). Inputs are read-only arrays, which
-    # writable ones convert to.
-    def ro(dtype, ndim=1):
-        return t.Array(dtype, ndim, "A", readonly=True)
-
-    out = t.Array(t.int64, 1, "A"), t.Array(t.float64, 1, "A")
-    signature = t.void(
-        ro(t.int64, 2), ro(t.intp), ro(t.int64), ro(t.int64, 2), ro(t.float64), ro(t.int32),
-        ro(t.int64), t.boolean, ro(t.float64), ro(t.int64), ro(t.float64), t.int64, t.int64,
-        *out,
-    )
+    signature = _signature()
     try:
-        kernel = numba.njit(signature, cache=True, nogil=True)(_lean_scores)
+        return numba.njit(signature, cache=True, nogil=True)(_lean_scores)
     except RuntimeError:  # pragma: no cover - no writable cache directory anywhere
-        print("berth: numba cache unavailable; compiling the lean kernel uncached",
-              file=sys.stderr)
-        kernel = numba.njit(signature, cache=False, nogil=True)(_lean_scores)
-    _warm(kernel)
-    return kernel
+        log.warning("numba cache unavailable; compiling the lean kernel uncached")
+        return numba.njit(signature, cache=False, nogil=True)(_lean_scores)
+
+
+# --- ahead of time ---------------------------------------------------------------------------
+
+
+def aot_dir() -> Path:
+    """Return where the ahead-of-time module is kept: ``BERTH_KERNEL_DIR``, else the user's
+    cache directory (``$XDG_CACHE_HOME/berth`` or ``~/.cache/berth``)."""
+    given = os.environ.get("BERTH_KERNEL_DIR")
+    if given:
+        return Path(given)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "berth"
+
+
+def aot_name() -> str:
+    """Return the module name of this kernel source for this Python, numpy and numba: a
+    changed kernel (or toolchain) is another module, never a stale one."""
+    try:
+        numba_version = importlib.metadata.version("numba")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover
+        numba_version = "none"
+    key = "\0".join((
+        inspect.getsource(_lean_scores), _SIGNATURE_TEXT, numba_version, np.__version__,
+        sys.version, sysconfig.get_config_var("EXT_SUFFIX") or "",
+    ))
+    return "berth_lean_" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+#: What :func:`_signature` says, as text (part of :func:`aot_name`'s key).
+_SIGNATURE_TEXT = "v1: used i8[:,:], idx intp[:], req i8[:], cap i8[:,:], cost f8[:], fd i4[:], " \
+    "per_domain i8[:], extra i8[:], spread i8, art f8[:], codes i8[:], weights f8[:], " \
+    "load_kind i8, top_k i8, out_i i8[:], out_f f8[:]"
+
+
+def _aot_path(directory: Path, name: str) -> Path:
+    return directory / (name + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+
+
+def _aot_load() -> Callable | None:
+    """Import the ahead-of-time module, building it first when missing; None on failure."""
+    directory, name = aot_dir(), aot_name()
+    path = _aot_path(directory, name)
+    try:
+        if not path.exists():
+            directory.mkdir(parents=True, exist_ok=True)
+            with open(directory / (name + ".lock"), "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # one builder; the others wait for it
+                if not path.exists():
+                    _aot_build_subprocess(directory)
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {path}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.lean_scores
+    except Exception as exc:  # any failure: the in-process compile decides
+        log.warning("lean kernel: no ahead-of-time module (%s); compiling in process", exc)
+        return None
+
+
+def _aot_build_subprocess(directory: Path) -> None:
+    """Build the module in a child process (this one never imports numba)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    out = subprocess.run(
+        [sys.executable, "-m", "app.scheduling.kernel", str(directory)],
+        env=env, capture_output=True, text=True, timeout=900,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"build failed: {out.stderr.strip()[-500:]}")
+
+
+def aot_build(directory: Path) -> Path:
+    """Compile the kernel ahead of time into ``directory`` (numba.pycc, generic CPU: the
+    module may be shared by machines); return the module's path."""
+    from numba.pycc import CC
+
+    name = aot_name()
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=directory) as tmp:
+        cc = CC(name)
+        cc.output_dir = tmp
+        cc.verbose = False
+        cc.export("lean_scores", _signature())(_lean_scores)
+        cc.compile()
+        built = _aot_path(Path(tmp), name)
+        path = _aot_path(directory, name)
+        os.replace(built, path)
+    return path
 
 
 def _warm(kernel: Callable) -> None:
@@ -281,5 +396,9 @@ def _warm(kernel: Callable) -> None:
     weights = np.ones(4)
     out_i = np.empty(I_POS + 2, dtype=np.int64)
     out_f = np.empty(2 + F_VALUES + 4)
-    kernel(used, idx, req, cap, cost, fd, per_domain, True, art, codes, weights, LOAD_LEAST, 2,
-           out_i, out_f)
+    kernel(used, idx, req, cap, cost, fd, per_domain, per_domain, 2, art, codes, weights,
+           LOAD_LEAST, 2, out_i, out_f)
+
+
+if __name__ == "__main__":
+    print(aot_build(Path(sys.argv[1]) if len(sys.argv) > 1 else aot_dir()))

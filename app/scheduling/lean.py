@@ -34,7 +34,22 @@ import numpy as np
 
 from app.scheduling import kernel as _k
 from app.scheduling.assumed import Assumed, request_row
-from app.scheduling.cycle import Cycle, tenant_domain_counts
+from app.scheduling.cycle import Cycle, _tenant_domains, tenant_domain_counts
+from app.scheduling.kernel import (
+    F_DOMINANT,
+    F_MEAN,
+    F_VALUES,
+    I_CPU,
+    I_FIT,
+    I_K,
+    I_LLM,
+    I_MEM,
+    I_MEMBERS,
+    I_POS,
+    SCORE_COST,
+    SCORE_LOAD,
+    SCORE_SPREAD,
+)
 from app.scheduling.plugins import names
 from app.scheduling.plugins.base import minmax
 from app.scheduling.plugins.least_loaded import dominant_and_mean
@@ -93,7 +108,7 @@ class _Class:
         "idx", "idx_list", "ids", "counts", "counts_map", "cost", "cost_score", "art", "fd",
         "load", "scored", "cap_of", "res_of", "cap", "offered", "all_offered",
         "layout", "every_dim", "columns", "share", "unit", "reasons", "codes", "weights",
-        "load_kind", "art_in",
+        "load_kind", "art_in", "plan",
     )
 
     def refresh(self, snapshot: Snapshot) -> None:
@@ -199,6 +214,7 @@ def _class_build(prof: Profile, spec: CompiledSpec, snapshot: Snapshot) -> _Clas
     c.unit = all(w == 1 for _, w in c.scored) and len(c.scored) > 1
     # The compiled kernel's view of the scores (see app.scheduling.kernel).
     c.codes = np.array([_CODES[p.NAME] for p, _ in c.scored], dtype=np.int64)
+    c.plan = [(p, w, p.NAME, _CODES[p.NAME]) for p, w in c.scored]
     c.weights = np.array([float(w) for _, w in c.scored], dtype=np.float64)
     c.load_kind = _k.LOAD_MOST if c.load.NAME == names.MOST_LOADED else _k.LOAD_LEAST
     c.art_in = _NO_FLOATS if c.art is None else c.art
@@ -252,54 +268,59 @@ def decide(
     kern = _k.load()
     if kern is None or top_k < 1:
         return _decide_numpy(c, spec, snapshot, assumed, top_k)
+    # The tenant's members per failure domain, actual (``base``) and assumed (``extra``): the
+    # kernel adds them (as tenant_domain_counts does); none anywhere: spread scores 100.
     tenant = spec.tenant_id
-    if (assumed is None or assumed.domain_counts(tenant, _FD) is None) and (
-        not snapshot.has_placements(tenant)
-    ):
-        # None of the tenant's members anywhere: every pool's spread scores 100.
-        per_domain, spread = _NO_MEMBERS, False
+    extra = None if assumed is None else assumed.domain_counts(tenant, _FD)
+    if extra is not None:
+        spread = 2
+        base = snapshot.memoized(("tdomd", tenant, _FD), _tenant_domains, snapshot, tenant, _FD)
+    elif snapshot.has_placements(tenant):
+        spread = 1
+        base = extra = snapshot.memoized(
+            ("tdomd", tenant, _FD), _tenant_domains, snapshot, tenant, _FD
+        )
     else:
-        per_domain, spread = tenant_domain_counts(snapshot, assumed, tenant, _FD)[1], True
-    out_i = np.empty(_k.I_POS + top_k, dtype=np.int64)
-    out_f = np.empty(top_k + _k.F_VALUES + 4, dtype=np.float64)
+        spread = 0
+        base = extra = _NO_MEMBERS
+    out_i = np.empty(I_POS + top_k, dtype=np.int64)
+    out_f = np.empty(top_k + F_VALUES + 4, dtype=np.float64)
     kern(assumed.used if assumed is not None else snapshot.reserved, c.idx,
-         request_row(spec.requests), c.cap, c.cost, c.fd, per_domain, spread, c.art_in, c.codes,
-         c.weights, c.load_kind, top_k, out_i, out_f)
+         request_row(spec.requests), c.cap, c.cost, c.fd, base, extra, spread, c.art_in,
+         c.codes, c.weights, c.load_kind, top_k, out_i, out_f)
     ints = out_i.tolist()
-    if ints[_k.I_FIT] == 0:
+    if not ints[I_FIT]:
         # Fits nowhere (rare: the pass's unsatisfiable cache answers repeats): the numpy path
         # names the pools whose released capacity could help.
         return _decide_numpy(c, spec, snapshot, assumed, top_k)
-    if ints[_k.I_CPU] or ints[_k.I_MEM] or ints[_k.I_LLM]:
+    if ints[I_CPU] or ints[I_MEM] or ints[I_LLM]:
         counts = c.counts.copy()
-        counts[_CPU] += ints[_k.I_CPU]
-        counts[_MEMORY] += ints[_k.I_MEM]
-        counts[_LLM] += ints[_k.I_LLM]
+        counts[_CPU] += ints[I_CPU]
+        counts[_MEMORY] += ints[I_MEM]
+        counts[_LLM] += ints[I_LLM]
         rejections = counts_map(counts)
     else:
         rejections = c.counts_map
-    k = ints[_k.I_K]
-    ranked = ints[_k.I_POS:_k.I_POS + k]
+    k = ints[I_K]
+    ranked = ints[I_POS:I_POS + k]
     floats = out_f.tolist()
-    head = ranked[0]
-    pool = c.idx_list[head]
+    pool = c.idx_list[ranked[0]]
     ids = c.ids
-    at = k + _k.F_VALUES
+    values = floats[k + F_VALUES:]
     parts = []
     said = c.reasons
-    for (p, w), code in zip(c.scored, c.codes.tolist(), strict=True):
-        name = p.NAME
-        value = floats[at + code]
-        if code == _k.SCORE_LOAD:
-            reason = p.reason(floats[k + _k.F_DOMINANT], floats[k + _k.F_MEAN])
+    for p, w, name, code in c.plan:
+        value = values[code]
+        if code == SCORE_LOAD:
+            reason = p.reason(floats[k + F_DOMINANT], floats[k + F_MEAN])
         else:
             # Cost and artifact reasons depend on the pool only, spread's on a small count.
-            arg = pool if code != _k.SCORE_SPREAD else ints[_k.I_MEMBERS]
+            arg = pool if code != SCORE_SPREAD else ints[I_MEMBERS]
             reason = said.get((name, arg))
             if reason is None:
-                if code == _k.SCORE_COST:
+                if code == SCORE_COST:
                     reason = p.reason(snapshot.cost[pool])
-                elif code == _k.SCORE_SPREAD:
+                elif code == SCORE_SPREAD:
                     reason = p.reason(arg)
                 else:
                     reason = p.reason(spec.artifact_region, value)

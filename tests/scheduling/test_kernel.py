@@ -103,6 +103,18 @@ def assume(snapshot: Snapshot, pools, picks) -> Assumed:
     return assumed
 
 
+@pytest.fixture(scope="module", params=["aot", "jit"])
+def compiled(request):
+    """The lean select with the ahead-of-time module, then with numba's in-process compile."""
+    kernel.load()
+    fn = kernel._aot_load() if request.param == "aot" else kernel._compile()
+    assert fn is not None
+    saved = list(kernel._KERNEL)
+    kernel._KERNEL[:] = [fn]
+    yield fn
+    kernel._KERNEL[:] = saved
+
+
 def check(pools, placed, spec, strategy, k, picks) -> None:
     snapshot = Snapshot.build(pools, placed, strategy=strategy)
     assert kernel.load() is not None
@@ -122,16 +134,16 @@ def check(pools, placed, spec, strategy, k, picks) -> None:
 @SETTINGS
 @given(kernel_worlds(), lean_specs(), st.sampled_from(["spread", "binpack"]), st.integers(1, 6),
        st.lists(st.tuples(st.integers(0, 39), st.sampled_from(TENANTS)), max_size=5))
-def test_the_kernel_decides_as_the_numpy_path_and_the_full_select(world, spec, strategy, k,
-                                                                    picks):
+def test_the_kernel_decides_as_the_numpy_path_and_the_full_select(compiled, world, spec,
+                                                                    strategy, k, picks):
     check(*world, spec, strategy, k, picks)
 
 
 @SETTINGS
 @given(kernel_worlds(), lean_specs(), st.sampled_from(["spread", "binpack"]), st.integers(1, 6),
        st.lists(st.tuples(st.integers(0, 39), st.sampled_from(TENANTS)), max_size=5))
-def test_the_kernel_adds_weights_other_than_one_as_the_numpy_path(world, spec, strategy, k,
-                                                                   picks):
+def test_the_kernel_adds_weights_other_than_one_as_the_numpy_path(compiled, world, spec,
+                                                                   strategy, k, picks):
     weights = {names.LEAST_LOADED: 3, names.MOST_LOADED: 3, names.COST: 2,
                names.FAILURE_DOMAIN_SPREAD: 5, names.ARTIFACT_LOCALITY: 7}
     scores = {n: (ctor, weights.get(n, w)) for n, (ctor, w) in registry.SCORES.items()}
@@ -143,7 +155,7 @@ def test_the_kernel_adds_weights_other_than_one_as_the_numpy_path(world, spec, s
         registry.SCORES, registry._PROFILES = saved
 
 
-def test_the_kernel_ranks_ties_by_position_as_the_stable_sort():
+def test_the_kernel_ranks_ties_by_position_as_the_stable_sort(compiled):
     # Every pool equal: the first k pools by id, each scoring the same total.
     pools = [PoolState(id=f"p{i:02d}", tenant_ids=frozenset({"a"}), runtime_class="py",
                        failure_domain="f", capacity=(1000, 1000, 0)) for i in range(30)]
@@ -175,10 +187,26 @@ def run(code: str, **env: str) -> str:
     return out.stdout.strip()
 
 
+LOADED = (
+    "from app.scheduling import kernel; import sys; "
+    "print(kernel.load() is not None, 'numba' in sys.modules)"
+)
+
+
 @pytest.mark.parametrize("cache_dir", ["/proc/berth-not-writable", "/dev/null/numba"])
 def test_the_kernel_loads_when_the_numba_cache_directory_is_not_writable(cache_dir):
-    code = "from app.scheduling import kernel; print(kernel.load() is not None)"
-    assert run(code, NUMBA_CACHE_DIR=cache_dir) == "True"
+    assert run(LOADED, NUMBA_CACHE_DIR=cache_dir, BERTH_LEAN_KERNEL="jit") == "True True"
+
+
+def test_the_ahead_of_time_module_is_built_once_and_loaded_without_numba(tmp_path):
+    # Built by a child process on first use; then imported: the process never loads numba.
+    assert run(LOADED, BERTH_KERNEL_DIR=str(tmp_path)) == "True False"
+    assert len(list(tmp_path.glob("berth_lean_*.so"))) == 1
+    assert run(LOADED, BERTH_KERNEL_DIR=str(tmp_path)) == "True False"
+
+
+def test_the_kernel_compiles_in_process_when_the_module_cannot_be_built():
+    assert run(LOADED, BERTH_KERNEL_DIR="/proc/berth-not-writable") == "True True"
 
 
 def test_the_lean_select_keeps_its_numpy_path_without_the_kernel():
@@ -187,6 +215,7 @@ def test_the_lean_select_keeps_its_numpy_path_without_the_kernel():
         "print(kernel.loaded() is None, 'numba' in sys.modules)"
     )
     assert run(code, BERTH_LEAN_KERNEL="0") == "True False"
+    assert kernel.aot_name().startswith("berth_lean_")
 
 
 def test_the_kernel_input_types_match_its_one_signature():
