@@ -332,9 +332,9 @@ def _aot_path(directory: Path, name: str) -> Path:
 
 def _aot_load() -> Callable | None:
     """Import the ahead-of-time module, building it first when missing; None on failure."""
-    directory, name = aot_dir(), aot_name()
-    path = _aot_path(directory, name)
     try:
+        directory, name = aot_dir(), aot_name()
+        path = _aot_path(directory, name)
         if not path.exists():
             directory.mkdir(parents=True, exist_ok=True)
             with open(directory / (name + ".lock"), "w") as lock:

@@ -108,12 +108,15 @@ class _Class:
         "idx", "idx_list", "ids", "counts", "counts_map", "cost", "cost_score", "art", "fd",
         "load", "scored", "cap_of", "res_of", "cap", "offered", "all_offered",
         "layout", "every_dim", "columns", "share", "unit", "reasons", "codes", "weights",
-        "load_kind", "art_in", "plan",
+        "load_kind", "art_in", "plan", "kernel_in",
     )
 
     def refresh(self, snapshot: Snapshot) -> None:
         """Re-read the capacities of the class's pools from ``snapshot`` (what follows from
         them only when they changed: a pass's snapshot has new arrays, mostly equal ones)."""
+        if snapshot.cap.dtype != np.int64 or snapshot.reserved.dtype != np.int64:
+            # What the compiled kernel reads as int64 (it does not check types).
+            raise TypeError("snapshot usage arrays must be int64")
         cap = snapshot.cap.take(self.idx, axis=0)
         if self.cap_of is None or np.count_nonzero(cap != self.cap):
             self._capacities(cap)
@@ -218,6 +221,11 @@ def _class_build(prof: Profile, spec: CompiledSpec, snapshot: Snapshot) -> _Clas
     c.weights = np.array([float(w) for _, w in c.scored], dtype=np.float64)
     c.load_kind = _k.LOAD_MOST if c.load.NAME == names.MOST_LOADED else _k.LOAD_LEAST
     c.art_in = _NO_FLOATS if c.art is None else c.art
+    # The ahead-of-time kernel does not check types: the class's arrays are those it names
+    # (the snapshot builds them so; ``astype`` copies nothing then).
+    c.kernel_in = (c.idx.astype(np.intp, copy=False), c.cost.astype(np.float64, copy=False),
+                   c.fd.astype(np.int32, copy=False),
+                   c.art_in.astype(np.float64, copy=False))
     #: The static score reasons rendered so far, by score name and argument.
     c.reasons = {}
     c.cap_of = None
@@ -285,9 +293,10 @@ def decide(
         base = extra = _NO_MEMBERS
     out_i = np.empty(I_POS + top_k, dtype=np.int64)
     out_f = np.empty(top_k + F_VALUES + 4, dtype=np.float64)
-    kern(assumed.used if assumed is not None else snapshot.reserved, c.idx,
-         request_row(spec.requests), c.cap, c.cost, c.fd, base, extra, spread, c.art_in,
-         c.codes, c.weights, c.load_kind, top_k, out_i, out_f)
+    idx, cost, fd, art = c.kernel_in
+    kern(assumed.used if assumed is not None else snapshot.reserved, idx,
+         request_row(spec.requests), c.cap, cost, fd, base, extra, spread, art, c.codes,
+         c.weights, c.load_kind, top_k, out_i, out_f)
     ints = out_i.tolist()
     if not ints[I_FIT]:
         # Fits nowhere (rare: the pass's unsatisfiable cache answers repeats): the numpy path
