@@ -63,6 +63,7 @@ from app.reconciler.config import ReconcilerConfig
 from app.reconciler.listener import WakeupListener
 from app.reconciler.ownership import DynamicOwnership, StaticOwnership
 from app.reconciler.passes import COMPILED_KEPT, PassContext, PassResult, pass_run
+from app.scheduling.lean import warm as lean_warm
 from app.scheduling.reasons import REASONS
 from app.scheduling.spec import StoredSpecs
 
@@ -162,6 +163,8 @@ class Reconciler:
         self._backlog = WakeBacklog()
         self._compiled = StoredSpecs(COMPILED_KEPT)
         self._snapshot_cache = SnapshotCache()
+        # The lean select's compiled kernel, loaded (or compiled) now rather than in a pass.
+        lean_warm()
         #: The most recent pass results, newest last (for operators and tests).
         self.results: deque[PassResult] = deque(maxlen=RESULTS_KEPT)
 
