@@ -163,7 +163,8 @@ class Reconciler:
         self._backlog = WakeBacklog()
         self._compiled = StoredSpecs(COMPILED_KEPT)
         self._snapshot_cache = SnapshotCache()
-        # The lean select's compiled kernel, loaded (or compiled) now rather than in a pass.
+        # The lean select's compiled kernel: loaded now, or built in the background (the
+        # numpy path decides meanwhile), never in a pass.
         lean_warm()
         #: The most recent pass results, newest last (for operators and tests).
         self.results: deque[PassResult] = deque(maxlen=RESULTS_KEPT)

@@ -39,6 +39,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -239,6 +240,40 @@ def loaded() -> Callable | None:
     return _KERNEL[0] if _KERNEL else None
 
 
+#: Serializes :func:`load` (the reconciler's background build and a caller's load).
+_LOADING = threading.Lock()
+#: The background build started by :func:`start`, while it runs.
+_BUILDER: list[threading.Thread] = []
+
+
+def current() -> Callable | None:
+    """Return the kernel for a decision now, without waiting for a build: the loaded kernel;
+    None while :func:`start`'s background build runs (the numpy path decides meanwhile, with
+    the same results); else what :func:`load` returns."""
+    if _KERNEL:
+        return _KERNEL[0]
+    if _BUILDER and _BUILDER[0].is_alive():
+        return None
+    return load()
+
+
+def start() -> None:
+    """Make the kernel ready without blocking the caller for a build: load it now when that
+    is quick (the ahead-of-time module is on disk, or another mode is asked for), else build
+    and load it in a background thread (the build runs in a child process: about half a
+    minute, once per machine and kernel source). Until it is loaded, :func:`current` returns
+    None and the lean select decides in numpy calls."""
+    if _KERNEL or _BUILDER:
+        return
+    mode = os.environ.get("BERTH_LEAN_KERNEL", "aot")
+    if mode in ("0", "jit") or _aot_path(aot_dir(), aot_name()).exists():
+        load()
+        return
+    builder = threading.Thread(target=load, name="berth-lean-kernel-build", daemon=True)
+    _BUILDER.append(builder)
+    builder.start()
+
+
 def load() -> Callable | None:
     """Load the kernel, run it once and return it (once per process; later calls return it).
 
@@ -249,8 +284,13 @@ def load() -> Callable | None:
     when that fails, or with ``jit``, numba compiles it in this process (cached on disk);
     ``0`` or no numba: None, and the lean select keeps its numpy path.
     """
-    if _KERNEL:
-        return _KERNEL[0]
+    with _LOADING:
+        if not _KERNEL:
+            _KERNEL.append(_load())
+    return _KERNEL[0]
+
+
+def _load() -> Callable | None:
     mode = os.environ.get("BERTH_LEAN_KERNEL", "aot")
     kernel = None
     if mode != "0":
@@ -260,7 +300,6 @@ def load() -> Callable | None:
             kernel = _compile()
     if kernel is not None:
         _warm(kernel)
-    _KERNEL.append(kernel)
     return kernel
 
 

@@ -276,7 +276,7 @@ def decide(
     c = class_of(profile(snapshot.strategy), spec, snapshot)
     if len(c.idx) == 0:
         return no_placement_result(c.counts, _NONE, snapshot)
-    kern = _k.load()
+    kern = _k.current()
     if kern is None or top_k < 1:
         return _decide_numpy(c, spec, snapshot, assumed, top_k)
     # The tenant's members per failure domain, actual (``base``) and assumed (``extra``): the
@@ -342,9 +342,10 @@ def decide(
 
 
 def warm() -> None:
-    """Load the compiled kernel (from numba's cache, else compiling it) now rather than in the
-    first pass that selects."""
-    _k.load()
+    """Make the compiled kernel ready now rather than in the first pass that selects: loaded
+    at once when it is on disk, else built in the background (:func:`app.scheduling.kernel.start`;
+    the numpy path decides until then)."""
+    _k.start()
 
 
 def _decide_numpy(

@@ -205,6 +205,24 @@ def test_the_ahead_of_time_module_is_built_once_and_loaded_without_numba(tmp_pat
     assert run(LOADED, BERTH_KERNEL_DIR=str(tmp_path)) == "True False"
 
 
+def test_a_missing_module_is_built_in_the_background_while_numpy_decides(tmp_path):
+    # A reconciler's start (lean.warm) does not wait for the build: until the module is
+    # loaded the lean select decides in numpy calls (current() is None), then with it.
+    code = (
+        "import time; from app.scheduling import kernel, lean; lean.warm(); "
+        "during = kernel.current() is None and kernel._BUILDER[0].is_alive(); "
+        "kernel._BUILDER[0].join(600); "
+        "import sys; print(during, kernel.current() is not None, 'numba' in sys.modules)"
+    )
+    assert run(code, BERTH_KERNEL_DIR=str(tmp_path)) == "True True False"
+    # Once it is on disk, the next start loads it at once (no background build).
+    code = (
+        "from app.scheduling import kernel, lean; lean.warm(); "
+        "print(kernel.loaded() is not None, bool(kernel._BUILDER))"
+    )
+    assert run(code, BERTH_KERNEL_DIR=str(tmp_path)) == "True False"
+
+
 def test_the_kernel_compiles_in_process_when_the_module_cannot_be_built():
     assert run(LOADED, BERTH_KERNEL_DIR="/proc/berth-not-writable") == "True True"
 
