@@ -36,8 +36,10 @@ class Proxy:
     """A TCP proxy to PostgreSQL that the test can cut: ``refuse`` (nothing listens),
     ``drop`` (connections are accepted and closed at once) or ``up``."""
 
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
+    def __init__(self, host: str, port: int, socket: str | None = None) -> None:
+        #: Upstream: TCP ``host:port``, or the Unix socket file ``socket`` (the embedded
+        #: server listens on a socket only).
+        self.host, self.port, self.socket = host, port, socket
         self.mode = "up"
         self.listen_port = 0
         self._server: asyncio.Server | None = None
@@ -75,7 +77,10 @@ class Proxy:
             writer.transport.abort()
             return
         try:
-            up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
+            if self.socket is not None:
+                up_reader, up_writer = await asyncio.open_unix_connection(self.socket)
+            else:
+                up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
         except OSError:
             writer.transport.abort()
             return
@@ -103,9 +108,17 @@ class Proxy:
 async def proxied_app(database_url: str, **settings: Any) -> AsyncIterator[tuple[Proxy, FastAPI]]:
     """Yield a proxy to the test database and an app that reaches it only through it."""
     url = make_url(database_url)
-    proxy = Proxy(url.host or "127.0.0.1", url.port or 5432)
+    socket_dir = url.query.get("host")
+    socket = None
+    if isinstance(socket_dir, str) and socket_dir.startswith("/"):
+        socket = f"{socket_dir}/.s.PGSQL.{url.port or 5432}"
+    proxy = Proxy(url.host or "127.0.0.1", url.port or 5432, socket)
     await proxy.start()
-    proxied = url.set(host="127.0.0.1", port=proxy.listen_port).render_as_string(False)
+    proxied = (
+        url.difference_update_query(["host"])
+        .set(host="127.0.0.1", port=proxy.listen_port)
+        .render_as_string(False)
+    )
     app = create_app(settings_for_tests(proxied, db_connect_timeout_seconds=1, **settings))
     try:
         async with app.router.lifespan_context(app):
