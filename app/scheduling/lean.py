@@ -83,6 +83,9 @@ _CODES = {names.LEAST_LOADED: _k.SCORE_LOAD, names.MOST_LOADED: _k.SCORE_LOAD,
           names.ARTIFACT_LOCALITY: _k.SCORE_ART}
 _FD = "failureDomain"
 _HUNDREDS: dict[int, np.ndarray] = {}
+#: The kernel's output buffers per top_k (see decide).
+_OUT: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+_KERNEL = _k._KERNEL
 #: The scores a lean spec can get: every other one (preferred affinity) needs a term.
 _LEAN_SCORES = frozenset({
     names.LEAST_LOADED, names.MOST_LOADED, names.COST, names.FAILURE_DOMAIN_SPREAD,
@@ -111,7 +114,7 @@ class _Class:
         "idx", "idx_list", "ids", "counts", "counts_map", "cost", "cost_score", "art", "fd",
         "load", "scored", "cap_of", "res_of", "cap", "offered", "all_offered",
         "layout", "every_dim", "columns", "share", "unit", "reasons", "codes", "weights",
-        "load_kind", "art_in", "plan", "kernel_in",
+        "load_kind", "art_in", "plan", "kernel_in", "n",
     )
 
     def refresh(self, snapshot: Snapshot) -> None:
@@ -198,6 +201,7 @@ def _class_build(prof: Profile, spec: CompiledSpec, snapshot: Snapshot) -> _Clas
         idx = idx[~bad]
     c.idx = idx
     c.idx_list = idx.tolist()
+    c.n = len(c.idx_list)
     c.ids = [snapshot.ids[i] for i in c.idx_list]
     c.counts = counts
     c.counts_map = counts_map(counts)
@@ -271,17 +275,20 @@ def decide(
     """Decide where ``spec`` goes, for a call :func:`covers` accepts: a placement as plain
     values (:class:`Ranked`, whose :meth:`~Ranked.result` is what the full select with
     ``explain=False`` returns), or the full select's result of a task that fits nowhere."""
-    if spec.tenant_id not in snapshot.audience:
+    tenant = spec.tenant_id
+    audience = snapshot.audience.get(tenant)
+    if audience is None:
         return no_placement_result(None, _NONE, snapshot)
-    c = class_of(profile(snapshot.strategy), spec, snapshot)
-    if len(c.idx) == 0:
+    c = snapshot.memoized(("lean", audience, spec.placement_class), _class_first, spec, snapshot)
+    if c.cap_of is not snapshot.cap or c.res_of is not snapshot.reserved:
+        c.refresh(snapshot)
+    if not c.n:
         return no_placement_result(c.counts, _NONE, snapshot)
-    kern = _k.current()
+    kern = _KERNEL[0] if _KERNEL else _k.current()
     if kern is None or top_k < 1:
         return _decide_numpy(c, spec, snapshot, assumed, top_k)
     # The tenant's members per failure domain, actual (``base``) and assumed (``extra``): the
     # kernel adds them (as tenant_domain_counts does); none anywhere: spread scores 100.
-    tenant = spec.tenant_id
     extra = None if assumed is None else assumed.domain_counts(tenant, _FD)
     if extra is not None:
         spread = 2
@@ -294,10 +301,15 @@ def decide(
     else:
         spread = 0
         base = extra = _NO_MEMBERS
-    out_i = np.empty(I_POS + top_k, dtype=np.int64)
-    out_f = np.empty(top_k + F_VALUES + 4, dtype=np.float64)
+    # Output buffers shared per top_k (the kernel overwrites what it reads back; their values
+    # are copied out by tolist before the next call).
+    out = _OUT.get(top_k)
+    if out is None:
+        out = _OUT[top_k] = (np.empty(I_POS + top_k, dtype=np.int64),
+                             np.empty(top_k + F_VALUES + 4, dtype=np.float64))
+    out_i, out_f = out
     idx, cost, fd, art = c.kernel_in
-    kern(assumed.used if assumed is not None else snapshot.reserved, idx,
+    kern(snapshot.reserved if assumed is None else assumed.used, idx,
          request_row(spec.requests), c.cap, cost, fd, base, extra, spread, art, c.codes,
          c.weights, c.load_kind, top_k, out_i, out_f)
     ints = out_i.tolist()
@@ -314,10 +326,10 @@ def decide(
     else:
         rejections = c.counts_map
     k = ints[I_K]
-    ranked = ints[I_POS:I_POS + k]
     floats = out_f.tolist()
-    pool = c.idx_list[ranked[0]]
     ids = c.ids
+    head = ints[I_POS]
+    pool = c.idx_list[head]
     values = floats[k + F_VALUES:]
     parts = []
     said = c.reasons
@@ -327,18 +339,32 @@ def decide(
             reason = p.reason(floats[k + F_DOMINANT], floats[k + F_MEAN])
         else:
             # Cost and artifact reasons depend on the pool only, spread's on a small count.
-            arg = pool if code != SCORE_SPREAD else ints[I_MEMBERS]
-            reason = said.get((name, arg))
+            key = (name, pool if code != SCORE_SPREAD else ints[I_MEMBERS])
+            reason = said.get(key)
             if reason is None:
-                if code == SCORE_COST:
-                    reason = p.reason(snapshot.cost[pool])
-                elif code == SCORE_SPREAD:
-                    reason = p.reason(arg)
-                else:
-                    reason = p.reason(spec.artifact_region, value)
-                said[(name, arg)] = reason
+                reason = said[key] = _static_reason(p, code, key[1], value, spec, snapshot)
         parts.append((name, value * w, reason))
-    return Ranked([ids[p] for p in ranked], floats[:k], tuple(parts), top_k, rejections)
+    if k == 1:
+        chosen = [ids[head]]
+        scores = floats[:1]
+    else:
+        chosen = [ids[p] for p in ints[I_POS:I_POS + k]]
+        scores = floats[:k]
+    return Ranked(chosen, scores, tuple(parts), top_k, rejections)
+
+
+def _class_first(spec: CompiledSpec, snapshot: Snapshot) -> _Class:
+    return _class_build(profile(snapshot.strategy), spec, snapshot)
+
+
+def _static_reason(p, code: int, arg: int, value: float, spec: CompiledSpec,
+                   snapshot: Snapshot) -> str:
+    """Render a cost, spread or artifact reason (memoized per class by the caller)."""
+    if code == SCORE_COST:
+        return p.reason(snapshot.cost[arg])
+    if code == SCORE_SPREAD:
+        return p.reason(arg)
+    return p.reason(spec.artifact_region, value)
 
 
 def warm() -> None:
