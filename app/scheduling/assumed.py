@@ -35,6 +35,7 @@ class _AssumedEntry:
 _ONE = np.ones(1, dtype=np.int64)
 _ONE.flags.writeable = False
 _SINGLE: dict[int, np.ndarray] = {}
+_FD = "failureDomain"
 
 
 #: Requests as read-only int64 rows, by value (a few dozen distinct ones; cheaper than a new
@@ -113,7 +114,8 @@ class Assumed:
         req = request_row(spec.requests)
         tenant_id = spec.tenant_id
         if len(members) == 1:
-            # One pool (every task but a spread gang): a row update in place, no scatter-add.
+            # One pool (every task but a spread gang): a row update in place, no scatter-add,
+            # and the tracked domain counts updated by item.
             (pool_id, count), = members
             i = self.snapshot.pos[pool_id]
             row = self.used[i]
@@ -124,12 +126,26 @@ class Assumed:
                 row += req * count
                 entry = _AssumedEntry(tenant_id, spec.labels, _single(i),
                                       np.array((count,), dtype=np.int64), req, i, count)
-        else:
-            pos = self.snapshot.pos
-            idx = np.array([pos[p] for p, _ in members], dtype=np.intp)
-            counts = np.array([c for _, c in members], dtype=np.int64)
-            np.add.at(self.used, idx, counts[:, None] * req)
-            entry = _AssumedEntry(tenant_id, spec.labels, idx, counts, req, -1, 0)
+            entries[task_id] = entry
+            by_task = self._by_tenant.get(tenant_id)
+            if by_task is None:
+                by_task = self._by_tenant[tenant_id] = {}
+            by_task[task_id] = entry
+            tracked = self._domains.get(tenant_id)
+            if tracked:
+                if len(tracked) == 1 and _FD in tracked:
+                    per_domain = tracked[_FD]
+                    d = self.snapshot.fd.item(i)
+                    per_domain[d] = per_domain.item(d) + count
+                else:
+                    self._domains_update(entry, 1)
+            self.version += 1
+            return
+        pos = self.snapshot.pos
+        idx = np.array([pos[p] for p, _ in members], dtype=np.intp)
+        counts = np.array([c for _, c in members], dtype=np.int64)
+        np.add.at(self.used, idx, counts[:, None] * req)
+        entry = _AssumedEntry(tenant_id, spec.labels, idx, counts, req, -1, 0)
         entries[task_id] = entry
         by_task = self._by_tenant.get(tenant_id)
         if by_task is None:
@@ -180,7 +196,9 @@ class Assumed:
         (indexed by ``Snapshot.domains`` codes), or None when there are none; read-only."""
         if not self._by_tenant.get(tenant_id):
             return None
-        tracked = self._domains.setdefault(tenant_id, {})
+        tracked = self._domains.get(tenant_id)
+        if tracked is None:
+            tracked = self._domains[tenant_id] = {}
         per_domain = tracked.get(topology)
         if per_domain is None:
             dom, nd = self.snapshot.domains(topology)
