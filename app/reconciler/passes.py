@@ -85,13 +85,13 @@ from app.reconciler.preempting import PassPreemption
 from app.reconciler.retry import transient_retry
 from app.reconciler.walk import Decision, decisions_walk
 from app.scheduling.assumed import Assumed
-from app.scheduling.explain import no_placement_document
+from app.scheduling.explain import no_placement_document, ranked_text
 from app.scheduling.framework import select_ranked
 from app.scheduling.parking import STAGE_NONE, key_placed, pending_stage, wake_keys
 from app.scheduling.plugins.registry import reason_plugins
 from app.scheduling.policies import QueuedTask, get_policy
 from app.scheduling.reasons import Reason
-from app.scheduling.results import NoPlacement
+from app.scheduling.results import NoPlacement, Ranked
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec, StoredSpecs
 from app.scheduling.unsatisfiable import UnsatisfiableCache
@@ -435,7 +435,11 @@ def _grants(decisions: list[Decision], instance: dict[str, str]) -> list[Grant]:
             on = ((pool_id, count, instance[pool_id]),)
         else:
             on = tuple((p, c, instance[p]) for p, c in members)
-        grant(new(Grant, (d.task.id, d.placement_text(), on, spec.requests,
+        # Decision.placement_text inlined for a lean placement not walked (most of them).
+        result = d.result
+        text = (ranked_text(result) if type(result) is Ranked and d.walks == 0
+                else d.placement_text())
+        grant(new(Grant, (d.task.id, text, on, spec.requests,
                           (key_placed(spec.tenant_id),) if spec.labels else ())))
     return grants
 
