@@ -32,6 +32,7 @@ its reason: the full path does that).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from threading import get_ident
 
 import numpy as np
 
@@ -83,8 +84,8 @@ _CODES = {names.LEAST_LOADED: _k.SCORE_LOAD, names.MOST_LOADED: _k.SCORE_LOAD,
           names.ARTIFACT_LOCALITY: _k.SCORE_ART}
 _FD = "failureDomain"
 _HUNDREDS: dict[int, np.ndarray] = {}
-#: The kernel's output buffers per top_k (see decide).
-_OUT: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+#: The kernel's output buffers per top_k and thread (see decide).
+_OUT: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
 _KERNEL = _k._KERNEL
 #: The scores a lean spec can get: every other one (preferred affinity) needs a term.
 _LEAN_SCORES = frozenset({
@@ -301,12 +302,14 @@ def decide(
     else:
         spread = 0
         base = extra = _NO_MEMBERS
-    # Output buffers shared per top_k (the kernel overwrites what it reads back; their values
-    # are copied out by tolist before the next call).
-    out = _OUT.get(top_k)
+    # Output buffers reused per top_k and thread (the kernel overwrites what it reads back;
+    # their values are copied out by tolist before the thread's next call; two threads
+    # deciding at once never share one).
+    key = (top_k, get_ident())
+    out = _OUT.get(key)
     if out is None:
-        out = _OUT[top_k] = (np.empty(I_POS + top_k, dtype=np.int64),
-                             np.empty(top_k + F_VALUES + 4, dtype=np.float64))
+        out = _OUT[key] = (np.empty(I_POS + top_k, dtype=np.int64),
+                           np.empty(top_k + F_VALUES + 4, dtype=np.float64))
     out_i, out_f = out
     idx, cost, fd, art = c.kernel_in
     kern(snapshot.reserved if assumed is None else assumed.used, idx,

@@ -170,6 +170,38 @@ def test_the_kernel_ranks_ties_by_position_as_the_stable_sort(compiled):
     assert got.result() == select_full(spec, snapshot, top_k=5)
 
 
+def test_threads_deciding_at_once_get_what_one_thread_gets(compiled):
+    # The output buffers are reused per thread: decisions made in several threads at once
+    # (the JIT kernel releases the GIL) equal the same decisions made one after another.
+    import threading
+
+    pools = [PoolState(id=f"p{i:03d}", tenant_ids=frozenset({"a", "b"}), runtime_class="py",
+                       failure_domain=f"f{i % 7}", cost_weight=1.0 + (i % 5) / 10,
+                       capacity=(4000 + 250 * (i % 9), 8000, 2 * (i % 3)),
+                       reserved=(125 * (i % 11), 0, 0)) for i in range(120)]
+    snapshot = Snapshot.build(pools, [])
+    specs = [compile_spec(TaskSpec.model_validate(
+        {"runtimeClass": "py", "requests": {"cpuMillis": 50 * (j % 13 + 1),
+                                             "llmSlots": j % 2}}),
+        tenant_id=TENANTS[j % 2], task_id=f"t{j}") for j in range(200)]
+    ks = [1 + j % 5 for j in range(200)]
+    want = [bits(lean.decide(s, snapshot, top_k=k)) for s, k in zip(specs, ks, strict=True)]
+    got: dict[int, list] = {}
+    start = threading.Barrier(4)
+
+    def work(t: int) -> None:
+        start.wait()
+        got[t] = [bits(lean.decide(s, snapshot, top_k=k))
+                  for _ in range(5) for s, k in zip(specs, ks, strict=True)]
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert all(got[t] == want * 5 for t in range(4))
+
+
 def test_the_kernel_compiles_uncached_when_no_cache_directory_is_available(monkeypatch):
     from numba.core import caching
 
