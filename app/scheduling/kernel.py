@@ -156,30 +156,30 @@ def _lean_scores(used, idx, req, cap, cost, fd, per_domain, extra, spread, art, 
     best = out_i[I_POS:I_POS + k_out]
     tops = out_f[:k_out]
     have = 0
-    for j in range(n_fit):
+
+    def value(code, j):
+        """Score ``code``'s value for the ``j``-th pool that fits (numba inlines it)."""
         p = fit[j]
+        if code == 0:
+            if load_kind == 0:
+                v = ((1.001 - dominant[j]) - mean[j] / 1000.0) * _SCALE
+            else:
+                v = (dominant[j] + mean[j] / 1000.0) * _SCALE
+            return min(max(v, 0.0), 100.0)
+        if code == 1:
+            if cost_flat:
+                return 100.0
+            return min(max((cost_hi - cost[p]) * cost_factor, 0.0), 100.0)
+        if code == 2:
+            if mem_flat:
+                return 100.0
+            return min(float(mem_hi - members[j]) * mem_factor, 100.0)
+        return art[p]
+
+    for j in range(n_fit):
         total = 0.0
         for s in range(n_scores):
-            code = codes[s]
-            if code == 0:
-                if load_kind == 0:
-                    v = ((1.001 - dominant[j]) - mean[j] / 1000.0) * _SCALE
-                else:
-                    v = (dominant[j] + mean[j] / 1000.0) * _SCALE
-                v = min(max(v, 0.0), 100.0)
-            elif code == 1:
-                if cost_flat:
-                    v = 100.0
-                else:
-                    v = min(max((cost_hi - cost[p]) * cost_factor, 0.0), 100.0)
-            elif code == 2:
-                if mem_flat:
-                    v = 100.0
-                else:
-                    v = min(float(mem_hi - members[j]) * mem_factor, 100.0)
-            else:
-                v = art[p]
-            total = total + v * weights[s]
+            total = total + value(codes[s], j) * weights[s]
         # Insert into the top k: before the first kept entry with a lower total (equal
         # totals keep the earlier position first, as a stable sort of -total does).
         if have == k_out and not (total > tops[have - 1]):
@@ -197,31 +197,11 @@ def _lean_scores(used, idx, req, cap, cost, fd, per_domain, extra, spread, art, 
     out_i[I_K] = k_out
     # The head's components (``best`` holds positions among the fitting pools until here).
     h = best[0]
-    p = fit[h]
     out_f[k_out + F_DOMINANT] = dominant[h]
     out_f[k_out + F_MEAN] = mean[h]
     out_i[I_MEMBERS] = members[h]
     for s in range(n_scores):
-        code = codes[s]
-        if code == 0:
-            if load_kind == 0:
-                v = ((1.001 - dominant[h]) - mean[h] / 1000.0) * _SCALE
-            else:
-                v = (dominant[h] + mean[h] / 1000.0) * _SCALE
-            v = min(max(v, 0.0), 100.0)
-        elif code == 1:
-            if cost_flat:
-                v = 100.0
-            else:
-                v = min(max((cost_hi - cost[p]) * cost_factor, 0.0), 100.0)
-        elif code == 2:
-            if mem_flat:
-                v = 100.0
-            else:
-                v = min(float(mem_hi - members[h]) * mem_factor, 100.0)
-        else:
-            v = art[p]
-        out_f[k_out + F_VALUES + code] = v
+        out_f[k_out + F_VALUES + codes[s]] = value(codes[s], h)
     for j in range(k_out):
         best[j] = fit[best[j]]
 
