@@ -158,3 +158,16 @@ async def test_a_pass_plans_for_its_arrays_without_jit(db: Database) -> None:
     assert tuple(settings) == ("force_custom_plan", "off", "5s")
     async with db.connection() as conn:  # the transaction's settings end with it
         assert await conn.fetchval("SELECT current_setting('plan_cache_mode')") == "auto"
+
+
+async def test_the_conflict_path_statements_need_no_type_lookup(db: Database) -> None:
+    """Undoing a lease sends only types asyncpg encodes without asking the server's
+    catalogue (``uuid[]`` is looked up by every pass's claim already): ``smallint[]`` or
+    ``bigint[]`` cost a connection's first conflict a type lookup query."""
+    from app.ledger import claims
+
+    known = {"uuid[]", "text[]", "text", "timestamptz"}
+    async with db.connection() as conn:
+        statement = await conn.prepare(claims._UNLEASE)
+        names = {t.name for t in statement.get_parameters()}
+    assert names <= known, names - known
