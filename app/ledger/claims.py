@@ -324,6 +324,11 @@ async def tasks_lease(
 # $1 now, $2 ids, $3 pending reasons (JSON text), $4 stages, $5 the leased events' ids.
 # The tasks were ADMITTED and locked before this transaction leased them, and held no live
 # lease: every live lease and reservation they have was written by it.
+# The state is checked as ``(t.state = 'LEASED') IS TRUE`` (the same test), not ``t.state =
+# 'LEASED'``: that clause lets the planner read ``ix_tasks_leased_tenant`` (whose predicate it
+# is) whole and filter by id, and with statistics from before the leases (a burst, a fresh
+# load) it did: 45 ms per conflict at 20,000 leased tasks, growing with them, instead of a
+# few ``pk_tasks`` lookups.
 # The stages and event ids come as delimited text (``n`` is a NULL stage), not as
 # ``smallint[]`` and ``bigint[]``: asyncpg has no built-in codec for those and would look them
 # up in the server's catalogue (a query of some 7 ms of CPU) on each connection's first
@@ -337,7 +342,7 @@ _UNLEASE = (
     "AND id = ANY(string_to_array($5::text, ',')::bigint[])) "
     "UPDATE tasks t SET state = 'ADMITTED', placement = NULL, leased_at = NULL, "
     "pending_reason = x.pending::jsonb, pending_stage = x.stage, updated_at = $1 "
-    "FROM x WHERE t.id = ANY($2::uuid[]) AND t.id = x.id AND t.state = 'LEASED'"
+    "FROM x WHERE t.id = ANY($2::uuid[]) AND t.id = x.id AND (t.state = 'LEASED') IS TRUE"
 )
 
 

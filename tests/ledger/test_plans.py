@@ -171,3 +171,21 @@ async def test_the_conflict_path_statements_need_no_type_lookup(db: Database) ->
         statement = await conn.prepare(claims._UNLEASE)
         names = {t.name for t in statement.get_parameters()}
     assert names <= known, names - known
+
+
+async def test_undoing_a_lease_reads_the_tasks_by_id_with_stale_statistics(db: Database) -> None:
+    """The statistics of a burst's tasks say nothing is leased yet: undoing a lease still looks
+    its tasks up by primary key, not by reading every leased task from
+    ``ix_tasks_leased_tenant`` (what a plain ``state = 'LEASED'`` condition let it do)."""
+    from app.ledger import claims
+
+    async with db.connection() as conn:
+        ids = await tasks_add(conn, tenant="t1", count=400, spec=spec_make(cpu=1))
+        await conn.execute("ANALYZE tasks")  # every task admitted
+        await conn.execute("UPDATE tasks SET state = 'LEASED', leased_at = $1", NOW)
+    async with db.transaction() as conn:
+        await claims.claims_settings(conn, idle_seconds=5)
+        plan = "\n".join(r[0] for r in await conn.fetch(
+            "EXPLAIN " + claims._UNLEASE, NOW, ids[:1], ['{"code": "x"}'], "n", "1"))
+    assert "ix_tasks_leased_tenant" not in plan, plan
+    assert "pk_tasks" in plan, plan
