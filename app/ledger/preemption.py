@@ -294,8 +294,11 @@ _OVERDUE = (
     "SELECT DISTINCT task_id FROM (SELECT task_id FROM leases WHERE state = 'REVOKING' "
     "AND revoke_by <= $1 ORDER BY revoke_by LIMIT $2) o"
 )
+# ``(state = 'LEASED') IS TRUE``, not ``state = 'LEASED'``: that clause is the predicate of
+# ``ix_tasks_leased_tenant``, which the planner would read whole (every leased task) and
+# filter by id when the statistics predate the leases (see ``_UNLEASE`` in app.ledger.claims).
 _VICTIMS_LOCK = (
-    "SELECT id FROM tasks WHERE id = ANY($1::uuid[]) AND state = 'LEASED' "
+    "SELECT id FROM tasks WHERE id = ANY($1::uuid[]) AND (state = 'LEASED') IS TRUE "
     "ORDER BY id FOR UPDATE SKIP LOCKED"
 )
 _VICTIMS_REQUEUE = (

@@ -52,8 +52,11 @@ class RecoveryResult:
         return self.requeued + self.failed
 
 
+# ``(state = 'LEASED') IS TRUE``, not ``state = 'LEASED'``: that clause is the predicate of
+# ``ix_tasks_leased_tenant``, which the planner would read whole (every leased task) and
+# filter by id when the statistics predate the leases (see ``_UNLEASE`` in app.ledger.claims).
 _TASKS_LOCK = (
-    "SELECT id FROM tasks WHERE id = ANY($1::uuid[]) AND state = 'LEASED' "
+    "SELECT id FROM tasks WHERE id = ANY($1::uuid[]) AND (state = 'LEASED') IS TRUE "
     "ORDER BY id FOR UPDATE SKIP LOCKED"
 )
 _TASKS_REQUEUE = (

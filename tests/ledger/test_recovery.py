@@ -120,3 +120,22 @@ async def test_only_one_leader_recovers(db: Database) -> None:
     finally:
         await first.ownership.stop()
         await second.ownership.stop()
+
+
+async def test_the_leased_tasks_to_take_back_are_locked_by_id_with_stale_statistics(
+    db: Database,
+) -> None:
+    """Statistics from before a burst of leases say nothing is leased: the recovery's and the
+    overdue victims' lock statements still look their tasks up by primary key, not by
+    reading every leased task from ``ix_tasks_leased_tenant``."""
+    from app.ledger import preemption, recovery
+    from tests.factories import spec_make, tasks_add
+
+    async with db.connection() as conn:
+        ids = await tasks_add(conn, tenant="t1", count=400, spec=spec_make(cpu=1))
+        await conn.execute("ANALYZE tasks")  # every task admitted
+        await conn.execute("UPDATE tasks SET state = 'LEASED', leased_at = now()")
+        for query in (recovery._TASKS_LOCK, preemption._VICTIMS_LOCK):
+            plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + query, ids[:2]))
+            assert "ix_tasks_leased_tenant" not in plan, plan
+            assert "pk_tasks" in plan, plan
