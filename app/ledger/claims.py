@@ -49,6 +49,7 @@ import orjson
 from app.config import SHARD_SLOTS
 from app.db import Connection
 from app.ledger.literals import documents_joined, ids_joined, ints_joined, uuids_joined
+from app.ledger.tasks import uuid7_prefix
 
 #: Most tenants the fair claim looks at in one pass.
 FAIR_TENANTS_MAX = 512
@@ -228,27 +229,34 @@ class Grant(NamedTuple):
     wakes: tuple[str, ...] = ()
 
 
-# $1 now, $2 expires, $3 ids, $4 placements (JSON text), $5 first pools, $6..$12 the member
-# rows: the columns as delimited texts (app.ledger.literals) but the instances. A member row
-# names its task by the task's position in $3 (from 1: ``g``'s ordinality, returned by the
-# update), not by its id again: one integer to parse instead of a third parse of every UUID
-# (2.7 M of the statement's 279.5 M instructions at 1,024 placements, callgrind). The
-# ``t.id = ANY($3)`` condition lets the planner reach the rows through the primary key whatever
-# it estimates for the unnest (never a scan of every task ever kept). The placement is stored
-# as the text orjson wrote (revision 0012_placement_text: not parsed again, nothing searches
-# it).
-# ``id`` and ``tenant_id`` are assigned their own values. The update is never HOT (``state``
-# is in the claim indexes' predicates), and PostgreSQL marks the index insertions of an UPDATE
-# whose SET list does not name an index's columns "key unchanged": a full leaf page of
-# ``pk_tasks``, ``ix_tasks_tenant_seq`` or ``ix_tasks_leased_tenant`` then first tries a
-# bottom-up deletion, whose candidates are the versions this statement supersedes (never
-# removable yet): 30.7 M of a replayed pass's 312.5 M lease instructions at 1,024 placements,
-# always in vain (decision 12). Naming the columns changes no value, row lock or HOT decision
-# (PostgreSQL compares the values for those).
-# The event's detail is
-# written as JSON text (half the server CPU of ``jsonb_build_object``): a pool id needs no
-# escaping, since ``ck_pools_id_slug`` admits only [a-z0-9-] and the pools come from the
-# pass's snapshot of ``pools``.
+# $1 now, $2 expires, $3 ids, $4 placements (JSON text), $5 first pools, $6..$12 the member rows,
+# $13 the lease ids' prefix (below). The member rows' columns are delimited texts
+# (app.ledger.literals) but the instances. A member row names its task by the task's position in
+# $3 (from 1: ``g``'s ordinality, returned by the update), not by its id again: one integer to
+# parse instead of a third parse of every UUID (2.7 M of the statement's 279.5 M instructions at
+# 1,024 placements, callgrind). The ``t.id = ANY($3)`` condition lets the planner reach the rows
+# through the primary key whatever it estimates for the unnest (never a scan of every task ever
+# kept). The placement is stored as the text orjson wrote (revision 0012_placement_text: not
+# parsed again, nothing searches it).
+# ``id`` and ``tenant_id`` are assigned their own values. The update is never HOT (``state`` is in
+# the claim indexes' predicates), and PostgreSQL marks the index insertions of an UPDATE whose SET
+# list does not name an index's columns "key unchanged": a full leaf page of ``pk_tasks``,
+# ``ix_tasks_tenant_seq`` or ``ix_tasks_leased_tenant`` then first tries a bottom-up deletion,
+# whose candidates are the versions this statement supersedes (never removable yet): 30.7 M of a
+# replayed pass's 312.5 M lease instructions at 1,024 placements, always in vain (decision 12).
+# Naming the columns changes no value, row lock or HOT decision (PostgreSQL compares the values
+# for those).
+# A lease's id is a UUIDv7 made of $13 (``uuid7_prefix``: the pass's millisecond), the version
+# digit, 50 random bits of ONE ``gen_random_uuid()`` per statement (its characters 16-30: three
+# hex digits, the variant group, six hex digits) and the member row's position as six hex digits
+# (0x100000 + k: six digits for any statement of fewer than 15 M member rows).
+# ``gen_random_uuid()`` per lease (pg_strong_random, about 9 K instructions each) was 6.2 M of a
+# replayed pass's 331 M lease-statement instructions at 1,024 placements (callgrind). The ids of a
+# pass are distinct by their positions, and grow with time: its leases append next to each other
+# in ``pk_leases``. Lease ids are not secrets (decision 16).
+# The event's detail is written as JSON text (half the server CPU of ``jsonb_build_object``): a
+# pool id needs no escaping, since ``ck_pools_id_slug`` admits only [a-z0-9-] and the pools come
+# from the pass's snapshot of ``pools``.
 _LEASE = (
     "WITH g AS (SELECT * FROM unnest(string_to_array($3::text, ',')::uuid[], "
     "string_to_array($4::text, E'\\x1e'), string_to_array($5::text, ',')) "
@@ -264,14 +272,15 @@ _LEASE = (
     "string_to_array($7::text, ','), string_to_array($8::text, ',')::int[], "
     "string_to_array($9::text, ',')::bigint[], string_to_array($10::text, ',')::bigint[], "
     "string_to_array($11::text, ',')::bigint[], $12::text[]) "
-    "AS m(k, pool_id, members, cpu, memory, llm, instance)), "
+    "WITH ORDINALITY AS m(k, pool_id, members, cpu, memory, llm, instance, o)), "
+    "b AS (SELECT $13::text || '7' || substr(gen_random_uuid()::text, 16, 15) AS p), "
     "r AS (INSERT INTO reservations (task_id, pool_id, members, cpu, memory, llm, created_at) "
     "SELECT u.id, m.pool_id, m.members, m.cpu, m.memory, m.llm, $1::timestamptz "
     "FROM m JOIN u ON u.k = m.k), "
     "l AS (INSERT INTO leases (id, task_id, pool_id, runtime_instance_id, epoch, state, "
-    "granted_at, expires_at) SELECT gen_random_uuid(), u.id, m.pool_id, m.instance, "
-    "u.attempts + 1, 'ACTIVE', $1::timestamptz, $2::timestamptz "
-    "FROM m JOIN u ON u.k = m.k) "
+    "granted_at, expires_at) SELECT (b.p || to_hex(1048576 + m.o))::uuid, u.id, m.pool_id, "
+    "m.instance, u.attempts + 1, 'ACTIVE', $1::timestamptz, $2::timestamptz "
+    "FROM m JOIN u ON u.k = m.k CROSS JOIN b) "
     "INSERT INTO task_events (task_id, at, from_state, to_state, reason, detail) "
     "SELECT u.id, $1::timestamptz, 'ADMITTED', 'LEASED', 'leased', "
     "('{\"poolId\": \"' || u.pool_id || '\", \"epoch\": ' || (u.attempts + 1)::text || '}')::jsonb "
@@ -317,6 +326,7 @@ async def tasks_lease(
         ints_joined(m_task), ids_joined(m_pool), ints_joined(m_members),
         ints_joined(m_cpu), ints_joined(m_memory), ints_joined(m_llm),
         m_instance,
+        uuid7_prefix(now),
     )
     return {r[0]: r[1] for r in rows}
 

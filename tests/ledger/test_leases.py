@@ -304,3 +304,29 @@ async def test_revoke_requeues_every_task_leased_on_the_pool(db: Database) -> No
     assert states == {"REVOKED"}
     assert await _cpu_reserved(db) == 0
     assert await ledger_violations(db) == []
+
+
+async def test_lease_ids_are_distinct_uuid7_of_the_pass_millisecond(db: Database) -> None:
+    """A lease's id is a UUIDv7 of the pass's millisecond; the leases of one statement (a
+    task on two pools included) and of two statements of the same millisecond are distinct."""
+    from app.ledger.claims import Grant, tasks_claim, tasks_lease
+
+    async with db.transaction() as conn:
+        for pool in ("p1", "p2"):
+            await pool_add(conn, pool, tenants=["t1"], capacity=(4000, 4000, 0))
+            await heartbeat_add(conn, f"rt-{pool}", at=NOW)
+        ids = await tasks_add(conn, tenant="t1", count=4, spec=spec_make(cpu=100))
+    for half in (ids[:2], ids[2:]):  # two statements, the same ``now``
+        async with db.transaction() as conn:
+            claimed = await tasks_claim(conn, slots=ALL, batch=2, now=NOW)
+            assert sorted(c.id for c in claimed) == sorted(half)
+            members = (("p1", 1, "rt-p1"), ("p2", 1, "rt-p2"))
+            await tasks_lease(conn, now=NOW, lease_ttl_seconds=TTL, grants=[
+                Grant(c.id, {"poolId": "p1"}, members, (100, 0, 0)) for c in claimed
+            ])
+    async with db.connection() as conn:
+        leases = [r[0] for r in await conn.fetch("SELECT id FROM leases")]
+    assert len(leases) == len(set(leases)) == 8
+    ms = int(NOW.timestamp() * 1000)
+    assert all(i.version == 7 and i.variant == uuid.RFC_4122 for i in leases)
+    assert {i.int >> 80 for i in leases} == {ms}
