@@ -60,9 +60,12 @@ _EDGES = [0.0, -0.0, 1.0, 0.005, 0.015, 0.025, 0.125, 0.135, 0.145, 0.985, 0.995
           5e-324, 0.004999999999999999, -0.001, 1.001, float("nan"), float("inf")]
 
 
+_UTILIZATIONS = (st.floats(-0.01, 1.01) | st.sampled_from(_EDGES)
+                 | st.fractions(0, 1, max_denominator=2000).map(float))
+
+
 @SETTINGS
-@given(st.floats(-0.01, 1.01) | st.sampled_from(_EDGES) | st.fractions(0, 1, max_denominator=2000).map(float),
-       st.floats(-0.01, 1.01) | st.sampled_from(_EDGES) | st.fractions(0, 1, max_denominator=2000).map(float))
+@given(_UTILIZATIONS, _UTILIZATIONS)
 def test_memoized_reasons_are_the_formatted_percents(dominant, mean):
     # The reasons are memoized by whole percents: the same text as formatting the floats,
     # ties to even (0.125 -> 12%, 0.135 -> 14%) and -0.0 ("-0%") included.
