@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from app.scheduling.kernel import ROW_ADD
+
 if TYPE_CHECKING:
     from app.scheduling.snapshot import Snapshot
     from app.scheduling.spec import CompiledSpec, Items
@@ -66,13 +68,17 @@ def _single(i: int) -> np.ndarray:
 class Assumed:
     """The mutable overlay of one pass: usage and placements decided but not yet committed."""
 
-    __slots__ = ("snapshot", "used", "version", "_entries", "_by_tenant", "_domains", "_holds")
+    __slots__ = ("snapshot", "used", "version", "_entries", "_by_tenant", "_domains", "_holds",
+                 "_compiled")
 
     def __init__(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
         #: Reserved plus assumed usage per pool (``snapshot.reserved + usage``): the one array
         #: ``add``, ``hold`` and ``remove`` update.
         self.used = snapshot.reserved.copy()
+        # The compiled row adder (when loaded) reads and writes int64 rows of three without
+        # checking: only such an array is given to it.
+        self._compiled = self.used.dtype == np.int64 and self.used.shape[1:] == (3,)
         self.version = 0
         self._entries: dict[str, _AssumedEntry] = {}
         self._by_tenant: dict[str, dict[str, _AssumedEntry]] = {}
@@ -118,12 +124,16 @@ class Assumed:
             # and the tracked domain counts updated by item.
             (pool_id, count), = members
             i = self.snapshot.pos[pool_id]
-            row = self.used[i]
+            if ROW_ADD and self._compiled:
+                # ``used[i] += req * count`` in one compiled call (a fifth of numpy's cost).
+                ROW_ADD[0](self.used, i, req, count)
+            elif count == 1:
+                self.used[i] += req
+            else:
+                self.used[i] += req * count
             if count == 1:
-                row += req
                 entry = _AssumedEntry(tenant_id, spec.labels, _single(i), _ONE, req, i, 1)
             else:
-                row += req * count
                 entry = _AssumedEntry(tenant_id, spec.labels, _single(i),
                                       np.array((count,), dtype=np.int64), req, i, count)
             entries[task_id] = entry

@@ -45,8 +45,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["LOAD_LEAST", "LOAD_MOST", "SCORE_ART", "SCORE_COST", "SCORE_LOAD", "SCORE_SPREAD",
-           "load", "loaded", "ready"]
+__all__ = ["LOAD_LEAST", "LOAD_MOST", "ROW_ADD", "SCORE_ART", "SCORE_COST", "SCORE_LOAD",
+           "SCORE_SPREAD", "load", "loaded", "ready"]
 
 #: Score codes, in the order the profile lists them (``codes`` of the kernel).
 SCORE_LOAD, SCORE_COST, SCORE_SPREAD, SCORE_ART = 0, 1, 2, 3
@@ -206,7 +206,18 @@ def _lean_scores(used, idx, req, cap, cost, fd, per_domain, extra, spread, art, 
         best[j] = fit[best[j]]
 
 
+def _row_add(used, i, req, count):  # pragma: no cover - compiled (see assumed)
+    """Add ``count`` times ``req`` to row ``i`` of ``used`` (``used[i] += req * count``, the
+    same int64 arithmetic, without numpy's per-call cost: an assumed placement's usage)."""
+    used[i, 0] += req[0] * count
+    used[i, 1] += req[1] * count
+    used[i, 2] += req[2] * count
+
+
 _KERNEL: list[Callable | None] = []
+#: The compiled :func:`_row_add` of the same module, once :func:`load` found one (empty: none;
+#: :class:`app.scheduling.assumed.Assumed` adds with numpy then).
+ROW_ADD: list[Callable] = []
 log = logging.getLogger("berth.scheduling")
 
 
@@ -272,14 +283,20 @@ def load() -> Callable | None:
 
 def _load() -> Callable | None:
     mode = os.environ.get("BERTH_LEAN_KERNEL", "aot")
-    kernel = None
+    kernel = adder = None
     if mode != "0":
         if mode != "jit":
-            kernel = _aot_load()
+            module = _aot_module()
+            if module is not None:
+                kernel, adder = module.lean_scores, module.row_add
         if kernel is None:
             kernel = _compile()
+            adder = None if kernel is None else _compile(_row_add, _row_add_signature)
     if kernel is not None:
         _warm(kernel)
+        if adder is not None:
+            _warm_add(adder)
+            ROW_ADD[:] = [adder]
     return kernel
 
 
@@ -299,17 +316,27 @@ def _signature():
     )
 
 
-def _compile() -> Callable | None:
+def _row_add_signature():
+    """Return :func:`_row_add`'s one signature."""
+    from numba import types as t
+
+    return t.void(t.Array(t.int64, 2, "A"), t.int64, t.Array(t.int64, 1, "A", readonly=True),
+                  t.int64)
+
+
+def _compile(fn: Callable | None = None, signature: Callable | None = None) -> Callable | None:
+    """Compile ``fn`` (the kernel by default) with numba in this process."""
     try:
         import numba
     except ImportError:  # pragma: no cover - numba is a dependency
         return None
-    signature = _signature()
+    fn = fn or _lean_scores
+    sig = (signature or _signature)()
     try:
-        return numba.njit(signature, cache=True, nogil=True)(_lean_scores)
+        return numba.njit(sig, cache=True, nogil=True)(fn)
     except RuntimeError:  # pragma: no cover - no writable cache directory anywhere
         log.warning("numba cache unavailable; compiling the lean kernel uncached")
-        return numba.njit(signature, cache=False, nogil=True)(_lean_scores)
+        return numba.njit(sig, cache=False, nogil=True)(fn)
 
 
 # --- ahead of time ---------------------------------------------------------------------------
@@ -333,14 +360,16 @@ def aot_name() -> str:
     except importlib.metadata.PackageNotFoundError:  # pragma: no cover
         numba_version = "none"
     key = "\0".join((
-        inspect.getsource(_lean_scores), _SIGNATURE_TEXT, numba_version, np.__version__,
-        sys.version, sysconfig.get_config_var("EXT_SUFFIX") or "",
+        inspect.getsource(_lean_scores), inspect.getsource(_row_add), _SIGNATURE_TEXT,
+        numba_version, np.__version__, sys.version, sysconfig.get_config_var("EXT_SUFFIX") or "",
     ))
     return "berth_lean_" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-#: What :func:`_signature` says, as text (part of :func:`aot_name`'s key).
-_SIGNATURE_TEXT = "v1: used i8[:,:], idx intp[:], req i8[:], cap i8[:,:], cost f8[:], fd i4[:], " \
+#: What :func:`_signature` and :func:`_row_add_signature` say, as text (part of
+#: :func:`aot_name`'s key).
+_SIGNATURE_TEXT = "v2: row_add: used i8[:,:], i i8, req i8[:], count i8; lean_scores: " \
+    "used i8[:,:], idx intp[:], req i8[:], cap i8[:,:], cost f8[:], fd i4[:], " \
     "per_domain i8[:], extra i8[:], spread i8, art f8[:], codes i8[:], weights f8[:], " \
     "load_kind i8, top_k i8, out_i i8[:], out_f f8[:]"
 
@@ -350,6 +379,12 @@ def _aot_path(directory: Path, name: str) -> Path:
 
 
 def _aot_load() -> Callable | None:
+    """Return the ahead-of-time module's kernel (see :func:`_aot_module`); None on failure."""
+    module = _aot_module()
+    return None if module is None else module.lean_scores
+
+
+def _aot_module():
     """Import the ahead-of-time module, building it first when missing; None on failure."""
     try:
         directory, name = aot_dir(), aot_name()
@@ -365,7 +400,7 @@ def _aot_load() -> Callable | None:
             raise ImportError(f"cannot load {path}")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        return module.lean_scores
+        return module
     except Exception as exc:  # any failure: the in-process compile decides
         log.warning("lean kernel: no ahead-of-time module (%s); compiling in process", exc)
         return None
@@ -394,6 +429,7 @@ def aot_build(directory: Path) -> Path:
         cc.output_dir = tmp
         cc.verbose = False
         cc.export("lean_scores", _signature())(_lean_scores)
+        cc.export("row_add", _row_add_signature())(_row_add)
         cc.compile()
         built = _aot_path(Path(tmp), name)
         path = _aot_path(directory, name)
@@ -417,6 +453,14 @@ def _warm(kernel: Callable) -> None:
     out_f = np.empty(2 + F_VALUES + 4)
     kernel(used, idx, req, cap, cost, fd, per_domain, per_domain, 2, art, codes, weights,
            LOAD_LEAST, 2, out_i, out_f)
+
+
+def _warm_add(adder: Callable) -> None:
+    """Run the row adder once on a tiny input of the types it is given."""
+    used = np.zeros((1, 3), dtype=np.int64)
+    adder(used, 0, np.ones(3, dtype=np.int64), 2)
+    if used.tolist() != [[2, 2, 2]]:  # pragma: no cover - a broken build
+        raise RuntimeError("the compiled row adder adds wrongly")
 
 
 if __name__ == "__main__":

@@ -105,14 +105,21 @@ def assume(snapshot: Snapshot, pools, picks) -> Assumed:
 
 @pytest.fixture(scope="module", params=["aot", "jit"])
 def compiled(request):
-    """The lean select with the ahead-of-time module, then with numba's in-process compile."""
+    """The lean select with the ahead-of-time module, then with numba's in-process compile
+    (the kernel and the assumed overlay's row adder of each)."""
     kernel.load()
-    fn = kernel._aot_load() if request.param == "aot" else kernel._compile()
-    assert fn is not None
-    saved = list(kernel._KERNEL)
+    if request.param == "aot":
+        module = kernel._aot_module()
+        fn, adder = module.lean_scores, module.row_add
+    else:
+        fn, adder = kernel._compile(), kernel._compile(kernel._row_add, kernel._row_add_signature)
+    assert fn is not None and adder is not None
+    saved, saved_add = list(kernel._KERNEL), list(kernel.ROW_ADD)
     kernel._KERNEL[:] = [fn]
+    kernel.ROW_ADD[:] = [adder]
     yield fn
     kernel._KERNEL[:] = saved
+    kernel.ROW_ADD[:] = saved_add
 
 
 def check(pools, placed, spec, strategy, k, picks) -> None:
@@ -275,3 +282,34 @@ def test_the_kernel_input_types_match_its_one_signature():
     assert fn is not None and len(fn.signatures) == 1
     with pytest.raises(TypeError):
         fn(np.zeros((1, 3)), *([None] * 14))
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 3),
+                          st.tuples(*[st.integers(1, 4000)] * 3)), max_size=12),
+       st.lists(st.integers(0, 11), max_size=4))
+def test_the_compiled_row_adder_assumes_the_usage_numpy_adds(compiled, adds, removed):
+    # Assumed.add updates a one-pool placement's row with the compiled adder when loaded:
+    # the same usage (and after removals) as numpy's ``used[i] += req * count``.
+    pools = [PoolState(id=f"p{i}", tenant_ids=frozenset(TENANTS), runtime_class="py",
+                       capacity=(8000, 8000, 8), reserved=(i, -i, 0)) for i in range(5)]
+    snapshot = Snapshot.build(pools)
+    used = {}
+    for compiled_add in (True, False):
+        saved = list(kernel.ROW_ADD)
+        if not compiled_add:
+            kernel.ROW_ADD.clear()
+        try:
+            assumed = Assumed(snapshot)
+            for n, (pool, count, req) in enumerate(adds):
+                spec = compile_spec(TaskSpec.model_validate({
+                    "runtimeClass": "py",
+                    "requests": {"cpuMillis": req[0], "memoryMiB": req[1], "llmSlots": req[2]},
+                }), tenant_id="a")
+                assumed.add(spec, [(f"p{pool}", count)], task_id=f"t{n}")
+            for n in removed:
+                assumed.remove(f"t{n}")
+            used[compiled_add] = assumed.used.tolist()
+        finally:
+            kernel.ROW_ADD[:] = saved
+    assert used[True] == used[False]

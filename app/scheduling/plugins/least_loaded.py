@@ -18,6 +18,27 @@ from app.scheduling.plugins.base import ScorePlugin
 
 NAME = names.LEAST_LOADED
 _SCALE = 100.0 / 1.001
+#: The reasons rendered so far, by plugin tail and whole percents (dominant, mean).
+_TEXTS: dict[tuple[str, int, int], str] = {}
+
+
+def _utilization_text(dominant: float, mean: float, tail: str) -> str:
+    """Return ``f"projected utilization {dominant:.0%} dominant, {mean:.0%} mean; {tail}"``,
+    memoized by whole percents for utilizations in (0, 1] (nearly every pool that fits).
+
+    ``format(x, ".0%")`` is ``format(x * 100.0, ".0f") + "%"``: ``x * 100.0`` correctly
+    rounded to an integer, ties to even, which is what ``round`` returns; so the key names the
+    text exactly (0 is left out: ``-0.0`` formats as ``-0%``; such values are formatted).
+    """
+    if 0.0 < dominant <= 1.0 and 0.0 < mean <= 1.0:
+        key = (tail, round(dominant * 100.0), round(mean * 100.0))
+        text = _TEXTS.get(key)
+        if text is None:
+            if len(_TEXTS) >= 65536:
+                _TEXTS.clear()
+            text = _TEXTS[key] = f"projected utilization {key[1]}% dominant, {key[2]}% mean; {tail}"
+        return text
+    return f"projected utilization {dominant:.0%} dominant, {mean:.0%} mean; {tail}"
 
 
 def _clip100(x: np.ndarray) -> np.ndarray:
@@ -96,7 +117,7 @@ class LeastLoaded(ScorePlugin):
 
     def reason(self, dominant: float, mean: float) -> str:
         """Return the reason of a pool with this projected utilization."""
-        return f"projected utilization {dominant:.0%} dominant, {mean:.0%} mean; lower is better"
+        return _utilization_text(dominant, mean, "lower is better")
 
 
 class MostLoaded(ScorePlugin):
@@ -118,4 +139,4 @@ class MostLoaded(ScorePlugin):
 
     def reason(self, dominant: float, mean: float) -> str:
         """Return the reason of a pool with this projected utilization."""
-        return f"projected utilization {dominant:.0%} dominant, {mean:.0%} mean; higher packs"
+        return _utilization_text(dominant, mean, "higher packs")

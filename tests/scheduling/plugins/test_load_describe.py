@@ -4,6 +4,7 @@ same as computing it afresh for the one pool."""
 from __future__ import annotations
 
 from hypothesis import given
+from hypothesis import strategies as st
 
 from app.scheduling.assumed import Assumed
 from app.scheduling.cycle import Cycle
@@ -53,3 +54,23 @@ def test_descriptions_of_a_loaded_world_match_a_fresh_computation():
             assert comp.reason == plugin.describe(Cycle(s, snap, None), snap.pos[c.pool_id], 0.0)
             reasons.add(comp.reason)
         assert len(reasons) == 6
+
+
+_EDGES = [0.0, -0.0, 1.0, 0.005, 0.015, 0.025, 0.125, 0.135, 0.145, 0.985, 0.995, 1e-300,
+          5e-324, 0.004999999999999999, -0.001, 1.001, float("nan"), float("inf")]
+
+
+_UTILIZATIONS = (st.floats(-0.01, 1.01) | st.sampled_from(_EDGES)
+                 | st.fractions(0, 1, max_denominator=2000).map(float))
+
+
+@SETTINGS
+@given(_UTILIZATIONS, _UTILIZATIONS)
+def test_memoized_reasons_are_the_formatted_percents(dominant, mean):
+    # The reasons are memoized by whole percents: the same text as formatting the floats,
+    # ties to even (0.125 -> 12%, 0.135 -> 14%) and -0.0 ("-0%") included.
+    for plugin, tail in ((LeastLoaded(), "lower is better"), (MostLoaded(), "higher packs")):
+        for _ in range(2):  # rendered, then memoized
+            assert plugin.reason(dominant, mean) == (
+                f"projected utilization {dominant:.0%} dominant, {mean:.0%} mean; {tail}"
+            )
