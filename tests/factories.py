@@ -16,8 +16,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-import orjson
-
 from app.db import Connection, Database
 from app.scheduling.explain import placement_read
 from app.shards import shard_of
