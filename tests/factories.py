@@ -16,9 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-import orjson
-
 from app.db import Connection, Database
+from app.scheduling.explain import placement_read
 from app.shards import shard_of
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -163,9 +162,10 @@ async def task_get(conn: Connection, task_id: uuid.UUID) -> dict[str, Any]:
     row = await conn.fetchrow("SELECT * FROM tasks WHERE id = $1", task_id)
     assert row is not None, f"no task {task_id}"
     task = dict(row)
-    # The placement is stored as the JSON text the reconciler wrote (decision 11).
+    # The placement is stored as the text the reconciler wrote (decision 11): a document, or
+    # a lean placement's values, rendered as its document when read.
     if task["placement"] is not None:
-        task["placement"] = orjson.loads(task["placement"])
+        task["placement"] = placement_read(task["placement"])
     return task
 
 

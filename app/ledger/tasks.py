@@ -37,6 +37,7 @@ import orjson
 from app.db import Connection
 from app.errors import BerthError, NotFound, Unprocessable
 from app.ledger.idempotency import IdempotencyKeyReused
+from app.scheduling.explain import placement_read
 from app.shards import shard_of
 
 __all__ = [
@@ -208,10 +209,16 @@ _COLUMNS = """
                 'expiresAt', l.expires_at, 'epoch', l.epoch, 'state', l.state,
                 'revokeBy', l.revoke_by) ORDER BY l.pool_id), '[]')
        FROM leases l WHERE l.task_id = t.id AND l.state IN ('ACTIVE', 'REVOKING')),
-    (SELECT coalesce(array_agg(a->>'poolId'), '{}')
-       FROM json_array_elements(coalesce(t.placement::json->'alternatives', '[]')) a
+    (SELECT coalesce(array_agg(a.pool_id ORDER BY a.i), '{}')
+       FROM (SELECT e->>'poolId', i FROM json_array_elements(
+                    CASE WHEN left(t.placement, 1) = '{' THEN t.placement::json->'alternatives'
+                    END) WITH ORDINALITY AS x(e, i)
+             UNION ALL
+             SELECT e, i FROM json_array_elements_text(
+                    CASE WHEN left(t.placement, 1) = '[' THEN t.placement::json->1 END)
+                    WITH ORDINALITY AS x(e, i) WHERE i > 1) AS a(pool_id, i)
       WHERE NOT EXISTS (SELECT 1 FROM pools p
-                         WHERE p.id = a->>'poolId' AND t.tenant_id = ANY(p.tenant_ids)))
+                         WHERE p.id = a.pool_id AND t.tenant_id = ANY(p.tenant_ids)))
 """
 
 _GET = f"SELECT {_COLUMNS} FROM tasks t WHERE t.id = $1 AND t.tenant_id = ANY($2::text[])"
@@ -246,7 +253,7 @@ def _row(r: Any) -> TaskRow:
         spec=r[6],
         labels=r[7],
         pending_reason=r[8],
-        placement=orjson.loads(r[9]) if r[9] is not None else None,
+        placement=placement_read(r[9]) if r[9] is not None else None,
         attempts=r[10],
         max_attempts=r[11],
         failure_reason=r[12],

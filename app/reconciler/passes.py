@@ -85,7 +85,7 @@ from app.reconciler.preempting import PassPreemption
 from app.reconciler.retry import transient_retry
 from app.reconciler.walk import Decision, decisions_walk
 from app.scheduling.assumed import Assumed
-from app.scheduling.explain import no_placement_document, ranked_text
+from app.scheduling.explain import no_placement_document, ranked_stored
 from app.scheduling.framework import select_ranked
 from app.scheduling.parking import STAGE_NONE, key_placed, pending_stage, wake_keys
 from app.scheduling.plugins.registry import reason_plugins
@@ -422,7 +422,7 @@ async def _pass_in(
 
 def _grants(decisions: list[Decision], instance: dict[str, str]) -> list[Grant]:
     """Return the grants of ``decisions`` (their members on the pools' runtime instances),
-    each placement as its stored JSON text."""
+    each placement as its stored JSON text (a lean one as its values, :func:`ranked_stored`)."""
     grants = []
     grant = grants.append
     # Grant's own __new__ is a Python function: the tuple is made directly.
@@ -437,7 +437,7 @@ def _grants(decisions: list[Decision], instance: dict[str, str]) -> list[Grant]:
             on = tuple((p, c, instance[p]) for p, c in members)
         # Decision.placement_text inlined for a lean placement not walked (most of them).
         result = d.result
-        text = (ranked_text(result) if type(result) is Ranked and d.walks == 0
+        text = (ranked_stored(result) if type(result) is Ranked and d.walks == 0
                 else d.placement_text())
         grant(new(Grant, (d.task.id, text, on, spec.requests,
                           (key_placed(spec.tenant_id),) if spec.labels else ())))

@@ -21,7 +21,7 @@ import orjson
 
 from app.ledger.claims import ClaimedTask
 from app.ledger.snapshot import LedgerRow
-from app.scheduling.explain import placement_document, ranked_document, ranked_text
+from app.scheduling.explain import placement_document, ranked_document, ranked_stored
 from app.scheduling.results import Ranked, Result
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec
@@ -42,10 +42,11 @@ class Decision:
     walks: int = 0
 
     def placement_text(self) -> str:
-        """Return the placement to store as its JSON text: ``placement_json()`` serialized
-        (a lean placement's text is written directly, see :func:`ranked_text`)."""
+        """Return the placement to store as its JSON text: ``placement_json()`` serialized,
+        or a lean placement's values, which read back as that document (:func:`ranked_stored`,
+        :func:`~app.scheduling.explain.placement_read`)."""
         if self.walks == 0 and type(self.result) is Ranked:
-            return ranked_text(self.result)
+            return ranked_stored(self.result)
         return orjson.dumps(self.placement_json()).decode()
 
     def placement_json(self) -> dict[str, Any]:

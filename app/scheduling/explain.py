@@ -4,6 +4,10 @@
 placement and pending reason as JSON and the preview endpoint serves a whole result. Every
 such document is built here, from core data, in the SPEC §6 shapes: scores and component
 values rounded to 4 places, pools named by id, reasons by their codes.
+
+A lean placement is stored as its plain values (:func:`ranked_stored`, a JSON array) and its
+document is rendered when it is read (:func:`placement_read`): the reconciler writes one per
+placement, the API reads a few.
 """
 
 from __future__ import annotations
@@ -30,10 +34,12 @@ __all__ = [
     "component_document",
     "no_placement_document",
     "placement_document",
+    "placement_read",
     "preemption_document",
     "preview_document",
     "ranked_document",
     "ranked_json",
+    "ranked_stored",
     "ranked_text",
     "rejection_document",
 ]
@@ -194,6 +200,58 @@ def ranked_json(ranked: Ranked) -> bytes:
     """Return ``orjson.dumps(ranked_document(ranked))``, byte for byte (:func:`ranked_text`
     encoded)."""
     return ranked_text(ranked).encode()
+
+
+#: The first element of a stored lean placement (:func:`ranked_stored`): its form's version.
+STORED_RANKED = 1
+
+
+def ranked_stored(ranked: Ranked) -> str:
+    """Return a lean placement as the text the reconciler stores: the JSON array
+    ``[1, pool ids, scores, components]`` of its best ``top_k`` pools (the chosen one first),
+    their scores and its ``(name, value, reason)`` components, numbers unrounded.
+
+    :func:`placement_read` renders it as :func:`ranked_document` of the same placement, key for
+    key and number for number (orjson writes a float's shortest text, which reads back as the
+    same float, and rounds nothing). One C call instead of :func:`ranked_text`'s formatting:
+    about 8k instructions instead of 40k per placement (the bench mix, callgrind).
+    """
+    ids = ranked.pool_ids
+    n = min(len(ids), ranked.top_k)
+    if n < 1:
+        n = 1
+    try:
+        return orjson.dumps(
+            (STORED_RANKED, ids[:n], ranked.scores[:n], ranked.components)
+        ).decode()
+    except TypeError:  # a value orjson does not write (none of the core's): the document
+        return ranked_text(ranked)
+
+
+def placement_read(text: str) -> dict[str, Any]:
+    """Return the placement document of a stored placement text: a document as stored, or the
+    :func:`ranked_document` of a lean placement stored by :func:`ranked_stored`."""
+    value = orjson.loads(text)
+    if type(value) is not list:
+        return value
+    _, ids, scores, components = value
+    pool = ids[0]
+    # orjson wrote inf and nan as null, as it writes them in a document.
+    return {
+        "poolId": pool,
+        "score": _rounded(scores[0]),
+        "components": [
+            {"name": n, "value": _rounded(v), "reason": r} for n, v, r in components
+        ],
+        "members": [{"poolId": pool, "count": 1}],
+        "alternatives": [
+            {"poolId": ids[i], "score": _rounded(scores[i])} for i in range(1, len(ids))
+        ],
+    }
+
+
+def _rounded(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
 
 
 def no_placement_document(reason: NoPlacement) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from app.ledger.snapshot import LedgerRow
 from app.reconciler import Reconciler, ReconcilerConfig
 from app.reconciler.passes import PassContext, pass_run
 from app.reconciler.walk import Decision, decisions_walk
+from app.scheduling.explain import placement_read
 from app.scheduling.framework import select
 from tests.factories import (
     NOW,
@@ -300,7 +301,7 @@ async def _run_dry(db: Database) -> dict:
         await tx.start()
         try:
             await _pass_in(conn, ctx, pass_id="dry", now=NOW)
-            rows = await conn.fetch("SELECT id, placement::json->>'poolId' FROM tasks")
+            rows = await conn.fetch("SELECT id, placement FROM tasks")
         finally:
             await tx.rollback()
-    return {r[0]: r[1] for r in rows}
+    return {r[0]: placement_read(r[1])["poolId"] for r in rows if r[1] is not None}
