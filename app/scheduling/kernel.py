@@ -378,12 +378,6 @@ def _aot_path(directory: Path, name: str) -> Path:
     return directory / (name + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
 
 
-def _aot_load() -> Callable | None:
-    """Return the ahead-of-time module's kernel (see :func:`_aot_module`); None on failure."""
-    module = _aot_module()
-    return None if module is None else module.lean_scores
-
-
 def _aot_module():
     """Import the ahead-of-time module, building it first when missing; None on failure."""
     try:
