@@ -1,51 +1,28 @@
-"""Python's cyclic garbage collector, tuned for a serving process while an app runs.
+"""Python's cyclic garbage collector in Berth's processes.
 
-A request that holds many objects at once — a task batch builds some 50,000 dicts, lists and
-models for 1,000 items — triggers Python's collector every 700 allocations with the default
-thresholds, and each full collection walks every object of the process: the imported
-modules, FastAPI's routes, pydantic's schemas. Measured on a 1,000-item batch, collection
-took about half of the request's CPU time. Two settings remove nearly all of it:
+The API process (``berth serve``, :func:`gc_frozen`) only freezes what is alive once the app
+has started (modules, routes, schemas): they live as long as the process, so the collector
+need not walk them again; reference counting still frees whatever of them is dropped. The
+collector itself runs as Python configures it, also while the in-process reconciler passes.
 
-* ``gc.freeze()`` once the app has started moves the objects alive then (modules, routes,
-  schemas) out of the collector's reach: they live as long as the process, and reference
-  counting still frees whatever of them is dropped; only cycles among them (and garbage
-  not yet collected at start-up) wait for :func:`gc_tuned`'s exit, which unfreezes them;
-* a first-generation threshold of :data:`GEN0_THRESHOLD` allocations instead of 700, so
-  that a request's short-lived objects are mostly freed by reference counting before a
-  collection looks at them.
+A reconciler process of its own (``berth reconcile``) also tunes the collector for its loop:
 
-Refcounting frees almost everything a request makes; the collector only finds cycles, and
-it still runs, just less often.
+* :func:`gc_tuned` freezes what is alive at start-up and raises the first-generation
+  threshold to :data:`GEN0_THRESHOLD` allocations, so that a pass's short-lived objects are
+  mostly freed by reference counting before a collection looks at them;
+* :func:`gc_paused` turns the collector off for the length of a pass: a pass keeps some 100
+  objects per claimed task alive until it commits, all freed by reference counting once it
+  ends, so a collection meanwhile would only walk them. The last of overlapping pauses
+  freezes what is alive when it ends (:func:`gc_settle`): what a pass leaves alive is
+  mostly long-lived (the snapshot, memo entries, compiled specs). Cycles among frozen
+  objects wait for a full collection of everything frozen, which runs at the end of a pass
+  once the heap grew by :data:`FULL_RATIO` of what the previous one left (at least
+  :data:`FULL_MIN` memory blocks), no sooner than :data:`FULL_EVERY_SECONDS` of process CPU
+  and :data:`FULL_SPACING` times the previous one's CPU after it, unless the heap doubled.
+  The heap is measured without walking anything: ``sys.getallocatedblocks()``, net of
+  frees, so caches that churn do not count as growth and uncollected cycles do.
 
-A reconciler pass is the extreme case: it keeps some 100 objects per claimed task alive until
-it commits (claimed rows, compiled specs, decisions, placement documents, statement
-arguments), so with a batch of 1,024 the collector ran several full collections per pass,
-each walking every object of the process, and all of that was freed by reference counting
-once the pass ended. Measured on the e2e dataset (1,000 pools, 20,000 tasks, one in-process
-reconciler), collection took about 50 µs of the 270 µs of reconciler CPU per placement.
-:func:`gc_paused` turns the collector off for the length of a pass (the reconciler process
-also runs under :func:`gc_tuned`): the few cycles a pass leaves are found by the next
-collection after it.
-
-What a pass leaves alive is mostly long-lived: the snapshot's pool states and indexes, memo
-entries, compiled specs. Left in the collector's generations, it was walked again by the
-first-generation collection after a pass, by the second generation's every tenth, and by the
-full collections: at 5,000 pools, 10–13 µs of process CPU per placement without
-:func:`gc_tuned`, 2–3 µs with it (``scripts/pass_costs.py``). So the last of overlapping
-:func:`gc_paused` blocks freezes what is alive when it ends, as :func:`gc_tuned` does at
-start-up (O(1)): reference counting still frees a frozen object that is dropped (a replaced
-snapshot, an evicted memo entry), and only cycles among frozen objects wait. They wait for a
-full collection of everything frozen (unfreeze, collect, freeze again), which runs at the end
-of a pass once the heap grew by :data:`FULL_RATIO` of what the previous one left (at least
-:data:`FULL_MIN` memory blocks), CPython's own rule for its oldest generation, but no sooner
-than :data:`FULL_EVERY_SECONDS` of process CPU and :data:`FULL_SPACING` times the previous
-one's CPU after it (or after the first pause), unless the heap doubled: uncollected cycles
-stay a bounded fraction of the heap, and full collections a bounded fraction of the CPU (at
-5,000 pools one takes 90–170 ms, and the heap grows by a quarter within the first 20 passes,
-some 3 s of CPU, as caches fill; the first full collection found 12 to 1,500 objects in
-cycles). The heap is measured without walking anything: ``sys.getallocatedblocks()``, net of
-frees, so caches that churn (compiled specs, memo entries) do not count as growth, and
-uncollected cycles do.
+Only ``berth reconcile`` pauses the collector: it serves no requests.
 """
 
 from __future__ import annotations
@@ -58,7 +35,7 @@ from contextlib import contextmanager
 
 __all__ = [
     "FULL_EVERY_SECONDS", "FULL_MIN", "FULL_RATIO", "FULL_SPACING", "GEN0_THRESHOLD",
-    "gc_paused", "gc_settle", "gc_tuned",
+    "gc_frozen", "gc_paused", "gc_settle", "gc_tuned",
 ]
 
 #: Allocations (net of frees) between first-generation collections.
@@ -75,6 +52,16 @@ FULL_SPACING = 100
 #: ... and no sooner than this much process CPU (seconds) after the previous one, or after the
 #: first pause ended (while the caches of a new process fill), unless the heap doubled.
 FULL_EVERY_SECONDS = 60.0
+
+
+@contextmanager
+def gc_frozen() -> Iterator[None]:
+    """Freeze the objects alive now; unfreeze them on exit."""
+    gc.freeze()  # O(1): the collector's lists are spliced, not walked
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 @contextmanager

@@ -29,7 +29,7 @@ from app.auth import KeyCache
 from app.config import Settings, get_settings
 from app.db import Database
 from app.errors import ConfigurationError
-from app.gc_tuning import gc_tuned
+from app.gc_tuning import gc_frozen
 from app.schema import schema_current, schema_head
 from app.services.queue import QueueCache
 
@@ -90,7 +90,7 @@ def create_app(
         app.state.queue_cache = QueueCache(settings.queue_snapshot_seconds)
         stops = [start(app.state.db) for start in background]
         try:
-            with gc_tuned():
+            with gc_frozen():
                 yield
         finally:
             for stop in reversed(stops):

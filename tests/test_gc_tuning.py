@@ -1,4 +1,5 @@
-"""The serving process's garbage collector: tuned while an app runs, restored after."""
+"""The garbage collector: frozen at start-up in the API process; tuned, and paused for each
+pass, in a reconciler process of its own."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import gc
 import weakref
 
 from app import gc_tuning
-from app.gc_tuning import FULL_MIN, FULL_RATIO, GEN0_THRESHOLD, gc_paused, gc_tuned
+from app.gc_tuning import FULL_MIN, FULL_RATIO, GEN0_THRESHOLD, gc_frozen, gc_paused, gc_tuned
 
 
 def test_the_collector_is_tuned_inside_and_restored_after() -> None:
@@ -17,6 +18,26 @@ def test_the_collector_is_tuned_inside_and_restored_after() -> None:
         assert gc.get_freeze_count() > frozen  # the objects alive at start-up
     assert gc.get_threshold() == before
     assert gc.get_freeze_count() == 0
+
+
+def test_the_api_process_only_freezes_what_is_alive_at_start_up() -> None:
+    before = gc.get_threshold()
+    frozen = gc.get_freeze_count()
+    with gc_frozen():
+        assert gc.get_freeze_count() > frozen
+        assert gc.get_threshold() == before
+        assert gc.isenabled()
+    assert gc.get_freeze_count() == 0
+
+
+def test_the_app_freezes_at_start_up_and_never_pauses_the_collector() -> None:
+    import inspect
+
+    from app import main
+
+    source = inspect.getsource(main)
+    assert "gc_frozen()" in source
+    assert "gc_paused" not in source and "gc_tuned" not in source
 
 
 def test_overlapping_pauses_turn_the_collector_on_after_the_last() -> None:
@@ -41,7 +62,7 @@ def test_a_pause_leaves_a_disabled_collector_disabled() -> None:
         gc.enable()
 
 
-async def test_a_reconciler_pass_runs_with_the_collector_off(monkeypatch) -> None:
+async def _collector_during_a_pass(monkeypatch, **guard) -> list[bool]:
     from app.reconciler import passes
 
     seen: list[bool] = []
@@ -51,11 +72,29 @@ async def test_a_reconciler_pass_runs_with_the_collector_off(monkeypatch) -> Non
         return passes.PassResult(pass_id="p")
 
     ctx = passes.PassContext(db=None, config=None, slots=frozenset(), rng=lambda: 0.0,
-                             sleep=None)
+                             sleep=None, **guard)
     monkeypatch.setattr(passes.PassContext, "retry", lambda self, op, what: attempt(op, what))
     await passes.pass_run(ctx, pass_id="p", now=None)
-    assert seen == [False]
     assert gc.isenabled()
+    return seen
+
+
+async def test_a_pass_leaves_the_collector_on_by_default(monkeypatch) -> None:
+    # The reconciler in the API's process (``berth serve``) passes with the collector on.
+    assert await _collector_during_a_pass(monkeypatch) == [True]
+
+
+async def test_a_reconciler_process_pass_runs_with_the_collector_off(monkeypatch) -> None:
+    assert await _collector_during_a_pass(monkeypatch, pass_guard=gc_paused) == [False]
+
+
+def test_only_the_reconcile_process_pauses_the_collector() -> None:
+    import inspect
+
+    from app.reconciler import process
+
+    assert "pass_guard=gc_paused" in inspect.getsource(process._run)
+    assert "pass_guard" not in inspect.getsource(process.reconciler_background)
 
 
 class _Node:
@@ -113,7 +152,8 @@ async def test_a_snapshot_a_pass_replaced_is_freed_though_it_was_frozen(db) -> N
             await pool_add(conn, pid, tenants=["t1"], capacity=(1000, 1000, 0))
             await heartbeat_add(conn, f"rt-{pid}", at=NOW)
         await tasks_add(conn, tenant="t1", count=1, spec=spec_make(cpu=100))
-    rec = Reconciler(db, ReconcilerConfig(), owner_id="test", slots=frozenset(range(SHARD_SLOTS)))
+    rec = Reconciler(db, ReconcilerConfig(), owner_id="test", slots=frozenset(range(SHARD_SLOTS)),
+                     pass_guard=gc_paused)
     assert (await rec.run_once(now=NOW)).snapshot_rebuilt
     snapshot = rec._snapshot_cache.snapshot
     assert snapshot is not None and not _tracked(snapshot)  # frozen when the pass ended

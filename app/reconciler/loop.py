@@ -36,6 +36,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager, nullcontext
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -147,6 +148,7 @@ class Reconciler:
         slots: frozenset[int] | None = None,
         rng: Callable[[], float] = random.random,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+        pass_guard: Callable[[], AbstractContextManager[object]] = nullcontext,
     ) -> None:
         self.db = db
         self.config = config
@@ -158,6 +160,8 @@ class Reconciler:
         )
         self._rng = rng
         self._sleep = sleep
+        #: What every pass runs inside (see :class:`PassContext`).
+        self._pass_guard = pass_guard
         self._passes = 0
         self._wake = asyncio.Event()
         self._backlog = WakeBacklog()
@@ -190,6 +194,7 @@ class Reconciler:
             compiled=self._compiled,
             snapshot_cache=self._snapshot_cache,
             rotation=self._passes,
+            pass_guard=self._pass_guard,
         )
         result = await pass_run(ctx, pass_id=pass_id, now=now or _utcnow())
         self.results.append(result)

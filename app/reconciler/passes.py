@@ -41,6 +41,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -48,7 +49,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from app.db import Connection, Database
-from app.gc_tuning import gc_paused
 from app.ledger.claims import ClaimedTask, claims_settings, tasks_claim, tasks_unclaim
 from app.ledger.plans import (
     ApplyResult,
@@ -204,6 +204,9 @@ class PassContext:
     snapshot_cache: SnapshotCache = field(default_factory=SnapshotCache)
     #: Compiled specs by spec text, validated once per spec class, kept across passes.
     compiled: StoredSpecs = field(default_factory=lambda: StoredSpecs(COMPILED_KEPT))
+    #: What every pass runs inside (``berth reconcile``: the collector paused, see
+    #: :mod:`app.gc_tuning`); nothing by default.
+    pass_guard: Callable[[], AbstractContextManager[object]] = nullcontext
 
     def compile(self, task: ClaimedTask) -> CompiledSpec:
         """Return the task's compiled spec (see :class:`StoredSpecs`).
@@ -237,9 +240,7 @@ async def pass_run(ctx: PassContext, *, pass_id: str, now: datetime) -> PassResu
             await claims_settings(conn, idle_seconds=ctx.config.claim_ttl_seconds)
             return await _pass_in(conn, ctx, pass_id=pass_id, now=now)
 
-    # A pass's objects are freed by reference counting when it ends: the collector would
-    # only walk them (and the whole process) meanwhile (see app.gc_tuning).
-    with gc_paused():
+    with ctx.pass_guard():
         result: PassResult = await ctx.retry(attempt, "pass")
     _metrics_count(result)
     result.duration_seconds = time.perf_counter() - started

@@ -21,7 +21,7 @@ from pathlib import Path
 from app.config import Settings, get_settings
 from app.db import Database
 from app.errors import ConfigurationError
-from app.gc_tuning import gc_tuned
+from app.gc_tuning import gc_paused, gc_tuned
 from app.logs import logging_configure
 from app.reconciler.config import ReconcilerConfig
 from app.reconciler.loop import Reconciler
@@ -63,7 +63,10 @@ async def _run(settings: Settings, url: str, slots: frozenset[int] | None) -> No
         connect_timeout_seconds=settings.db_connect_timeout_seconds,
         application_name="berth-reconcile",
     )
-    reconciler = Reconciler(db, ReconcilerConfig.from_settings(settings), slots=slots)
+    # A process of its own serves no requests: its collector pauses while a pass runs.
+    reconciler = Reconciler(
+        db, ReconcilerConfig.from_settings(settings), slots=slots, pass_guard=gc_paused
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
@@ -159,6 +162,7 @@ def reconciler_background(settings: Settings) -> Background:
 
     def start(db: Database) -> Callable[[], Awaitable[None]]:
         slots = slots_from_shard(settings.shard)
+        # The API's process: the collector is never paused for a pass.
         reconciler = Reconciler(db, ReconcilerConfig.from_settings(settings), slots=slots)
         return ReconcilerTask(reconciler).stop
 
