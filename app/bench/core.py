@@ -9,7 +9,7 @@ region constraints, pool selectors, residency, required and preferred affinity, 
 each ``--pools``) as one reconciler's passes would (:mod:`app.bench.replay`: compile, select,
 assume, placement document; thread CPU time per task), optionally with ``--anti-affinity``
 (the share of tasks given a required anti-affinity), and reports the mean, p50 and p99 CPU
-per task and how many tasks took the lean path.
+per task.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from app.bench.dataset import dataset_generate
 from app.bench.replay import replay, with_anti_affinity
 from app.scheduling.assumed import Assumed
 from app.scheduling.framework import select
-from app.scheduling.lean import covers
 from app.scheduling.snapshot import PlacedTask, PoolState, Snapshot
 from app.scheduling.spec import TaskSpec, compile_spec
 
@@ -161,7 +160,6 @@ def run_dataset(n_pools: int, tasks: int, batch: int, seed: int, anti: float) ->
         "p50Us": round(float(np.percentile(us, 50)), 1),
         "p99Us": round(float(np.percentile(us, 99)), 1),
         "decisions": len(steps),
-        "lean": sum(1 for s in steps if covers(s.spec)),
         "placed": sum(1 for s in steps if s.result is not None and s.result.placement),
     }
 

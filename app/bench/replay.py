@@ -6,8 +6,7 @@ admission order ``batch`` at a time, compiles each spec, asks ``select`` (with t
 ``Assumed`` overlay and unsatisfiable cache) and builds the stored placement document; the
 next pass sees the previous ones' placements as reserved and as placed tasks (which affinity
 terms match). Each step's time is the thread's CPU time from the compile to the document.
-``berth bench core --dataset e2e`` times it; tests/scheduling/test_lean.py runs the lean and
-the full select side by side on it.
+``berth bench core --dataset e2e`` times it.
 """
 
 from __future__ import annotations

@@ -64,7 +64,6 @@ from app.reconciler.config import ReconcilerConfig
 from app.reconciler.listener import WakeupListener
 from app.reconciler.ownership import DynamicOwnership, StaticOwnership
 from app.reconciler.passes import COMPILED_KEPT, PassContext, PassResult, pass_run
-from app.scheduling.lean import warm as lean_warm
 from app.scheduling.reasons import REASONS
 from app.scheduling.spec import StoredSpecs
 
@@ -167,9 +166,6 @@ class Reconciler:
         self._backlog = WakeBacklog()
         self._compiled = StoredSpecs(COMPILED_KEPT)
         self._snapshot_cache = SnapshotCache()
-        # The lean select's compiled kernel: loaded now, or built in the background (the
-        # numpy path decides meanwhile), never in a pass.
-        lean_warm()
         #: The most recent pass results, newest last (for operators and tests).
         self.results: deque[PassResult] = deque(maxlen=RESULTS_KEPT)
 

@@ -86,7 +86,7 @@ from app.reconciler.retry import transient_retry
 from app.reconciler.walk import Decision, decisions_walk
 from app.scheduling.assumed import Assumed
 from app.scheduling.explain import no_placement_document, ranked_stored
-from app.scheduling.framework import select_ranked
+from app.scheduling.framework import decide
 from app.scheduling.parking import STAGE_NONE, key_placed, pending_stage, wake_keys
 from app.scheduling.plugins.registry import reason_plugins
 from app.scheduling.policies import QueuedTask, get_policy
@@ -373,8 +373,7 @@ async def _pass_in(
         reason = cached(spec) if held is None and unsatisfiable else None
         if reason is None:
             try:
-                outcome = select_ranked(spec, snapshot, assumed=assumed, top_k=top_k,
-                                        holds=held)
+                outcome = decide(spec, snapshot, assumed=assumed, top_k=top_k, holds=held)
             except Exception as exc:
                 # One task the core cannot evaluate must not poison the batch it came in.
                 log.exception("select failed for a task; parking it",
@@ -423,7 +422,8 @@ async def _pass_in(
 
 def _grants(decisions: list[Decision], instance: dict[str, str]) -> list[Grant]:
     """Return the grants of ``decisions`` (their members on the pools' runtime instances),
-    each placement as its stored JSON text (a lean one as its values, :func:`ranked_stored`)."""
+    each placement as its stored JSON text (a :class:`Ranked` one as its values,
+    :func:`ranked_stored`)."""
     grants = []
     grant = grants.append
     # Grant's own __new__ is a Python function: the tuple is made directly.
@@ -436,7 +436,7 @@ def _grants(decisions: list[Decision], instance: dict[str, str]) -> list[Grant]:
             on = ((pool_id, count, instance[pool_id]),)
         else:
             on = tuple((p, c, instance[p]) for p, c in members)
-        # Decision.placement_text inlined for a lean placement not walked (most of them).
+        # Decision.placement_text, for a placement as plain values that was not walked.
         result = d.result
         text = (ranked_stored(result) if type(result) is Ranked and d.walks == 0
                 else d.placement_text())

@@ -33,7 +33,7 @@ class Decision:
 
     task: ClaimedTask
     spec: CompiledSpec
-    #: The core's decision: a lean placement's plain values, or the full select's result.
+    #: The core's decision: a single-member placement's plain values, or a result.
     result: Result | Ranked
     members: tuple[tuple[str, int], ...]
     #: Index into ``result.candidates`` of the pool walked to (0: the core's choice).
@@ -43,8 +43,8 @@ class Decision:
 
     def placement_text(self) -> str:
         """Return the placement to store as its JSON text: ``placement_json()`` serialized,
-        or a lean placement's values, which read back as that document (:func:`ranked_stored`,
-        :func:`~app.scheduling.explain.placement_read`)."""
+        or a single-member placement's values, which read back as that document
+        (:func:`ranked_stored`, :func:`~app.scheduling.explain.placement_read`)."""
         if self.walks == 0 and type(self.result) is Ranked:
             return ranked_stored(self.result)
         return orjson.dumps(self.placement_json()).decode()

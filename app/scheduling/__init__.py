@@ -6,10 +6,11 @@ One call decides where one task goes::
     PoolState*, PlacedTask* --Snapshot.build--> Snapshot --+--> select(spec, snapshot, assumed)
                                Assumed (this pass) -------'          |
       visible pools only (tenant index)                              v
-      Filter, static, memoized per (audience, runtime class):
-          tenant access -> pool status -> health -> runtime class
+      PreFilter, memoized per (audience, placement class) and snapshot:
+          tenant access -> runtime class -> pool status -> health
+          -> region -> data residency -> pool selector
       Filter, per task over numpy arrays, first rejection wins:
-          region -> data residency -> pool selector -> capacity -> required affinity
+          capacity -> required affinity
       Score each feasible pool 0..100 per plugin, x weight, summed:
           least loaded | most loaded, cost, preferred affinity, failure-domain spread,
           artifact locality
@@ -28,9 +29,8 @@ to fit nowhere this pass (``unsatisfiable``), and records each decision in ``Ass
 the tasks after it see its usage and its labels. See docs/scheduling.md.
 
 Modules, in pipeline order: ``spec`` (TaskSpec, compile_spec, StoredSpecs), ``snapshot``
-(PoolState, PlacedTask, Snapshot), ``assumed`` (Assumed), ``framework`` (select, dispatching
-to ``lean`` for specs without affinity or gangs, to ``terms`` for single-member specs with
-affinity terms, else select_full) with ``stages``, ``cycle``
-and ``plugins/``, ``gangs``, ``reasons``, ``results`` (Result and its parts), ``explain`` (their
+(PoolState, PlacedTask, Snapshot), ``assumed`` (Assumed), ``framework`` (select and decide:
+the one pipeline) with ``prefilter`` (the class state), ``cycle``, ``stages`` and
+``plugins/``, ``gangs``, ``reasons``, ``results`` (Result and its parts), ``explain`` (their
 documents), ``unsatisfiable`` and ``policies``. Import each name from its module.
 """

@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.scheduling.kernel import ROW_ADD
-
 if TYPE_CHECKING:
     from app.scheduling.snapshot import Snapshot
     from app.scheduling.spec import CompiledSpec, Items
@@ -40,8 +38,8 @@ _SINGLE: dict[int, np.ndarray] = {}
 _FD = "failureDomain"
 
 
-#: Requests as read-only int64 rows, by value (a few dozen distinct ones; cheaper than a new
-#: array per task).
+#: Requests as read-only int64 rows, by value (a few dozen distinct ones, shared by the tasks
+#: that ask the same).
 _REQUESTS: dict[tuple[int, int, int], np.ndarray] = {}
 
 
@@ -68,17 +66,13 @@ def _single(i: int) -> np.ndarray:
 class Assumed:
     """The mutable overlay of one pass: usage and placements decided but not yet committed."""
 
-    __slots__ = ("snapshot", "used", "version", "_entries", "_by_tenant", "_domains", "_holds",
-                 "_compiled")
+    __slots__ = ("snapshot", "used", "version", "_entries", "_by_tenant", "_domains", "_holds")
 
     def __init__(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
         #: Reserved plus assumed usage per pool (``snapshot.reserved + usage``): the one array
         #: ``add``, ``hold`` and ``remove`` update.
         self.used = snapshot.reserved.copy()
-        # The compiled row adder (when loaded) reads and writes int64 rows of three without
-        # checking: only such an array is given to it.
-        self._compiled = self.used.dtype == np.int64 and self.used.shape[1:] == (3,)
         self.version = 0
         self._entries: dict[str, _AssumedEntry] = {}
         self._by_tenant: dict[str, dict[str, _AssumedEntry]] = {}
@@ -124,10 +118,7 @@ class Assumed:
             # and the tracked domain counts updated by item.
             (pool_id, count), = members
             i = self.snapshot.pos[pool_id]
-            if ROW_ADD and self._compiled:
-                # ``used[i] += req * count`` in one compiled call (a fifth of numpy's cost).
-                ROW_ADD[0](self.used, i, req, count)
-            elif count == 1:
+            if count == 1:
                 self.used[i] += req
             else:
                 self.used[i] += req * count

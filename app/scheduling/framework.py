@@ -1,16 +1,22 @@
-"""The framework: ``select`` — filter, score, rank (the plugins' base classes are in
-:mod:`app.scheduling.plugins.base`, the reason codes in :mod:`app.scheduling.reasons`).
+"""The framework: one pipeline decides every task — filter, score, rank.
 
-``select`` sends the calls :func:`app.scheduling.lean.covers` accepts (no affinity terms, one
-member, no held capacity, no ``explain``) to the lean path, which decides them identically
-in fewer steps, and every other call to :func:`select_full`.
+:func:`decide` runs it (the plugins' base classes are in :mod:`app.scheduling.plugins.base`,
+the reason codes in :mod:`app.scheduling.reasons`):
 
-:func:`select_full` evaluates only the pools the tenant can see. Filters that depend only on
-the tenant and runtime class (tenant access, status, health, runtime class) are evaluated
-once per audience (the tenants that see the same pools), runtime class and snapshot, and
-memoized; the others run per task over numpy arrays of the pools still standing, each pool
-stopping at its first rejection. Rejections are counted per code by a bincount; per-pool
-explanations are built only with ``explain=True``.
+1. **PreFilter** (:func:`app.scheduling.prefilter.class_state`): the pools past the filters
+   that read only the spec's placement class and its tenant's audience, their rejection
+   counts and the class-scope scores, computed once per class and snapshot.
+2. **Filter**: the remaining filters in profile order over the numpy arrays of the pools
+   still standing; each pool stops at its first rejection, rejections are counted per code.
+3. **Score**: every score plugin that applies, over the feasible pools, normalized to 0..100,
+   times its weight, summed in profile order (a class-scope score's values come from the
+   class state while no per-task filter removed a pool).
+4. **Rank**: total descending, then pool id ascending; a gang places its members on the
+   ranked pools (:func:`app.scheduling.gangs.place_gang`).
+
+:func:`select` is :func:`decide` with the decision always as a :class:`Result`. With
+``explain=True`` the same pass records every pool's rejection and every candidate's
+components; nothing is computed a second way for the explanation.
 """
 
 from __future__ import annotations
@@ -22,9 +28,10 @@ import numpy as np
 from app.scheduling.assumed import Assumed
 from app.scheduling.cycle import Cycle
 from app.scheduling.gangs import place_gang
-from app.scheduling.lean import covers, decide, select_lean
 from app.scheduling.plugins import names
-from app.scheduling.plugins.registry import Profile, profile
+from app.scheduling.plugins.base import PLACEMENT_CLASS, ScorePlugin
+from app.scheduling.plugins.registry import profile
+from app.scheduling.prefilter import ClassState, class_state
 from app.scheduling.reasons import CODE, PASS, REASONS, Reason
 from app.scheduling.results import (
     Candidate,
@@ -44,14 +51,12 @@ from app.scheduling.stages import (
     counts_map,
     no_placement,
     rank,
-    static_filters,
 )
-from app.scheduling.terms import covers as terms_covers
-from app.scheduling.terms import decide as terms_decide
 
-__all__ = ["WAKE_POOLS_MAX", "feasible_but_capacity", "select", "select_full", "select_ranked"]
+__all__ = ["WAKE_POOLS_MAX", "decide", "feasible_but_capacity", "select"]
 
 _NONE = np.empty(0, dtype=np.intp)
+_NO_POOL = Result(None, reason=NoPlacement(Reason.TENANT_NOT_ALLOWED, NO_VISIBLE_POOL, {}))
 
 
 def select(
@@ -63,40 +68,13 @@ def select(
     top_k: int = 5,
     holds: Mapping[str, tuple[int, int, int]] | None = None,
 ) -> Result:
-    """Decide where ``spec`` goes on ``snapshot`` (plus ``assumed``), without side effects.
-
-    The lean path (:mod:`app.scheduling.lean`) decides the calls it covers — no affinity
-    terms, one member, no held capacity, no ``explain`` — with the same result; the others go
-    through :func:`select_full`, whose documentation describes the result.
-    """
-    if covers(spec, holds, explain=explain):
-        return select_lean(spec, snapshot, assumed=assumed, top_k=top_k)
-    if terms_covers(spec, holds, explain=explain):
-        out = terms_decide(spec, snapshot, assumed=assumed, top_k=top_k)
-        return out.result() if isinstance(out, Ranked) else out
-    return select_full(
-        spec, snapshot, assumed=assumed, explain=explain, top_k=top_k, holds=holds
-    )
+    """Decide where ``spec`` goes on ``snapshot`` (plus ``assumed``), without side effects;
+    :func:`decide` says what the result holds."""
+    out = decide(spec, snapshot, assumed=assumed, explain=explain, top_k=top_k, holds=holds)
+    return out.result() if type(out) is Ranked else out
 
 
-def select_ranked(
-    spec: CompiledSpec,
-    snapshot: Snapshot,
-    *,
-    assumed: Assumed | None = None,
-    top_k: int = 5,
-    holds: Mapping[str, tuple[int, int, int]] | None = None,
-) -> Result | Ranked:
-    """:func:`select` for the reconciler: a lean placement comes as :class:`Ranked` (plain
-    values whose ``result()`` is what ``select`` returns; its document is built from them)."""
-    if covers(spec, holds):
-        return decide(spec, snapshot, assumed=assumed, top_k=top_k)
-    if terms_covers(spec, holds):
-        return terms_decide(spec, snapshot, assumed=assumed, top_k=top_k)
-    return select_full(spec, snapshot, assumed=assumed, top_k=top_k, holds=holds)
-
-
-def select_full(
+def decide(
     spec: CompiledSpec,
     snapshot: Snapshot,
     *,
@@ -104,103 +82,76 @@ def select_full(
     explain: bool = False,
     top_k: int = 5,
     holds: Mapping[str, tuple[int, int, int]] | None = None,
-) -> Result:
+) -> Result | Ranked:
     """Decide where ``spec`` goes on ``snapshot`` (plus ``assumed``), without side effects.
 
-    With ``explain=False`` (the reconciler's hot path) ``candidates`` holds the best ``top_k``
-    pools (the placement first; components on the placement only) and ``rejected`` is empty.
-    With ``explain=True`` every feasible pool is a candidate with its components and every
-    visible rejected pool is listed with its reason. ``holds`` is capacity the task itself holds
-    per pool (a preemptor's nominated capacity): free for this task, used for every other.
+    With ``explain=False`` (the reconciler's hot path) a single-member placement comes as
+    :class:`Ranked` (the best ``top_k`` pools as plain values, the placement's components;
+    its ``result()`` is the :class:`Result`), a gang's or a miss as a :class:`Result` whose
+    ``candidates`` hold the best ``top_k`` pools and ``rejected`` is empty. With
+    ``explain=True`` every feasible pool is a candidate with its components and every visible
+    rejected pool is listed with its reason. ``holds`` is capacity the task itself holds per
+    pool (a preemptor's nominated capacity): free for this task, used for every other.
     """
-    prof = profile(snapshot.strategy)
+    if spec.tenant_id not in snapshot.audience:
+        return _NO_POOL
+    state = class_state(profile(snapshot.strategy), spec, snapshot)
     cycle = Cycle(spec, snapshot, assumed, holds)
-    visible = snapshot.visible(spec.tenant_id)
-    if len(visible) == 0:
-        return Result(None, reason=NoPlacement(Reason.TENANT_NOT_ALLOWED, NO_VISIBLE_POOL, {}))
-
-    idx, static_counts, static_codes = static_filters(prof, cycle, visible)
-    counts = static_counts.copy()
-    near = _NONE
-    code_at = None
-    if explain:
-        code_at = np.full(snapshot.n, PASS, dtype=np.int16)
-        code_at[visible] = static_codes
-    for f in prof.filters:
-        if f.STATIC or len(idx) == 0:
-            continue
-        codes = f.filter_many(cycle, idx)
-        if codes is None:
-            continue
-        bad = codes != PASS
-        counts += np.bincount(codes[bad], minlength=N_REASONS)
-        if f.NAME == names.CAPACITY:
-            # Only pools whose totals could hold a member can be helped by released capacity.
-            near = idx[bad]
-            near = near[(snapshot.cap[near] >= cycle.req).all(axis=1)]
-        if code_at is not None:
-            code_at[idx[bad]] = codes[bad]
-        idx = idx[~bad]
+    pools, counts, near, code_at = _filter(state, cycle, explain=explain)
 
     rejected: tuple[Rejection, ...] = ()
     if code_at is not None:
-        rej = visible[code_at[visible] != PASS]
-        rejected = tuple(
-            Rejection(snapshot.ids[i], (str(REASONS[code_at[i]]),)) for i in rej.tolist()
-        )
-    if len(idx) == 0:
+        visible = state.visible
+        at = visible[code_at[visible] != PASS]
+        ids = snapshot.ids
+        rejected = tuple(Rejection(ids[i], (str(REASONS[code_at[i]]),)) for i in at.tolist())
+    rejections = state.rejections if counts is state.counts else counts_map(counts)
+    if len(pools) == 0:
         return Result(
             None,
             rejected=rejected,
-            rejection_counts=counts_map(counts),
+            rejection_counts=rejections,
             reason=no_placement(counts, near, snapshot),
         )
 
-    applied, values, total = _score(prof, cycle, idx)
-    gang = spec.is_gang
-    order = rank(idx, total, None if (explain or gang) else top_k)
+    applied, total = _score(state, cycle, pools)
+    if not (explain or spec.is_gang):
+        return _ranked(cycle, pools, applied, total, top_k, rejections)
+
+    order = rank(pools, total, None)
 
     def candidate(pos: int, detail: bool) -> Candidate:
-        i = int(idx[pos])
+        i = int(pools[pos])
         comps = ()
         if detail:
             comps = tuple(
-                ScoreComponent(p.NAME, float(v[pos] * w), p.describe(cycle, i, float(v[pos])))
-                for (p, w), v in zip(applied, values, strict=True)
+                ScoreComponent(p.NAME, v.item(pos) * w, p.describe(cycle, i, v.item(pos)))
+                for p, w, v in applied
             )
-        return Candidate(snapshot.ids[i], float(total[pos]), comps)
+        return Candidate(snapshot.ids[i], total.item(pos), comps)
 
-    if not gang:
-        head = candidate(int(order[0]), True)
-        if explain:
-            rest = [candidate(int(p), True) for p in order[1:]]
-        else:
-            # The hot path: scores only, read in bulk rather than element by element.
-            after = order[1:]
-            ids = snapshot.ids
-            rest = [
-                Candidate(ids[i], s)
-                for i, s in zip(idx[after].tolist(), total[after].tolist(), strict=True)
-            ]
-        members = ((head.pool_id, 1),)
-        alternatives = tuple(rest[: max(top_k - 1, 0)])
-        candidates = (head, *rest)
+    if not spec.is_gang:
+        candidates = tuple(candidate(p, True) for p in order.tolist())
+        head = candidates[0]
+        members: tuple[tuple[str, int], ...] = ((head.pool_id, 1),)
+        alternatives = candidates[1:max(top_k, 1)]
     else:
-        slots = cycle.slots(idx[order])
+        slots = cycle.slots(pools[order])
         chosen = place_gang(
             spec.members, slots, min_pools=spec.min_pools, max_per_pool=spec.max_per_pool
         )
         if chosen is None:
-            counts[CODE[Reason.GANG_UNSATISFIABLE]] += len(idx)
+            counts = counts.copy()
+            counts[CODE[Reason.GANG_UNSATISFIABLE]] += len(pools)
             return Result(
                 None,
                 rejected=rejected,
                 rejection_counts=counts_map(counts),
                 # The pools that fit a member are closer than any rejected one.
-                reason=no_placement(counts, np.concatenate((near, idx)), snapshot),
+                reason=no_placement(counts, np.concatenate((near, pools)), snapshot),
             )
         head = candidate(int(order[chosen[0][0]]), True)
-        members = tuple((snapshot.ids[int(idx[order[p]])], c) for p, c in chosen)
+        members = tuple((snapshot.ids[int(pools[order[p]])], c) for p, c in chosen)
         limit = len(order) if explain else top_k
         picked = {p for p, _ in chosen}
         rest = [candidate(int(order[p]), explain) for p in range(min(limit, len(order)))]
@@ -208,10 +159,7 @@ def select_full(
         candidates = (head, *(c for p, c in enumerate(rest) if p != chosen[0][0]))
     placement = Placement(head.pool_id, head.score, head.components, members, alternatives)
     return Result(
-        placement,
-        candidates=candidates,
-        rejected=rejected,
-        rejection_counts=counts_map(counts),
+        placement, candidates=candidates, rejected=rejected, rejection_counts=rejections
     )
 
 
@@ -228,39 +176,102 @@ def feasible_but_capacity(
     Preemption planning starts here: only these pools could take the task once lower-priority
     tasks left them.
     """
-    prof = profile(snapshot.strategy)
     cycle = Cycle(spec, snapshot, assumed, holds)
-    visible = snapshot.visible(spec.tenant_id)
     empty = np.zeros(0, dtype=np.intp)
-    if len(visible) == 0:
+    if spec.tenant_id not in snapshot.audience:
         return empty, np.zeros(0), cycle
-    idx = static_filters(prof, cycle, visible)[0]
-    for f in prof.filters:
-        if f.STATIC or f.NAME == names.CAPACITY or len(idx) == 0:
+    state = class_state(profile(snapshot.strategy), spec, snapshot)
+    pools = _filter(state, cycle, explain=False, without=names.CAPACITY)[0]
+    if len(pools) == 0:
+        return empty, np.zeros(0), cycle
+    total = _score(state, cycle, pools)[1]
+    order = rank(pools, total, None)
+    return pools[order], total[order], cycle
+
+
+def _filter(
+    state: ClassState, cycle: Cycle, *, explain: bool, without: str | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """Run the per-task filters from the class state; return the feasible pools, the
+    rejection counts (the class state's own array when no pool was rejected per task), the
+    pools that only capacity kept from fitting and whose totals could hold a member, and with
+    ``explain`` each pool's code (PASS or its rejection), else None."""
+    snapshot = cycle.snapshot
+    pools = state.pools
+    cycle.class_pools = (pools, state.capacity_rows(snapshot), state.prescore)
+    counts = state.counts
+    near = _NONE
+    code_at = None
+    if explain:
+        code_at = np.full(snapshot.n, PASS, dtype=np.int16)
+        code_at[state.visible] = state.codes
+    for f in state.task_filters:
+        if len(pools) == 0:
+            break
+        if f.NAME == without:
             continue
-        codes = f.filter_many(cycle, idx)
-        if codes is not None:
-            idx = idx[codes == PASS]
-    if len(idx) == 0:
-        return empty, np.zeros(0), cycle
-    total = _score(prof, cycle, idx)[2]
-    order = rank(idx, total, None)
-    return idx[order], total[order], cycle
+        codes = f.filter_many(cycle, pools)
+        if codes is None:
+            continue
+        bad = codes != PASS
+        counts = counts + np.bincount(codes[bad], minlength=N_REASONS)
+        if f.NAME == names.CAPACITY:
+            # Only pools whose totals could hold a member can be helped by released capacity.
+            near = pools[bad]
+            near = near[(snapshot.cap.take(near, axis=0) >= cycle.req).all(axis=1)]
+        if code_at is not None:
+            code_at[pools[bad]] = codes[bad]
+        pools = pools[~bad]
+    return pools, counts, near, code_at
 
 
 def _score(
-    prof: Profile, cycle: Cycle, idx: np.ndarray
-) -> tuple[list, list[np.ndarray], np.ndarray]:
-    """Return the applied (plugin, weight) pairs, their 0..100 values, and weighted totals."""
+    state: ClassState, cycle: Cycle, pools: np.ndarray
+) -> tuple[list[tuple[ScorePlugin, int, np.ndarray]], np.ndarray]:
+    """Return the applied (plugin, weight, 0..100 values) and the weighted totals, summed in
+    profile order."""
+    whole = pools is state.pools
     applied = []
-    values: list[np.ndarray] = []
-    total = np.zeros(len(idx), dtype=np.float64)
-    for plugin, weight in prof.scores:
-        if not plugin.applies(cycle):
+    total = None
+    for plugin, weight in state.scores:
+        if plugin.SCOPE == PLACEMENT_CLASS:
+            if whole:
+                values = state.class_values[plugin.NAME]
+            else:
+                values = plugin.normalize(cycle, plugin.score_many(cycle, pools))
+        elif plugin.applies(cycle):
+            values = plugin.normalize(cycle, plugin.score_many(cycle, pools))
+        else:
             continue
-        v = plugin.normalize(cycle, plugin.score_many(cycle, idx))
-        applied.append((plugin, weight))
-        values.append(v)
-        total += v * weight
-    return applied, values, total
+        applied.append((plugin, weight, values))
+        if total is None:
+            total = values * weight
+        elif weight == 1:
+            total += values
+        else:
+            total += values * weight
+    if total is None:
+        total = np.zeros(len(pools), dtype=np.float64)
+    return applied, total
 
+
+def _ranked(
+    cycle: Cycle,
+    pools: np.ndarray,
+    applied: list[tuple[ScorePlugin, int, np.ndarray]],
+    total: np.ndarray,
+    top_k: int,
+    rejections: Mapping[Reason, int],
+) -> Ranked:
+    """Return the best ``top_k`` of ``pools`` as plain values, with the placement's
+    components as its plugins describe them."""
+    order = rank(pools, total, top_k)
+    head = int(order[0])
+    pool = pools.item(head)
+    parts = []
+    for plugin, weight, values in applied:
+        value = values.item(head)
+        parts.append((plugin.NAME, value * weight, plugin.describe(cycle, pool, value)))
+    ids = cycle.snapshot.ids
+    chosen = [ids[i] for i in pools.take(order).tolist()]
+    return Ranked(chosen, total.take(order).tolist(), tuple(parts), top_k, rejections)

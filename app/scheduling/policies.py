@@ -20,8 +20,8 @@ Vector = tuple[int, int, int]
 
 
 class QueuedTask(NamedTuple):
-    """A claimed task as a policy sees it (a named tuple: a pass builds one per claimed task,
-    about five times cheaper than a frozen dataclass)."""
+    """A claimed task as a policy sees it (a named tuple: a pass builds one per claimed
+    task)."""
 
     task_id: str
     tenant_id: str

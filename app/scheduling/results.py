@@ -91,12 +91,12 @@ class Result:
 
 
 class Ranked:
-    """A placement of the lean select as plain values: the best ``top_k`` pools, their totals,
+    """A single-member placement as plain values: the best ``top_k`` pools, their totals,
     and the placement's components as ``(name, value, reason)`` tuples.
 
     The reconciler decides most tasks this way and needs of a decision only its members, its
     rejection counts and its stored document (:func:`app.scheduling.explain.ranked_document`),
-    so no dataclass is built per candidate and component (they cost more than the ranking).
+    so no dataclass is built per candidate and component.
     It reads like the :class:`Result` it stands for (``members``, ``rejection_counts``,
     ``reason``, and ``placement`` and ``candidates`` built on first use), and :meth:`result`
     is that result, equal to the full select's.

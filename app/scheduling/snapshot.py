@@ -306,7 +306,7 @@ class Snapshot:
         ``build(*args)`` must be a pure function of this snapshot (and of what ``key`` names). The
         first item of ``key`` is the entry's kind: ``with_usage`` carries over the kinds computed
         from static columns only (``"sel"``, ``"art"``, ``"tenant_mask"``), ``"static"`` (the
-        static filters' verdicts) and ``"lean"`` (the lean select's spec classes) when
+        static filters' verdicts) and ``"class"`` (the placement classes' states) when
         heartbeat freshness and ledger presence held, and no other kind.
         """
         hit = self._memo.get(key)
@@ -401,8 +401,8 @@ _STATIC_SLOTS = (
 #: Memo kinds computed from static columns only (selector, artifact and tenant masks).
 _MEMO_STATIC = frozenset({"sel", "art", "tenant_mask"})
 #: Memo kinds that also read heartbeat freshness and ledger presence: the static filters'
-#: verdicts and the lean select's spec classes (which re-read ledger totals themselves).
-_MEMO_HEALTH = frozenset({"static", "lean"})
+#: verdicts and the placement classes' states (which re-read ledger totals themselves).
+_MEMO_HEALTH = frozenset({"static", "class"})
 #: At most this many memo entries carry over to a snapshot built by ``with_usage``.
 MEMO_CARRIED = 4096
 

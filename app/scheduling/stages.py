@@ -1,13 +1,10 @@
-"""The steps both selects share: the memoized static filters, the ranking, and the result of
-a task that fits nowhere (:mod:`app.scheduling.framework` and :mod:`app.scheduling.lean`)."""
+"""The pipeline's last steps: the ranking, and the result of a task that fits nowhere."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from app.scheduling.cycle import Cycle
-from app.scheduling.plugins.registry import Profile
-from app.scheduling.reasons import PASS, REASONS, Reason, describe_counts, headline
+from app.scheduling.reasons import REASONS, Reason, describe_counts, headline
 from app.scheduling.results import NoPlacement, Result
 from app.scheduling.snapshot import Snapshot
 
@@ -19,7 +16,6 @@ __all__ = [
     "no_placement",
     "no_placement_result",
     "rank",
-    "static_filters",
 ]
 
 NO_VISIBLE_POOL = "no pool is available to this tenant"
@@ -31,43 +27,13 @@ N_REASONS = len(REASONS)
 RANK_SORT_MAX = 256
 
 
-def static_filters(prof: Profile, cycle: Cycle, visible: np.ndarray) -> tuple:
-    """Return (passing indexes, counts, codes of the visible pools) of the static filters,
-    memoized per (audience, runtime class) on the snapshot; ``visible`` must be the tenant's
-    visible pools, not empty."""
-
-    def build() -> tuple:
-        codes = np.full(len(visible), PASS, dtype=np.int16)
-        alive = np.ones(len(visible), dtype=bool)
-        for f in prof.filters:
-            if not f.STATIC:
-                continue
-            pos = np.flatnonzero(alive)
-            out = f.filter_many(cycle, visible[pos])
-            if out is None:
-                continue
-            bad = out != PASS
-            codes[pos[bad]] = out[bad]
-            alive[pos[bad]] = False
-        counts = np.bincount(codes[~alive], minlength=N_REASONS).astype(np.int64)
-        return visible[alive], counts, codes
-
-    # Tenants that see the same pools (one audience) get the same verdicts: tenant access
-    # passes every visible pool and the other static filters do not read the tenant.
-    snapshot = cycle.snapshot
-    key = ("static", snapshot.audience[cycle.spec.tenant_id], cycle.spec.runtime_class)
-    return snapshot.memoized(key, build)
-
-
 def rank(idx: np.ndarray, total: np.ndarray, k: int | None) -> np.ndarray:
     """Return positions into ``idx`` by total descending, then pool id (index) ascending."""
     n = len(idx)
-    # The ndarray methods: np.argsort, np.partition and np.flatnonzero add Python-level
-    # wrappers per call (selecting the top k this way beats sorting from ~300 pools on).
     if k is None or n <= k:
         return (-total).argsort(kind="stable")  # idx is ascending: stable keeps id order
     if n <= RANK_SORT_MAX:
-        # The same first k as below, in fewer calls: small sorts cost less than selecting.
+        # The same first k as selecting them below.
         return (-total).argsort(kind="stable")[:k]
     part = total.copy()
     part.partition(n - k)
@@ -78,7 +44,6 @@ def rank(idx: np.ndarray, total: np.ndarray, k: int | None) -> np.ndarray:
 
 def counts_map(counts: np.ndarray) -> dict[Reason, int]:
     """Return the nonzero rejection counts of a per-code array, by reason."""
-    # ``nonzero`` on the 1-d array: np.flatnonzero adds two Python-level calls.
     return {REASONS[i]: int(counts[i]) for i in counts.nonzero()[0].tolist()}
 
 

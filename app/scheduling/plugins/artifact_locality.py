@@ -10,7 +10,7 @@ import numpy as np
 
 from app.scheduling.cycle import Cycle
 from app.scheduling.plugins import names
-from app.scheduling.plugins.base import ScorePlugin
+from app.scheduling.plugins.base import PLACEMENT_CLASS, ScorePlugin
 
 NAME = names.ARTIFACT_LOCALITY
 
@@ -19,6 +19,7 @@ class ArtifactLocality(ScorePlugin):
     """Prefer pools where the task's artifacts already are."""
 
     NAME = NAME
+    SCOPE = PLACEMENT_CLASS
 
     def applies(self, cycle: Cycle) -> bool:
         """Return whether the spec names an artifact region."""

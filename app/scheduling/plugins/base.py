@@ -1,5 +1,17 @@
-"""Base classes of filter and score plugins: the vectorized method each plugin writes, and
-the single-pool forms derived from it."""
+"""Base classes of filter and score plugins: the vectorized method each plugin writes, the
+single-pool forms derived from it, and the scope that says what a plugin's verdict reads.
+
+The scope lets the pipeline compute a verdict once for every task that shares what it reads
+(the PreFilter state of :mod:`app.scheduling.prefilter`):
+
+* :data:`AUDIENCE`: the tenant's audience (the tenants that see the same pools), the spec's
+  runtime class and the pools' static columns and health;
+* :data:`PLACEMENT_CLASS`: also the rest of the spec's placement class (allowed regions, data
+  residency, pool selector, artifact region);
+* :data:`TASK` (the default): anything, including usage, this pass's assumed placements and
+  the spec's affinity terms and labels. A plugin that does not say otherwise is evaluated for
+  every task.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +23,14 @@ import numpy as np
 from app.scheduling.cycle import Cycle
 from app.scheduling.reasons import PASS, Reason, Status
 
-__all__ = ["FilterPlugin", "ScorePlugin", "codes_where", "minmax"]
+__all__ = [
+    "AUDIENCE", "PLACEMENT_CLASS", "TASK", "FilterPlugin", "ScorePlugin", "codes_where", "minmax"
+]
+
+#: What a plugin's verdict reads (see the module documentation), narrowest first.
+AUDIENCE = "audience"
+PLACEMENT_CLASS = "placement_class"
+TASK = "task"
 
 
 def codes_where(fail: np.ndarray, code: int) -> np.ndarray | None:
@@ -27,9 +46,8 @@ class FilterPlugin(ABC):
     NAME: ClassVar[str]
     #: Every reason code the filter may return (metrics label its rejections with ``NAME``).
     REASONS: ClassVar[tuple[Reason, ...]]
-    #: True when the verdict depends only on the tenant and runtime class of the spec, so the
-    #: framework may memoize it per snapshot.
-    STATIC: ClassVar[bool] = False
+    #: What the verdict reads: :data:`AUDIENCE`, :data:`PLACEMENT_CLASS` or :data:`TASK`.
+    SCOPE: ClassVar[str] = TASK
 
     @abstractmethod
     def filter_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray | None:
@@ -45,6 +63,9 @@ class ScorePlugin(ABC):
     """A scorer: per feasible pool a raw score, normalized to 0..100 (higher is better)."""
 
     NAME: ClassVar[str]
+    #: What ``applies`` and the normalized scores read: :data:`PLACEMENT_CLASS` (the spec's
+    #: placement class and the pools' static columns) or :data:`TASK`.
+    SCOPE: ClassVar[str] = TASK
 
     def applies(self, cycle: Cycle) -> bool:
         """Return whether this plugin has anything to say about the spec."""
@@ -66,12 +87,11 @@ class ScorePlugin(ABC):
 def minmax(raw: np.ndarray, *, higher_is_better: bool, flat: float = 100.0) -> np.ndarray:
     """Return ``raw`` rescaled to 0..100 over its range; ``flat`` when all values are equal."""
     if len(raw) == 0:
-        return raw
-    # The ufuncs' own reductions: ndarray.min/max add a Python-level wrapper per call.
+        return raw.astype(np.float64)
     lo = np.minimum.reduce(raw)
     hi = np.maximum.reduce(raw)
     if hi <= lo:
         return np.full(len(raw), flat)
+    # Never below 0 (each difference is >= 0); rounding can land a hair above 100.
     scaled = (raw - lo if higher_is_better else hi - raw) * (100.0 / (hi - lo))
-    # Rounding can land a hair outside the range (100/3 * 3 > 100); scores are 0..100 exactly.
-    return np.minimum(np.maximum(scaled, 0.0, out=scaled), 100.0, out=scaled)
+    return np.minimum(scaled, 100.0, out=scaled)

@@ -24,7 +24,8 @@ class Capacity(FilterPlugin):
 
     def filter_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray | None:
         """Return the first lacking dimension's code per pool."""
-        lack = cycle.available(idx) < cycle.req
+        cap, need = cycle.capacity_and_need(idx)
+        lack = need > cap
         if not lack.any():
             return None
         codes = np.full(len(idx), PASS, dtype=np.int16)

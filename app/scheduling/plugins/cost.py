@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from app.scheduling.cycle import Cycle
 from app.scheduling.plugins import names
-from app.scheduling.plugins.base import ScorePlugin, minmax
+from app.scheduling.plugins.base import PLACEMENT_CLASS, ScorePlugin, minmax
 
 NAME = names.COST
 
@@ -15,6 +17,7 @@ class Cost(ScorePlugin):
     """Prefer the cheapest feasible pools: 100 for the cheapest, 0 for the dearest."""
 
     NAME = NAME
+    SCOPE = PLACEMENT_CLASS
 
     def score_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray:
         """Return each pool's cost weight (lower is better)."""
@@ -26,8 +29,10 @@ class Cost(ScorePlugin):
 
     def describe(self, cycle: Cycle, pool: int, value: float) -> str:
         """Return the pool's cost weight."""
-        return self.reason(cycle.snapshot.cost[pool])
+        return self.reason(cycle.snapshot.cost.item(pool))
 
-    def reason(self, weight: float) -> str:
+    @staticmethod
+    @lru_cache(maxsize=4096)
+    def reason(weight: float) -> str:
         """Return the reason of a pool with this cost weight."""
         return f"cost weight {weight:g}; cheaper pools score higher"

@@ -6,6 +6,8 @@ higher the score; normalized over the feasible set (all equal: 100).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from app.scheduling.cycle import Cycle
@@ -13,6 +15,7 @@ from app.scheduling.plugins import names
 from app.scheduling.plugins.base import ScorePlugin, minmax
 
 NAME = names.FAILURE_DOMAIN_SPREAD
+_TOPOLOGY = "failureDomain"
 
 
 class FailureDomainSpread(ScorePlugin):
@@ -21,9 +24,10 @@ class FailureDomainSpread(ScorePlugin):
     NAME = NAME
 
     def score_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray:
-        """Return the tenant's member count in each pool's failure domain (lower is better)."""
-        dom, per_domain = cycle.tenant_domain_counts("failureDomain")
-        return per_domain[dom[idx]].astype(np.float64)
+        """Return the tenant's member count in each pool's failure domain (lower is better;
+        integers)."""
+        dom, per_domain = cycle.tenant_domain_counts(_TOPOLOGY)
+        return per_domain.take(cycle.class_memo(idx, NAME, dom.take, idx))
 
     def normalize(self, cycle: Cycle, raw: np.ndarray) -> np.ndarray:
         """Map the emptiest domain to 100 and the fullest to 0."""
@@ -31,9 +35,11 @@ class FailureDomainSpread(ScorePlugin):
 
     def describe(self, cycle: Cycle, pool: int, value: float) -> str:
         """Return how many of the tenant's members share the pool's failure domain."""
-        dom, per_domain = cycle.tenant_domain_counts("failureDomain")
-        return self.reason(int(per_domain[dom[pool]]))
+        dom, per_domain = cycle.tenant_domain_counts(_TOPOLOGY)
+        return self.reason(per_domain.item(dom.item(pool)))
 
-    def reason(self, members: int) -> str:
+    @staticmethod
+    @lru_cache(maxsize=1024)
+    def reason(members: int) -> str:
         """Return the reason of a pool whose failure domain holds ``members`` of the tenant's."""
         return f"{members} of the tenant's members in this failure domain"

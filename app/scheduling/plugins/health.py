@@ -10,7 +10,7 @@ import numpy as np
 
 from app.scheduling.cycle import Cycle
 from app.scheduling.plugins import names
-from app.scheduling.plugins.base import FilterPlugin
+from app.scheduling.plugins.base import AUDIENCE, FilterPlugin
 from app.scheduling.reasons import CODE, PASS, Reason
 
 NAME = names.HEALTH
@@ -22,7 +22,7 @@ class Health(FilterPlugin):
 
     NAME = NAME
     REASONS = REASONS
-    STATIC = True
+    SCOPE = AUDIENCE
 
     def filter_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray | None:
         """Return the first failing check's code per pool: ready, heartbeat, ledger."""

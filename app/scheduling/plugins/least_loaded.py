@@ -10,6 +10,8 @@ both are absolute (not normalized) so that a score reads the same across tasks.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from app.scheduling.cycle import Cycle
@@ -17,27 +19,24 @@ from app.scheduling.plugins import names
 from app.scheduling.plugins.base import ScorePlugin
 
 NAME = names.LEAST_LOADED
+#: Maps ``u`` in 0..1.001 onto 0..100.
 _SCALE = 100.0 / 1.001
-#: The reasons rendered so far, by plugin tail and whole percents (dominant, mean).
-_TEXTS: dict[tuple[str, int, int], str] = {}
+
+
+@lru_cache(maxsize=65536)
+def _percent_text(dominant: int, mean: int, tail: str) -> str:
+    return f"projected utilization {dominant}% dominant, {mean}% mean; {tail}"
 
 
 def _utilization_text(dominant: float, mean: float, tail: str) -> str:
-    """Return ``f"projected utilization {dominant:.0%} dominant, {mean:.0%} mean; {tail}"``,
-    memoized by whole percents for utilizations in (0, 1] (nearly every pool that fits).
+    """Return ``f"projected utilization {dominant:.0%} dominant, {mean:.0%} mean; {tail}"``.
 
-    ``format(x, ".0%")`` is ``format(x * 100.0, ".0f") + "%"``: ``x * 100.0`` correctly
-    rounded to an integer, ties to even, which is what ``round`` returns; so the key names the
-    text exactly (0 is left out: ``-0.0`` formats as ``-0%``; such values are formatted).
+    ``format(x, ".0%")`` is ``x * 100.0`` rounded to an integer, ties to even, which is what
+    ``round`` returns; so for utilizations in (0, 1] (nearly every pool that fits) the text
+    is the one of the whole percents (0 is left out: ``-0.0`` formats as ``-0%``).
     """
     if 0.0 < dominant <= 1.0 and 0.0 < mean <= 1.0:
-        key = (tail, round(dominant * 100.0), round(mean * 100.0))
-        text = _TEXTS.get(key)
-        if text is None:
-            if len(_TEXTS) >= 65536:
-                _TEXTS.clear()
-            text = _TEXTS[key] = f"projected utilization {key[1]}% dominant, {key[2]}% mean; {tail}"
-        return text
+        return _percent_text(round(dominant * 100.0), round(mean * 100.0), tail)
     return f"projected utilization {dominant:.0%} dominant, {mean:.0%} mean; {tail}"
 
 
@@ -47,23 +46,49 @@ def _clip100(x: np.ndarray) -> np.ndarray:
 
 def projected_utilization(cycle: Cycle, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Return (dominant, mean) projected utilization in 0..1 for the pools at ``idx``."""
-    cap = cycle.snapshot.cap.take(idx, axis=0)
-    used = cycle.used(idx) + cycle.req
+    cap, need = cycle.capacity_and_need(idx)
+    layout = cycle.class_memo(idx, NAME, capacity_layout, cap)
+    return utilization(need, cap, layout)
+
+
+def capacity_layout(cap: np.ndarray) -> tuple[tuple[int, np.ndarray], ...] | None:
+    """Return, when every pool offers the same dimensions (at least one), each of them with
+    its capacities as floats; else None (PreScore state of the pools' capacity rows)."""
     offered = cap > 0
-    util = np.divide(used, cap, out=np.zeros(cap.shape, dtype=np.float64), where=offered)
+    everywhere = offered.all(axis=0)
+    if not everywhere.any() or not (everywhere == offered.any(axis=0)).all():
+        return None
+    return tuple(
+        (d, np.ascontiguousarray(cap[:, d], dtype=np.float64)) for d in range(3) if everywhere[d]
+    )
+
+
+def utilization(
+    need: np.ndarray, cap: np.ndarray, layout: tuple[tuple[int, np.ndarray], ...] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Return per row the largest and the mean of ``clip(need / cap, 0, 1)`` over the
+    dimensions the pool offers (capacity above zero; at least one counts).
+
+    The mean adds the columns left to right (a dimension not offered adds nothing).
+    ``layout`` (:func:`capacity_layout` of ``cap``) computes the same values column by
+    column when no utilization needs the clip.
+    """
+    if layout is not None and np.minimum.reduce(need, axis=None) >= 0:
+        columns = need.T
+        util = [columns[d] / c for d, c in layout]
+        dominant = util[0]
+        total = util[0]
+        for u in util[1:]:
+            dominant = np.maximum(dominant, u)
+            total = total + u
+        if np.maximum.reduce(dominant) <= 1.0:
+            return dominant, total / len(util)
+    offered = cap > 0
+    util = np.divide(need, cap, out=np.zeros(cap.shape, dtype=np.float64), where=offered)
     np.minimum(np.maximum(util, 0.0, out=util), 1.0, out=util)
-    return dominant_and_mean(util, offered)
-
-
-def dominant_and_mean(util: np.ndarray, offered: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Return per row of ``util`` its largest value and its mean over the ``offered`` columns
-    (at least one): ``util.max(axis=1)`` and ``util.sum(axis=1) / offered.sum(axis=1)``, to
-    the bit, column by column (the row reductions cost several times more on rows of three;
-    the sum adds left to right, as they do)."""
-    u0, u1, u2 = util.T
     o0, o1, o2 = offered.T.view(np.int8)
-    dims = np.maximum(o0 + o1 + o2, 1)
-    return np.maximum(np.maximum(u0, u1), u2), (u0 + u1 + u2) / dims
+    u0, u1, u2 = util.T
+    return np.maximum(np.maximum(u0, u1), u2), (u0 + u1 + u2) / np.maximum(o0 + o1 + o2, 1)
 
 
 def _scored(cycle: Cycle, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -74,28 +99,16 @@ def _scored(cycle: Cycle, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def projected_utilization_at(cycle: Cycle, pool: int) -> tuple[float, float]:
-    """Return (dominant, mean) projected utilization of the pool at snapshot index ``pool``.
-
-    Read back from this cycle's scoring when it covered the pool; else the same arithmetic as
-    :func:`projected_utilization` on plain floats (one pool: numpy's overhead would dominate).
-    """
+    """Return (dominant, mean) projected utilization of the pool at snapshot index ``pool``:
+    what this cycle's scoring computed when it covered the pool, else computed for it."""
     note = cycle.notes.get(NAME)
     if note is not None:
         idx, dominant, mean = note
         pos = int(np.searchsorted(idx, pool))
         if pos < len(idx) and idx[pos] == pool:
-            return float(dominant[pos]), float(mean[pos])
-    snap = cycle.snapshot
-    cap = snap.cap[pool].tolist()
-    used = (snap.reserved if cycle.assumed is None else cycle.assumed.used)[pool].tolist()
-    util = [
-        min(max((u + r) / c, 0.0), 1.0)
-        for u, r, c in zip(used, cycle.spec.requests, cap, strict=True)
-        if c > 0
-    ]
-    if not util:
-        return 0.0, 0.0
-    return max(util), sum(util) / len(util)
+            return dominant.item(pos), mean.item(pos)
+    dominant, mean = projected_utilization(cycle, np.array([pool], dtype=np.intp))
+    return dominant.item(0), mean.item(0)
 
 
 class LeastLoaded(ScorePlugin):

@@ -6,7 +6,7 @@ import numpy as np
 
 from app.scheduling.cycle import Cycle
 from app.scheduling.plugins import names
-from app.scheduling.plugins.base import FilterPlugin, codes_where
+from app.scheduling.plugins.base import PLACEMENT_CLASS, FilterPlugin, codes_where
 from app.scheduling.reasons import CODE, Reason
 
 NAME = names.POOL_SELECTOR
@@ -18,6 +18,7 @@ class PoolSelector(FilterPlugin):
 
     NAME = NAME
     REASONS = REASONS
+    SCOPE = PLACEMENT_CLASS
 
     def filter_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray | None:
         """Return ``selector_mismatch`` for pools missing a selector label."""

@@ -6,7 +6,7 @@ import numpy as np
 
 from app.scheduling.cycle import Cycle
 from app.scheduling.plugins import names
-from app.scheduling.plugins.base import FilterPlugin, codes_where
+from app.scheduling.plugins.base import AUDIENCE, FilterPlugin, codes_where
 from app.scheduling.reasons import CODE, Reason
 
 NAME = names.POOL_STATUS
@@ -18,7 +18,7 @@ class PoolStatus(FilterPlugin):
 
     NAME = NAME
     REASONS = REASONS
-    STATIC = True
+    SCOPE = AUDIENCE
 
     def filter_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray | None:
         """Return ``pool_not_active`` for pools whose status is not ACTIVE."""

@@ -32,6 +32,7 @@ class PreferredAffinity(ScorePlugin):
             counts, _ = cycle.term_counts_at(term, idx)
             hit = counts > 0
             raw += np.where(hit, -term.weight if term.anti else term.weight, 0)
+        cycle.notes[NAME] = (idx, raw)
         return raw
 
     def normalize(self, cycle: Cycle, raw: np.ndarray) -> np.ndarray:
@@ -40,8 +41,14 @@ class PreferredAffinity(ScorePlugin):
         return minmax(raw, higher_is_better=True, flat=flat)
 
     def describe(self, cycle: Cycle, pool: int, value: float) -> str:
-        """Return the signed sum of matched term weights."""
-        return self.reason(self.score_many(cycle, np.array([pool], dtype=np.intp))[0])
+        """Return the signed sum of matched term weights (as this cycle's scoring summed it)."""
+        note = cycle.notes.get(NAME)
+        if note is not None:
+            idx, raw = note
+            pos = int(np.searchsorted(idx, pool))
+            if pos < len(idx) and idx[pos] == pool:
+                return self.reason(raw.item(pos))
+        return self.reason(self.score_many(cycle, np.array([pool], dtype=np.intp)).item(0))
 
     def reason(self, raw: float) -> str:
         """Return the reason of a pool whose matched terms sum to ``raw`` (a raw score)."""

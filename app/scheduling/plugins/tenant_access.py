@@ -10,7 +10,7 @@ import numpy as np
 
 from app.scheduling.cycle import Cycle
 from app.scheduling.plugins import names
-from app.scheduling.plugins.base import FilterPlugin, codes_where
+from app.scheduling.plugins.base import AUDIENCE, FilterPlugin, codes_where
 from app.scheduling.reasons import CODE, Reason
 
 NAME = names.TENANT_ACCESS
@@ -22,7 +22,7 @@ class TenantAccess(FilterPlugin):
 
     NAME = NAME
     REASONS = REASONS
-    STATIC = True
+    SCOPE = AUDIENCE
 
     def filter_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray | None:
         """Return ``tenant_not_allowed`` for pools that do not list the tenant."""
