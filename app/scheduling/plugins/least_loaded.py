@@ -104,8 +104,8 @@ def projected_utilization_at(cycle: Cycle, pool: int) -> tuple[float, float]:
     note = cycle.notes.get(NAME)
     if note is not None:
         idx, dominant, mean = note
-        pos = int(np.searchsorted(idx, pool))
-        if pos < len(idx) and idx[pos] == pool:
+        pos = int(idx.searchsorted(pool))
+        if pos < len(idx) and idx.item(pos) == pool:
             return dominant.item(pos), mean.item(pos)
     dominant, mean = projected_utilization(cycle, np.array([pool], dtype=np.intp))
     return dominant.item(0), mean.item(0)
@@ -122,7 +122,10 @@ class LeastLoaded(ScorePlugin):
 
     def from_utilization(self, dominant: np.ndarray, mean: np.ndarray) -> np.ndarray:
         """Return the scores of pools with these projected utilizations."""
-        return _clip100((1.001 - dominant - mean / 1000.0) * _SCALE)
+        score = 1.001 - dominant
+        score -= mean / 1000.0
+        score *= _SCALE
+        return _clip100(score)
 
     def describe(self, cycle: Cycle, pool: int, value: float) -> str:
         """Return the projected utilization that produced ``value``."""
@@ -144,7 +147,10 @@ class MostLoaded(ScorePlugin):
 
     def from_utilization(self, dominant: np.ndarray, mean: np.ndarray) -> np.ndarray:
         """Return the scores of pools with these projected utilizations."""
-        return _clip100((dominant + mean / 1000.0) * _SCALE)
+        score = mean / 1000.0
+        score += dominant
+        score *= _SCALE
+        return _clip100(score)
 
     def describe(self, cycle: Cycle, pool: int, value: float) -> str:
         """Return the projected utilization that produced ``value``."""

@@ -45,8 +45,8 @@ class PreferredAffinity(ScorePlugin):
         note = cycle.notes.get(NAME)
         if note is not None:
             idx, raw = note
-            pos = int(np.searchsorted(idx, pool))
-            if pos < len(idx) and idx[pos] == pool:
+            pos = int(idx.searchsorted(pool))
+            if pos < len(idx) and idx.item(pos) == pool:
                 return self.reason(raw.item(pos))
         return self.reason(self.score_many(cycle, np.array([pool], dtype=np.intp)).item(0))
 
