@@ -25,7 +25,7 @@ class Cycle:
 
     __slots__ = (
         "spec", "snapshot", "assumed", "req", "notes", "held", "class_pools", "_terms",
-        "_tenant_domains", "_rows",
+        "_tenant_domains", "_rows", "_kept",
     )
 
     def __init__(
@@ -59,6 +59,8 @@ class Cycle:
         self._tenant_domains: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         #: The pools last asked for by :meth:`capacity_and_need`, with the answer.
         self._rows: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        #: The pools left by the per-task filters and their positions among the class's.
+        self._kept: tuple[np.ndarray, np.ndarray] | None = None
 
     def used(self, idx: np.ndarray) -> np.ndarray:
         """Return reserved plus assumed usage of the pools at ``idx`` (rows of 3 ints), less
@@ -90,18 +92,45 @@ class Cycle:
         self._rows = (idx, cap, need)
         return cap, need
 
-    def class_memo(self, idx: np.ndarray, key: Any, build: Callable[..., T], *args: Any) -> T:
+    def class_memo(
+        self,
+        idx: np.ndarray,
+        key: Any,
+        build: Callable[..., T],
+        *args: Any,
+        narrow: Callable[[T, np.ndarray], T] | None = None,
+    ) -> T:
         """Return ``build(*args)``, computed once per placement class and ledger totals when
         ``idx`` is the class's pools (PreScore state: ``build`` must read only those pools'
-        capacities and static columns), else computed for this call."""
+        capacities and static columns). When ``idx`` is what the per-task filters left of
+        them (:meth:`narrow`), ``narrow(state, positions)`` derives it from the class's
+        state (it must equal ``build`` on those pools); else it is computed for this call."""
         pools = self.class_pools
-        if pools is None or pools[0] is not idx:
+        if pools is None:
             return build(*args)
+        if pools[0] is not idx:
+            kept = self._kept
+            if narrow is None or kept is None or kept[0] is not idx:
+                return build(*args)
+            state = pools[2].get(key, _MISSING)
+            return build(*args) if state is _MISSING else narrow(state, kept[1])
         memo = pools[2]
         hit = memo.get(key, _MISSING)
         if hit is _MISSING:
             hit = memo[key] = build(*args)
         return hit
+
+    def narrow(self, idx: np.ndarray, keep: np.ndarray, kept: np.ndarray) -> None:
+        """Record that a filter left ``kept`` = ``idx[keep]`` of the pools at ``idx``: what
+        this call computed for ``idx`` is narrowed rather than computed again."""
+        rows = self._rows
+        if rows is not None and rows[0] is idx:
+            self._rows = (kept, rows[1][keep], rows[2][keep])
+        pools = self.class_pools
+        if pools is not None and pools[0] is idx:
+            self._kept = (kept, keep.nonzero()[0])
+        elif self._kept is not None and self._kept[0] is idx:
+            self._kept = (kept, self._kept[1][keep])
 
     def available(self, idx: np.ndarray) -> np.ndarray:
         """Return the capacity left on the pools at ``idx`` after actual and assumed usage."""

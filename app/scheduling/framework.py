@@ -221,7 +221,10 @@ def _filter(
             near = near[(snapshot.cap.take(near, axis=0) >= cycle.req).all(axis=1)]
         if code_at is not None:
             code_at[pools[bad]] = codes[bad]
-        pools = pools[~bad]
+        keep = ~bad
+        kept = pools[keep]
+        cycle.narrow(pools, keep, kept)
+        pools = kept
     return pools, counts, near, code_at
 
 

@@ -27,7 +27,8 @@ class FailureDomainSpread(ScorePlugin):
         """Return the tenant's member count in each pool's failure domain (lower is better;
         integers)."""
         dom, per_domain = cycle.tenant_domain_counts(_TOPOLOGY)
-        return per_domain.take(cycle.class_memo(idx, NAME, dom.take, idx))
+        codes = cycle.class_memo(idx, NAME, dom.take, idx, narrow=np.ndarray.take)
+        return per_domain.take(codes)
 
     def normalize(self, cycle: Cycle, raw: np.ndarray) -> np.ndarray:
         """Map the emptiest domain to 100 and the fullest to 0."""

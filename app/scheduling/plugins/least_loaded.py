@@ -47,7 +47,7 @@ def _clip100(x: np.ndarray) -> np.ndarray:
 def projected_utilization(cycle: Cycle, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Return (dominant, mean) projected utilization in 0..1 for the pools at ``idx``."""
     cap, need = cycle.capacity_and_need(idx)
-    layout = cycle.class_memo(idx, NAME, capacity_layout, cap)
+    layout = cycle.class_memo(idx, NAME, capacity_layout, cap, narrow=_layout_narrowed)
     return utilization(need, cap, layout)
 
 
@@ -61,6 +61,14 @@ def capacity_layout(cap: np.ndarray) -> tuple[tuple[int, np.ndarray], ...] | Non
     return tuple(
         (d, np.ascontiguousarray(cap[:, d], dtype=np.float64)) for d in range(3) if everywhere[d]
     )
+
+
+def _layout_narrowed(
+    layout: tuple[tuple[int, np.ndarray], ...] | None, positions: np.ndarray
+) -> tuple[tuple[int, np.ndarray], ...] | None:
+    """Return :func:`capacity_layout` of the pools at ``positions`` of a layout's pools (None
+    when theirs is: the columns of a subset would be the same values, only slower)."""
+    return None if layout is None else tuple((d, c.take(positions)) for d, c in layout)
 
 
 def utilization(
