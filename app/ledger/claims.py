@@ -24,7 +24,7 @@ pools refused their amounts (the pass walks them or hands them back);
 :func:`tasks_unclaim` parks the tasks that fit nowhere. All of them touch only rows the pass
 holds locked.
 
-**Events grow with changes, not with time** (SPEC §5). A claim writes no event. A task that
+**Events grow with changes, not with time**. A claim writes no event. A task that
 already carries a pending reason (it was parked, then woken) and is found pending for the
 same reason code is parked again with no event at all (its pending reason, wake keys and
 stage are refreshed in place); any other outcome writes one event (``leased``, the new
