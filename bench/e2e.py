@@ -676,6 +676,17 @@ def _sound(result: dict[str, Any]) -> bool:
             and result["naiveInvariantsOk"] is not False)
 
 
+def _run_printed(cfg: E2EConfig, label: str = "") -> dict[str, Any] | None:
+    """Run once and print its JSON line; on failure say why on stderr and return None."""
+    try:
+        result = asyncio.run(e2e_run(cfg))
+    except BenchFailed as exc:
+        print(f"berth bench e2e: {label}{exc}", file=sys.stderr)
+        return None
+    print(orjson.dumps(result).decode(), flush=True)
+    return result
+
+
 def _sweep(base: E2EConfig, args: argparse.Namespace) -> int:
     axes = _sweep_axes(args.sweep)
     keys = list(axes)
@@ -687,12 +698,9 @@ def _sweep(base: E2EConfig, args: argparse.Namespace) -> int:
                       py_spy=None)
         runs = []
         for _ in range(max(1, args.repeat)):
-            try:
-                result = asyncio.run(e2e_run(cfg))
-            except BenchFailed as exc:
-                print(f"berth bench e2e: {point}: {exc}", file=sys.stderr)
+            result = _run_printed(cfg, f"{point}: ")
+            if result is None:
                 return 1
-            print(orjson.dumps(result).decode(), flush=True)
             runs.append(result)
             every.append(result)
         # The machine may be shared: the best run is the one least disturbed by other work.
@@ -728,10 +736,5 @@ def main(argv: list[str]) -> int:
         )
         if args.sweep:
             return _sweep(base, args)
-        try:
-            result = asyncio.run(e2e_run(base))
-        except BenchFailed as exc:
-            print(f"berth bench e2e: {exc}", file=sys.stderr)
-            return 1
-        print(orjson.dumps(result).decode(), flush=True)
-        return 0 if _sound(result) else 1
+        result = _run_printed(base)
+        return 1 if result is None else (0 if _sound(result) else 1)
