@@ -104,15 +104,13 @@ def _add_keys(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
+    # The bench package parses its own arguments, --help included.
     p = sub.add_parser(
-        "bench",
-        help="benchmarks (see docs/benchmarks.md)",
-        description="Run a benchmark; 'berth bench TARGET --help' lists its options. "
-        "docs/benchmarks.md explains what each measures.",
+        "bench", add_help=False,
+        help="benchmarks: 'berth bench --help' lists them (see docs/benchmarks.md)",
+        description="Run a benchmark of the bench package installed beside Berth.",
     )
-    p.add_argument("target", choices=["core", "e2e", "api", "drivers", "parked", "queue"],
-                   help="what to measure")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="options of that benchmark")
+    p.add_argument("args", nargs=argparse.REMAINDER)
 
 
 def _add_openapi(sub: argparse._SubParsersAction) -> None:
@@ -172,16 +170,21 @@ def _run(args: argparse.Namespace) -> int:
 
         return openapi_write(args.output)
     if args.command == "bench":
-        from importlib import import_module
+        # Installed beside app, never imported by it at module level.
+        from bench.cli import main as bench_main
 
-        module = import_module(f"app.bench.{args.target}")
-        return int(module.main(args.args) or 0)
+        return bench_main(args.args)
     raise AssertionError(args.command)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``berth`` command and return its exit status."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if args.command == "bench":
+        args.args = unknown + args.args
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return _run(args)
     except ConfigurationError as exc:

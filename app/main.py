@@ -105,7 +105,7 @@ def create_app(
         version=__version__,
         summary="Multi-tenant placement scheduler with a durable capacity ledger.",
         lifespan=lifespan,
-        # Berth's observability is Prometheus (SPEC §7); FastAPI's native OpenTelemetry would
+        # Berth's observability is Prometheus; FastAPI's native OpenTelemetry would
         # otherwise look up the global OTel providers on every request only to find none.
         telemetry={"tracing": False, "metrics": False, "logs": False},
         # No "validate this document" badge: it would send the document's URL to swagger.io.

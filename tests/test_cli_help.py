@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import build_parser, main
+from app.cli import build_parser
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 
@@ -32,12 +32,6 @@ def commands(
 COMMANDS = list(commands(build_parser()))
 
 
-def bench_targets() -> list[str]:
-    bench = dict(COMMANDS)[("bench",)]
-    (target,) = [a for a in bench._actions if a.dest == "target"]
-    return list(target.choices)
-
-
 @pytest.mark.parametrize(
     ("path", "parser"), COMMANDS, ids=[" ".join(("berth", *p)) for p, _ in COMMANDS]
 )
@@ -48,19 +42,6 @@ def test_help_reads_as_plain_text(path: tuple[str, ...], parser: argparse.Argume
     assert parser.description, f"`berth {' '.join(path)} --help` does not say what it does"
 
 
-@pytest.mark.parametrize("target", bench_targets())
-def test_bench_help_reads_as_plain_text(target: str, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exited:
-        main(["bench", target, "--help"])
-
-    text = capsys.readouterr().out
-    assert exited.value.code == 0
-    assert text.startswith(f"usage: berth bench {target}"), text
-    assert not REST_MARKUP.search(text), text
-    description = text.split("\n\n")[1]
-    assert description.strip() and not description.startswith("options:"), text
-
-
 def test_readme_lists_every_command() -> None:
     section = README.split("## Commands", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `berth ")]
@@ -68,6 +49,4 @@ def test_readme_lists_every_command() -> None:
     for path, _ in COMMANDS:
         if len(path) == 1:
             assert any(row.startswith(f"| `berth {path[0]}") for row in rows), path
-    for target in bench_targets():
-        assert any(target in row for row in rows if row.startswith("| `berth bench")), target
     assert any(row.startswith("| `berth openapi") for row in rows)

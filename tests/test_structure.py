@@ -117,7 +117,7 @@ def _docstrings(tree: ast.AST) -> set[int]:
 
 
 @pytest.mark.parametrize(
-    "name", sorted(n for n in MODULES if not n.startswith(("app.ledger", "app.bench")))
+    "name", sorted(n for n in MODULES if not n.startswith("app.ledger"))
 )
 def test_sql_lives_in_the_ledger(name: str) -> None:
     tree = ast.parse(MODULES[name].read_text())
@@ -135,7 +135,7 @@ def test_sql_lives_in_the_ledger(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_one_runtime_path_to_the_database(name: str) -> None:
-    if name in SQLALCHEMY_ALLOWED or name.startswith("app.bench"):
+    if name in SQLALCHEMY_ALLOWED:
         return
     tree = ast.parse(MODULES[name].read_text())
     imported = {
@@ -145,3 +145,33 @@ def test_one_runtime_path_to_the_database(name: str) -> None:
     assert not any(m.split(".")[0] == "sqlalchemy" for m in imported), (
         f"{name} imports SQLAlchemy: runtime statements go through app.db.Database (asyncpg)"
     )
+
+
+def _bench_imports(tree: ast.Module) -> list[ast.stmt]:
+    """Return the import statements of ``tree`` that import the bench package."""
+    return [
+        node for node in ast.walk(tree)
+        if (isinstance(node, ast.Import) and any(a.name.split(".")[0] == "bench"
+                                                 for a in node.names))
+        or (isinstance(node, ast.ImportFrom) and not node.level
+            and (node.module or "").split(".")[0] == "bench")
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_app_never_imports_the_bench_at_module_level(name: str) -> None:
+    tree = ast.parse(MODULES[name].read_text())
+    found = _bench_imports(tree)
+    # Only the CLI's bench dispatch reaches it, by an import inside the function.
+    allowed = {id(n) for n in found if name == "app.cli" and n not in tree.body}
+    assert [n.lineno for n in found if id(n) not in allowed] == []
+
+
+def test_app_tests_never_import_the_bench() -> None:
+    tests = ROOT / "tests"
+    importing = [
+        str(path.relative_to(ROOT)) for path in tests.rglob("*.py")
+        if "bench" not in path.relative_to(tests).parts[:1]
+        and _bench_imports(ast.parse(path.read_text()))
+    ]
+    assert importing == []

@@ -22,7 +22,7 @@ class CamelModel(BaseModel):
 
 
 class RequestModel(BaseModel):
-    """A request body, read strictly (SPEC §6): camelCase names only, no unknown fields and
+    """A request body, read strictly: camelCase names only, no unknown fields and
     no coercion — the document says integer, so `"500"`, `500.0` and `true` are 422."""
 
     model_config = ConfigDict(

@@ -12,7 +12,7 @@ So :class:`HttpMetrics`, which records the instrumentator's default metric famil
 place, checks both labels against fixed sets before recording: a ``handler`` that is not the
 path template of one of the app's routes becomes :data:`UNMATCHED`, and a method outside
 :data:`METHODS` becomes :data:`OTHER_METHOD`. Whatever the router does, a label can only take
-a value the code defines (SPEC §7). The instrumentator still serves ``/metrics``.
+a value the code defines. The instrumentator still serves ``/metrics``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Request and response bodies of the pool API (SPEC §2 and §6), in camelCase JSON."""
+"""Request and response bodies of the pool API, in camelCase JSON."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ router = APIRouter(prefix="/v1", route_class=StrictRoute)
 
 def _pool_id_known(value: str) -> str:
     """Return ``value``, or raise 404: no pool can have an id outside the id pattern (a NUL,
-    an upper-case letter, 64 characters), so such a path names nothing (SPEC §6)."""
+    an upper-case letter, 64 characters), so such a path names nothing."""
     if not POOL_ID_RE.fullmatch(value):
         raise PoolNotFound()
     return value

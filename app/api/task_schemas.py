@@ -1,4 +1,4 @@
-"""Response models of tasks and placement previews (SPEC §6), and the row -> JSON mapping.
+"""Response models of tasks and placement previews, and the row -> JSON mapping.
 
 The models document the shapes in the OpenAPI document; the hot endpoints build the JSON
 directly with :func:`task_json` (plain dicts serialized by orjson) instead of validating
@@ -301,7 +301,7 @@ class FastJSONResponse(Response):
     """A JSON response serialized by orjson from plain values (no response model pass).
 
     Datetimes are written RFC 3339 with ``Z`` for UTC, as pydantic writes them in the other
-    answers (SPEC §6: one timestamp format); the ledger's datetimes are all UTC.
+    answers (one timestamp format); the ledger's datetimes are all UTC.
     """
 
     media_type = "application/json"
@@ -383,7 +383,7 @@ def _leases_in_member_order(row: TaskRow) -> list[LeaseView]:
 
 
 def task_json(row: TaskRow, queue: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Return a task row in the SPEC §6 task shape (values orjson serializes); ``queue`` is
+    """Return a task row in the API's task shape (values orjson serializes); ``queue`` is
     the position document of an ADMITTED task read one at a time (getTask)."""
     leases = [_lease_json(lease) for lease in _leases_in_member_order(row)]
     return {

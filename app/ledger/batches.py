@@ -54,8 +54,8 @@ def _id(prefix: str) -> str:
 
 def _fields(spec: str) -> str:
     """Return the top-level fields a stored task reads from its ``json`` spec, in one parse of
-    the text (``json_to_record``; only ``labels`` is parsed again, as ``jsonb``): a ``jsonb``
-    parse of the whole spec then a ``json`` check of it cost 8 K instructions per task more."""
+    the text (``json_to_record``; only ``labels`` is parsed again, as ``jsonb``), rather than a
+    ``jsonb`` parse of the whole spec and then a ``json`` check of it."""
     return (f'json_to_record({spec}) AS x(priority int, "runtimeClass" text, labels jsonb, '
             '"maxAttempts" int)')
 

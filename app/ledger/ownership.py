@@ -27,7 +27,7 @@ _HELD = (
 
 
 async def ownership_lock_try(conn: Connection, *, key: int) -> bool:
-    """Take the session lock ``(NAMESPACE, key)`` if free; return whether this session holds it."""
+    """Take the session lock ``(NAMESPACE, key)`` if free; return whether our session holds it."""
     return bool(await conn.fetchval(_TRY, NAMESPACE, key))
 
 

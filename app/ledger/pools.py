@@ -5,7 +5,7 @@ row holds the capacity totals and what is reserved now; ``runtime_instances`` ho
 heartbeat of the pool's runtime. :func:`pool_get` and :func:`pools_list` join the three into
 one :class:`PoolRecord`.
 
-Visibility (SPEC §2, §6) is one SQL predicate, ``_VISIBLE``, filled from a
+Visibility is one SQL predicate, ``_VISIBLE``, filled from a
 :class:`PoolViewer`: an admin sees every pool, a tenant the pools listing one of its tenants,
 an operator the pools it operates or that list one of its tenants, a runtime the pools of
 its own instances.

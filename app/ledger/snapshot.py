@@ -80,8 +80,8 @@ _ARRAY_ELEMENT = np.dtype([("length", ">i4"), ("value", ">i8")])
 # previous read), ledgers
 # (ids, and totals and reservations as an (n x 6) int8 array in binary form), runtime
 # instances (ids, and heartbeats as a timestamptz array in binary form: microseconds since
-# 2000-01-01, the same layout as int8). One scan of each table, no join, no sort: a tenth of
-# ``_USAGE``'s instructions at 5,000 pools. No column is an array asyncpg decodes itself
+# 2000-01-01, the same layout as int8). One scan of each table, no join, no sort: far less
+# server work than ``_USAGE``. No column is an array asyncpg decodes itself
 # other than ``text[]``: its codecs for ``int8[]`` and the like are looked up in the server's
 # catalogue (a query of some 7 ms of CPU) on each connection's first statement that has one.
 _CHANGED = (

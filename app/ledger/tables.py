@@ -149,7 +149,7 @@ tasks = Table(
     Column("parked", Boolean, nullable=False, server_default="false"),
     # What could let a parked task fit: keys a wakeup carries (``app.scheduling.parking``).
     Column("wake", ARRAY(Text)),
-    # The SPEC §4 stage of the pending reason's closest miss (NULL: not examined yet).
+    # The stage (reasons.Stage) of the pending reason's closest miss (NULL: not examined yet).
     Column("pending_stage", SmallInteger),
     # Written once per lease and read whole, never searched: the JSON text the reconciler
     # wrote with orjson, stored as ``text`` (not parsed again at every lease; revisions

@@ -1,4 +1,4 @@
-"""The reconciler: turns admitted tasks into leased placements (SPEC §5).
+"""The reconciler: turns admitted tasks into leased placements.
 
 Pipeline of one pass (:mod:`app.reconciler.passes`)::
 

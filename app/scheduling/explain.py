@@ -2,7 +2,7 @@
 
 ``select`` returns data (:mod:`app.scheduling.results`); the reconciler stores a task's
 placement and pending reason as JSON and the preview endpoint serves a whole result. Every
-such document is built here, from core data, in the SPEC §6 shapes: scores and component
+such document is built here, from core data, in the API's shapes: scores and component
 values rounded to 4 places, pools named by id, reasons by their codes.
 
 A lean placement is stored as its plain values (:func:`ranked_stored`, a JSON array) and its

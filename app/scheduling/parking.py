@@ -1,6 +1,6 @@
 """Wake conditions of parked tasks: which events could let a task that fits nowhere fit.
 
-A task that fits nowhere is parked (SPEC §5): passes no longer claim it until an event that
+A task that fits nowhere is parked: passes no longer claim it until an event that
 could help it happens. The condition is derived from its reason, as a set of **wake keys**;
 every wakeup carries keys too (:mod:`app.ledger.wakeups` resolves them), and a wakeup brings
 back exactly the parked tasks whose keys it shares:

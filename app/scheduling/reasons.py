@@ -1,7 +1,7 @@
-"""Reason codes (the closed set of SPEC §4), their stages, the filter :class:`Status`, and the
+"""Reason codes (a closed set), their stages, the filter :class:`Status`, and the
 headline rule of a "no placement" result.
 
-Codes are ordered by **stage** (SPEC §4): visibility and runtime class, then operator status
+Codes are ordered by **stage**: visibility and runtime class, then operator status
 and health, placement constraints, capacity, affinity, gang. Filters run in that order and a
 pool stops at its first rejection, so a pool's code says how far it got. The headline of a
 task that fits nowhere is its **closest miss**: the code of the latest stage any pool reached,

@@ -1,7 +1,7 @@
 """What ``select`` returns: the placement or why there is none, the ranked candidates and the
 rejected pools.
 
-These are plain data. The documents stored and served for them (SPEC §6) are built in one
+These are plain data. The documents stored and served for them are built in one
 place, :mod:`app.scheduling.explain`.
 """
 

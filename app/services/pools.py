@@ -1,6 +1,6 @@
 """Pools: every pool operation as one function that owns its transaction.
 
-Who may do what (SPEC §6): an admin manages pools and their capacity; any caller reads the
+Who may do what: an admin manages pools and their capacity; any caller reads the
 pools visible to it (the visibility predicate of :mod:`app.ledger.pools`); the operators
 named in a pool's ``operators`` cordon, drain and activate it. An admin may run the status
 actions too: the admin already owns every other change to a pool, and an operator who is

@@ -6,16 +6,15 @@ import json
 
 import pytest
 
-from app.bench import api
+from bench import api
 
 
 @pytest.mark.slow
 def test_tiny_run_prints_one_json_line(server_url, monkeypatch, capsys) -> None:
-    monkeypatch.setenv("BERTH_DATABASE_URL", server_url)
     # Enough requests that the server's CPU time spans several clock ticks (10 ms each): a
     # read costs ~0.25 ms of CPU, so 40 reads could round down to zero.
-    status = api.main(["--clients", "4", "--count", "300", "--reads", "300", "--warmup", "10",
-                       "--seconds", "30", "--pool-size", "2"])
+    status = api.main(["--server-url", server_url, "--clients", "4", "--count", "300",
+                       "--reads", "300", "--warmup", "10", "--seconds", "30", "--pool-size", "2"])
     assert status == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1

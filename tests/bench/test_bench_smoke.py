@@ -1,18 +1,20 @@
-"""The e2e benchmark end to end on a tiny dataset: every task leased, the ledger sound."""
+"""The e2e benchmark end to end on a tiny dataset: every task leased, the ledger sound, the
+floor doing less than Berth."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
 
-from app.bench import e2e
-from app.bench.chart import chart_write
-from app.bench.dataset import dataset_generate
 from app.scheduling.spec import TaskSpec
+from bench import e2e
+from bench.chart import chart_write
+from bench.dataset import dataset_generate
 
 FIELDS = (
     "pools", "tasks", "reconcilers", "placementsPerSec", "p50LeaseMs", "p99LeaseMs", "passes",
     "conflicts", "naivePlacementsPerSec", "naiveTasks", "ratioVsNaive", "peakRssMiB",
+    "cpuMsPerPlacement", "naiveCpuMsPerPlacement",
 )
 
 
@@ -22,6 +24,7 @@ def test_dataset_is_deterministic_valid_and_fits() -> None:
     assert first.tasks == again.tasks and first.ledgers == again.ledgers
     assert len(first.pools) == 20 and len(first.tasks) == 300
     assert sum(first.kinds.values()) == 300 and first.kinds["simple"] > 150
+    assert len(first.anchors) == 300 and set(first.anchors) <= {p[0] for p in first.pools}
     demand = [0, 0, 0]
     for row in first.tasks:
         spec = TaskSpec.model_validate(orjson.loads(row[6]))
@@ -30,6 +33,17 @@ def test_dataset_is_deterministic_valid_and_fits() -> None:
             demand[d] += members * amount
     totals = [sum(ledger[1 + d] for ledger in first.ledgers) for d in range(3)]
     assert all(total >= 2 * need for total, need in zip(totals, demand, strict=True))
+    # Each anchor pool has room for every task anchored on it (the floor places them there).
+    anchored: dict[str, list[int]] = {}
+    for row, pool_id in zip(first.tasks, first.anchors, strict=True):
+        spec = orjson.loads(row[6])
+        members = (spec.get("gang") or {}).get("members", 1)
+        acc = anchored.setdefault(pool_id, [0, 0, 0])
+        for d, key in enumerate(("cpuMillis", "memoryMiB", "llmSlots")):
+            acc[d] += members * spec["requests"][key]
+    capacity = {ledger[0]: ledger[1:] for ledger in first.ledgers}
+    for pool_id, need in anchored.items():
+        assert all(n <= c for n, c in zip(need, capacity[pool_id], strict=True)), pool_id
 
 
 def test_dataset_refuses_fewer_pools_than_runtime_classes() -> None:
@@ -92,7 +106,7 @@ def test_tiny_run_leases_every_task_with_a_sound_ledger(
 ) -> None:
     status = e2e.main(
         ["--pools", "20", "--tasks", "200", "--reconcilers", "2", "--server-url", server_url,
-         "--stall-seconds", "30"]
+         "--stall-seconds", "30", "--floor-clients", "2", "--peer-clients", "2"]
     )
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1
@@ -107,6 +121,22 @@ def test_tiny_run_leases_every_task_with_a_sound_ledger(
     assert result["peakRssMiB"] > 0
     assert result["naiveTasks"] == 200 and result["naiveLeased"] == 200
     assert result["naiveInvariantsOk"]
+    assert result["floorLeased"] == 200 and result["floorInvariantsOk"]
+    assert result["floorUnplaced"] == 0 and result["floorCpuMsPerPlacement"] > 0
+    assert result["fractionOfFloor"] == pytest.approx(
+        result["placementsPerSec"] / result["floorPlacementsPerSec"], rel=0.01)
+    # By construction the floor writes per task a subset of Berth's rows (no task events), and
+    # each transaction's one sorted ledger update touches a pool at most once (how many pools
+    # a batch touches depends on its size: the floor's 64 against Berth's claim per pass).
+    berth, floor = result["rowWritesPerPlacement"], result["floorRowWritesPerPlacement"]
+    assert set(berth) == set(floor) == set(e2e.WRITTEN)
+    per_task = ("tasks", "task_events", "reservations", "leases")
+    assert all(floor[t] <= berth[t] for t in per_task), (floor, berth)
+    assert floor["task_events"] == 0 < berth["task_events"]
+    assert floor["leases"] == floor["reservations"] == floor["tasks"] == 1.0
+    assert 0 < floor["ledgers"] <= 1.0
+    if result["peer"] is not None:
+        assert result["peer"].startswith("pgqueuer") and result["peerJobsPerSec"] > 0
 
 
 def test_mixes_add_ten_percent_of_their_kind_and_leave_the_default_alone() -> None:
@@ -135,7 +165,8 @@ def test_mixes_add_ten_percent_of_their_kind_and_leave_the_default_alone() -> No
 
 
 def test_bad_bench_options_are_refused() -> None:
-    for argv, message in ((["--ceiling-clients", "0"], "--ceiling-clients"),
+    for argv, message in ((["--floor-clients", "0"], "--floor-clients"),
+                          (["--floor-batch", "0"], "--floor-batch"),
                           (["--finished", "-1"], "--finished")):
         with pytest.raises(SystemExit, match=message):
             e2e.main(argv)
@@ -144,13 +175,13 @@ def test_bad_bench_options_are_refused() -> None:
 
 
 @pytest.mark.slow
-def test_tiny_run_with_history_a_mix_and_the_ceiling(
+def test_tiny_run_with_history_and_a_mix(
     server_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     status = e2e.main(
         ["--pools", "20", "--tasks", "300", "--reconcilers", "2", "--server-url", server_url,
-         "--stall-seconds", "30", "--skip-naive", "--mix", "antiaffinity",
-         "--finished", "3000", "--ceiling-clients", "2"]
+         "--stall-seconds", "30", "--skip-naive", "--skip-floor", "--skip-peer",
+         "--mix", "antiaffinity", "--finished", "3000"]
     )
     result = orjson.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert status == 0
@@ -160,11 +191,7 @@ def test_tiny_run_with_history_a_mix_and_the_ceiling(
     # History does not count as placements, nor in the lease latencies.
     assert 0 < result["p50LeaseMs"] < 60_000
     assert set(result["passPhasesMs"]) >= {"claim", "snapshot"}
-    assert result["ceilingLeased"] == 300 and result["ceilingInvariantsOk"]
-    assert result["ceilingClients"] == 2 and result["ceilingUnplaced"] == 0
-    assert result["ceilingPlacementsPerSec"] > 0 and result["ceilingCpuMsPerPlacement"] > 0
-    assert result["fractionOfCeiling"] == pytest.approx(
-        result["placementsPerSec"] / result["ceilingPlacementsPerSec"], rel=0.01)
+    assert result["floorPlacementsPerSec"] is None and result["peer"] is None
 
 
 async def test_history_is_loaded_as_the_lifecycle_leaves_it(server_url: str) -> None:
@@ -172,8 +199,9 @@ async def test_history_is_loaded_as_the_lifecycle_leaves_it(server_url: str) -> 
 
     import asyncpg
 
-    from app.bench.dataset import database_create, database_drop, dataset_load
-    from app.bench.history import history_load
+    from bench.database import database_create, database_drop
+    from bench.dataset import dataset_load
+    from bench.history import history_load
 
     ds = dataset_generate(pools=8, tasks=50, seed=2)
     url = await database_create(server_url)
@@ -205,8 +233,8 @@ async def test_history_is_loaded_as_the_lifecycle_leaves_it(server_url: str) -> 
 async def test_a_late_bulk_heartbeat_wakes_reconcilers_as_the_endpoint_does(db) -> None:
     import asyncio
 
-    from app.bench.dataset import runtimes_heartbeat
     from app.ledger.wakeups import CHANNEL
+    from bench.dataset import runtimes_heartbeat
 
     heard: list[str] = []
 

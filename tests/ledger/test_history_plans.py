@@ -3,8 +3,8 @@
 With sequential scans priced out, each statement must still find an index path that covers
 only live rows (queued, claimed, leased, live reservations), and pick it over one that reads
 the tenants' history (5,000 finished tasks here): a plan that scans ``tasks`` or walks
-``ix_tasks_tenant_seq`` (every task a tenant ever had) grows with history (see
-docs/benchmarks.md, "History", for the same plans at 1,000,000 finished tasks).
+``ix_tasks_tenant_seq`` (every task a tenant ever had) grows with history
+(``berth bench e2e --finished 1000000`` shows a pass's phases with a million finished tasks).
 
 A pool's reservations are read through indexes too (revision 0010_pg, decision 9): its live
 leases by ``ix_leases_pool_live``, their reservations by the primary key, its holds by

@@ -9,7 +9,6 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-from app.bench.dataset import dataset_generate
 from app.scheduling.spec import CompiledSpec, StoredSpecs, TaskSpec, compile_spec
 
 VALID = {
@@ -35,11 +34,34 @@ def same(a, b) -> bool:
     return a == b and (a.fingerprint, a.placement_class) == (b.fingerprint, b.placement_class)
 
 
-def test_every_benchmark_spec_compiles_as_the_whole_validation_compiles_it():
+#: One of each kind of spec a workload mixes: plain, constrained, affine, ganged, prioritised.
+KINDS = (
+    {},
+    {"labels": {"app": "a"}},
+    {"constraints": {"regions": ["eu-west-1", "us-east-1"]}},
+    {"constraints": {"dataResidency": "eu"}},
+    {"constraints": {"poolSelector": {"tier": "premium"}}},
+    {"labels": {"app": "a"}, "affinity": {"preferred": [
+        {"selector": {"app": "a"}, "topology": "failureDomain", "weight": 50}]}},
+    {"affinity": {"required": [{"selector": {"app": "b"}, "topology": "pool", "anti": True}]}},
+    {"gang": {"members": 3}},
+    {"priority": 10, "constraints": {"artifactRegion": "eu-west-1"}},
+)
+
+
+def mixed_specs():
+    """Yield (tenant, stored text) over kinds, runtime classes, requests and tenants."""
+    for i, kind in enumerate(KINDS * 30):
+        rc = ("python-3.11", "node-20", "gpu-llm")[i % 3]
+        requests = {"cpuMillis": (250, 500, 1000)[i % 3 * 7 % 3], "memoryMiB": 256 << i % 4}
+        if rc == "gpu-llm":
+            requests["llmSlots"] = 1 + i % 2
+        yield f"tenant-{i % 7}", stored({"runtimeClass": rc, "requests": requests, **kind})
+
+
+def test_every_kind_of_spec_compiles_as_the_whole_validation_compiles_it():
     specs = StoredSpecs()
-    tasks = dataset_generate(pools=200, tasks=4000, seed=2).tasks
-    for _, _, tenant, *_rest in tasks:
-        text = _rest[3]
+    for tenant, text in mixed_specs():
         assert same(specs.compile(tenant, text), whole(text, tenant)), text
     # The texts share far fewer classes than there are texts.
     assert len(specs._classes) < len(specs) / 2

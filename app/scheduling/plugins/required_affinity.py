@@ -1,7 +1,7 @@
 """Filter: required affinity and anti-affinity terms against actual and assumed placements.
 
 A positive term is satisfied on a pool when a matching task of the same tenant is placed in
-the pool's topology domain. Bootstrap (SPEC §4): when no matching placement exists anywhere
+the pool's topology domain. Bootstrap: when no matching placement exists anywhere
 and the task's own labels match the selector, the task itself seeds the cohort and the term
 is satisfied everywhere. Two tasks that each require only the other's labels never seed each
 other. An anti term is violated on a pool whose domain holds a matching placement.

@@ -18,25 +18,18 @@ query cannot rank). A task that fits nowhere is parked with a pending reason and
 from __future__ import annotations
 
 import asyncio
-import json
 import math
-import os
-import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import orjson
 
 from app.config import SHARD_SLOTS
+from bench.workers import worker_serve, workers_run
 
-__all__ = ["NaiveResult", "naive_run", "postgres_cpu_seconds", "worker_serve", "workers_run"]
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+__all__ = ["NaiveResult", "naive_run"]
 
 _TASK = """
     SELECT id, tenant_id, spec::text AS spec FROM tasks
@@ -177,100 +170,9 @@ async def _worker(
         await conn.close()
 
 
-async def worker_serve(work: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
-    """The worker side of :func:`workers_run`: say ready, wait for go, run ``work``, print its
-    result (with wall-clock bounds and the CPU it used), and wait for goodbye.
-
-    The caller keeps its database connection open until this returns, so the parent can
-    sample the CPU of its server process before it goes away.
-    """
-    print("ready", flush=True)
-    await asyncio.to_thread(sys.stdin.readline)
-    began, cpu = time.time(), time.process_time()
-    result = await work()
-    result.update(began=began, ended=time.time(), cpu=time.process_time() - cpu)
-    print(json.dumps(result), flush=True)
-    await asyncio.to_thread(sys.stdin.readline)
-    return result
-
-
-#: Server processes that work for every database (the WAL and the checkpoints we cause).
-_SHARED = ("checkpointer", "background writer", "walwriter")
-
-
-def postgres_cpu_seconds(database: str, since: dict[int, float] | None = None) -> Any:
-    """Return CPU seconds per PostgreSQL process serving ``database`` (plus the shared WAL
-    writer, checkpointer and background writer) now; with ``since``, the total used since.
-
-    Backends of other databases (other work on a shared server) are left out.
-    """
-    import psutil
-
-    now: dict[int, float] = {}
-    for proc in psutil.process_iter(["name", "cmdline"]):
-        if proc.info["name"] not in ("postgres", "postmaster"):
-            continue
-        title = " ".join(proc.info["cmdline"] or ())
-        if f" {database} " not in title and not any(title.endswith(s) for s in _SHARED):
-            continue
-        try:
-            t = proc.cpu_times()
-            now[proc.pid] = t.user + t.system
-        except psutil.Error:
-            pass
-    if since is None:
-        return now
-    return sum(v - since.get(pid, 0.0) for pid, v in now.items())
-
-
-def workers_run(url: str, argvs: list[list[str]]) -> tuple[list[dict[str, Any]], float]:
-    """Run one ``python ARGV`` worker process per item of ``argvs`` (each serving
-    :func:`worker_serve`) from a common start; return their results and the CPU seconds
-    PostgreSQL used meanwhile (:func:`postgres_cpu_seconds` of ``url``'s database)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    procs = [
-        subprocess.Popen([sys.executable, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         text=True, env=env, cwd=REPO_ROOT)
-        for argv in argvs
-    ]
-
-    def tell(line: str) -> None:
-        for p in procs:
-            assert p.stdin is not None
-            p.stdin.write(line + "\n")
-            p.stdin.flush()
-
-    def hear(p: subprocess.Popen) -> str:
-        line = p.stdout.readline() if p.stdout else ""
-        if not line:
-            raise RuntimeError(f"bench worker failed with exit status {p.wait()}")
-        return line
-
-    try:
-        # The clock starts once every worker has connected.
-        for p in procs:
-            if hear(p).strip() != "ready":
-                raise RuntimeError("bench worker did not start")
-        database = url.rsplit("/", 1)[-1].split("?")[0]
-        pg_before = postgres_cpu_seconds(database)
-        tell("go")
-        results = [json.loads(hear(p)) for p in procs]
-        pg_cpu = postgres_cpu_seconds(database, pg_before)
-        tell("bye")
-        for p in procs:
-            if p.wait(timeout=60) != 0:
-                raise RuntimeError(f"bench worker failed with exit status {p.returncode}")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return results, pg_cpu
-
-
 def naive_run(
     url: str,
+    database: str,
     *,
     workers: int,
     limit: int | None,
@@ -285,12 +187,12 @@ def naive_run(
     """
     quota = 2**62 if limit is None else math.ceil(limit / workers)
     argvs = [
-        ["-m", "app.bench.naive", url,
+        ["-m", "bench.naive", url,
          ",".join(str(s) for s in range(slot_count) if s % workers == i), str(quota),
          str(freshness_seconds), str(lease_ttl_seconds)]
         for i in range(workers)
     ]
-    results, pg_cpu = workers_run(url, argvs)
+    results, pg_cpu = workers_run(database, argvs)
     return NaiveResult(
         placed=sum(r["placed"] for r in results),
         parked=sum(r["parked"] for r in results),

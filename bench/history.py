@@ -26,8 +26,8 @@ from datetime import datetime, timedelta
 
 import asyncpg
 
-from app.bench.dataset import Dataset
 from app.shards import shard_of
+from bench.dataset import Dataset
 
 __all__ = ["history_load"]
 

@@ -1,16 +1,16 @@
 """``berth bench api``: HTTP throughput of task submission and reads over loopback.
 
 Starts one uvicorn worker (uvloop, httptools) serving Berth on a fresh database — a new
-database on ``BERTH_DATABASE_URL``'s server, dropped afterwards, or the embedded PostgreSQL
-in a temporary directory — with NO reconciler, so only the API and its SQL are measured; or
-targets a running server with ``--url`` and a tenant ``--key``. A tenant key is created,
-then N concurrent keep-alive clients drive ``POST /v1/tasks`` for a bounded time (or
-count), then ``GET /v1/tasks/{id}`` over the created tasks, then a few clients drive
-``POST /v1/task-batches`` with ``--batch-size`` specs each (tasks accepted per second and
-server CPU per task; ``--batch-size 0`` skips it). The clients run in a separate
-process with a minimal HTTP/1.1 client so that they cost the server as little CPU as
-possible; on a small machine client, server and PostgreSQL still share the cores, which
-the output reports.
+database on the server of ``--server-url`` (default ``BERTH_DATABASE_URL``, else an embedded
+PostgreSQL in a temporary directory), dropped afterwards — with NO reconciler, so only the
+API and its SQL are measured; or targets a running server with ``--url`` and a tenant
+``--key``. A tenant key is created (``berth keys create``), then N concurrent keep-alive
+clients drive ``POST /v1/tasks`` for a bounded time (or count), then ``GET /v1/tasks/{id}``
+over the created tasks, then a few clients drive ``POST /v1/task-batches`` with ``--batch-
+size`` specs each (tasks accepted per second and server CPU per task; ``--batch-size 0``
+skips it). The clients run in a separate process with a minimal HTTP/1.1 client so that they
+cost the server as little CPU as possible; on a small machine client, server and PostgreSQL
+still share the cores, which the output reports.
 
 Prints ONE JSON line::
 
@@ -29,18 +29,26 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
 import psutil
+
+from bench.database import (
+    SERVER_HELP,
+    database_create,
+    database_drop,
+    database_name,
+    env_server_url,
+    postgres_server,
+)
+from bench.workers import REPO_ROOT, postgres_cpu_seconds, python_env
 
 SPEC = {
     "runtimeClass": "python-3.11",
@@ -208,44 +216,28 @@ def _free_port() -> int:
 
 
 @contextmanager
-def _fresh_database(server_url: str | None):  # type: ignore[no-untyped-def]
-    """Yield (url, description) of a fresh migrated database; drop or stop it afterwards."""
-    from app.bench.dataset import database_create, database_drop
-    from app.db import describe_url
-    from app.schema import schema_upgrade
-
-    if server_url:
-        url = asyncio.run(database_create(server_url))
+def _fresh_database(server_url: str | None) -> Iterator[tuple[str, str]]:
+    """Yield (url, description) of a fresh migrated database on ``server_url`` (or on an
+    embedded PostgreSQL started for the run), dropped afterwards."""
+    with postgres_server(server_url) as (server, described):
+        url = asyncio.run(database_create(server))
         try:
-            yield url, f"fresh database on {describe_url(server_url)}"
+            yield url, f"fresh database on {described}"
         finally:
-            asyncio.run(database_drop(server_url, url))
-        return
-
-    from app.embedded import EmbeddedPostgres
-
-    with tempfile.TemporaryDirectory(prefix="berth-bench-") as tmp:
-        server = EmbeddedPostgres(Path(tmp))
-        url = server.start()
-        try:
-            asyncio.run(schema_upgrade(url))
-            yield url, "embedded PostgreSQL (fresh, temporary)"
-        finally:
-            server.stop()
+            asyncio.run(database_drop(server, url))
 
 
-async def _tenant_key(url: str, tenant: str) -> str:
-    from app.db import Database
-    from app.ledger.keys import api_key_create
-
-    db = Database(url, max_size=1)
-    try:
-        async with db.transaction() as conn:
-            return await api_key_create(
-                conn, role="tenant", subject=f"bench-{tenant}", tenant_ids=[tenant]
-            )
-    finally:
-        await db.close()
+def _tenant_key(url: str, tenant: str) -> str:
+    """Create a tenant key with ``berth keys create`` and return it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "keys", "create", "--role", "tenant",
+         "--subject", f"bench-{tenant}", "--tenant", tenant],
+        cwd=REPO_ROOT, env={**python_env(), "BERTH_DATABASE_URL": url},
+        capture_output=True, text=True,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"berth keys create failed: {done.stderr.strip()[-2000:]}")
+    return done.stdout.strip().splitlines()[-1]
 
 
 @contextmanager
@@ -264,7 +256,7 @@ def _uvicorn(database_url: str, port: int, pool_size: int):  # type: ignore[no-u
         "--loop", "uvloop", "--http", "httptools", "--log-level", "warning",
         "--no-access-log", "--no-server-header",
     ]
-    proc = subprocess.Popen(cmd, env=env)
+    proc = subprocess.Popen(cmd, env={**python_env(), **env}, cwd=REPO_ROOT)
     base = f"http://127.0.0.1:{port}"
     try:
         import httpx
@@ -291,12 +283,17 @@ def _uvicorn(database_url: str, port: int, pool_size: int):  # type: ignore[no-u
 # --- the command ----------------------------------------------------------------------------------
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """Build the argument parser of ``berth bench api``."""
     p = argparse.ArgumentParser(
         prog="berth bench api",
-        description="Measure the HTTP throughput of task submission and reads over loopback.",
+        description="Measure the HTTP throughput of task submission and reads over loopback: "
+        "one uvicorn worker serving Berth (no reconciler) on a fresh database, or a running "
+        "server with --url. Without --server-url or BERTH_DATABASE_URL, the fresh database is "
+        "on an embedded PostgreSQL started in a temporary directory for the run.",
     )
     p.add_argument("--url", help="target a running server instead of starting one")
+    p.add_argument("--server-url", default=env_server_url(), help=SERVER_HELP)
     p.add_argument("--key", help="tenant API key for --url")
     p.add_argument("--clients", type=int, default=32, help="concurrent connections (32)")
     p.add_argument("--count", type=int, default=20000, help="max submissions (20000)")
@@ -331,8 +328,6 @@ def _measure(
     ``BERTH_MAX_QUEUED_TASKS_PER_TENANT`` each), else with ``key``. With the ``database``
     name (a server on this machine), the batch phase also reports PostgreSQL's CPU per task.
     """
-    from app.bench.naive import postgres_cpu_seconds
-
     batch_key = batch_key or key
     with ProcessPoolExecutor(max_workers=1) as pool:
         if args.warmup:
@@ -385,7 +380,7 @@ def _measure(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the API benchmark and print one JSON line; return the exit status."""
-    args = _parser().parse_args(list(argv or []))
+    args = build_parser().parse_args(list(argv or []))
     if args.clients < 1 or args.count < 1 or args.seconds <= 0:
         print("berth bench api: --clients, --count and --seconds must be positive",
               file=sys.stderr)
@@ -410,15 +405,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = _measure(args.url, args.key, args)
     else:
         with ExitStack() as stack:
-            url, described = stack.enter_context(
-                _fresh_database(os.environ.get("BERTH_DATABASE_URL"))
-            )
-            key = asyncio.run(_tenant_key(url, "bench-tenant"))
-            batch_key = asyncio.run(_tenant_key(url, "bench-batch-tenant"))
+            url, described = stack.enter_context(_fresh_database(args.server_url))
+            key = _tenant_key(url, "bench-tenant")
+            batch_key = _tenant_key(url, "bench-batch-tenant")
             base, pid = stack.enter_context(_uvicorn(url, _free_port(), args.pool_size))
             info["server"] = "uvicorn, 1 worker, uvloop + httptools, same machine"
             info["database"] = described
-            result = _measure(base, key, args, pid, batch_key, urlsplit(url).path.lstrip("/"))
+            result = _measure(base, key, args, pid, batch_key, database_name(url))
     print(json.dumps({**result, **info}), flush=True)
     return 0
 

@@ -14,8 +14,8 @@ seed. Its shape:
   it, and each pool gets at least twice the demand of the tasks anchored on it, so a
   feasible placement of every task exists and the run ends with every task leased.
 
-Bulk loading uses asyncpg's binary COPY directly (the bench is tooling, not the service, so
-it keeps its SQL here rather than in :mod:`app.ledger`). Tasks are first copied into an
+Bulk loading uses asyncpg's binary COPY into the migrated schema, as a restore would (the
+API would make loading, not placing, the bulk of a run). Tasks are first copied into an
 unlogged staging table and *admitted* later in one ``INSERT … SELECT`` with
 ``admitted_at = now()``, once the schedulers are up, so admission→lease latency measures
 scheduling, not process start-up.
@@ -26,34 +26,24 @@ from __future__ import annotations
 import math
 import random
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import orjson
 
-from app.db import plain_url as _dsn
 from app.ledger.wakeups import CHANNEL, WakeSource
 from app.scheduling.spec import TaskSpec
-from app.schema import schema_upgrade
 from app.shards import shard_of
 
 __all__ = [
     "MIXES",
     "Dataset",
-    "database_create",
-    "database_drop",
-    "scratch_database",
     "dataset_admit",
     "dataset_generate",
     "dataset_load",
-    "database_name",
     "ledger_check",
-    "plain_url",
     "runtimes_heartbeat",
 ]
 
@@ -73,7 +63,8 @@ _TASK_COLUMNS = ("ord", "id", "tenant_id", "shard", "priority", "runtime_class",
 
 @dataclass(slots=True)
 class Dataset:
-    """Rows ready to COPY: pools, ledgers, runtime instances and tasks (in admission order)."""
+    """Rows ready to COPY: pools, ledgers, runtime instances and tasks (in admission order),
+    and each task's anchor pool (one that has room for it: the SQL floor places it there)."""
 
     pools: list[tuple[Any, ...]] = field(default_factory=list)
     ledgers: list[tuple[int, ...] | tuple[Any, ...]] = field(default_factory=list)
@@ -81,6 +72,7 @@ class Dataset:
     tasks: list[tuple[Any, ...]] = field(default_factory=list)
     tenants: int = 0
     kinds: dict[str, int] = field(default_factory=dict)
+    anchors: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -239,6 +231,7 @@ def dataset_generate(*, pools: int, tasks: int, seed: int = 1, mix: str = "defau
         for d, key in enumerate(("cpuMillis", "memoryMiB", "llmSlots")):
             anchor.demand[d] += members * req[key]
         ds.kinds[kind] = ds.kinds.get(kind, 0) + 1
+        ds.anchors.append(anchor.id)
         ds.tasks.append((
             ord_, _task_id(ord_, rng.getrandbits(128) >> 54), tenant_id, shard_of(tenant_id),
             spec["priority"], rc, orjson.dumps(spec, option=orjson.OPT_SORT_KEYS).decode(),
@@ -262,71 +255,6 @@ def dataset_generate(*, pools: int, tasks: int, seed: int = 1, mix: str = "defau
         ds.ledgers.append((p.id, *cap))
         ds.runtimes.append(instance)
     return ds
-
-
-def plain_url(url: str) -> str:
-    """Return ``url`` as a plain ``postgresql://`` DSN that asyncpg accepts."""
-    return _dsn(url)
-
-
-def _with_database(url: str, name: str) -> str:
-    """Return the DSN of database ``name`` on the server of ``url``."""
-    return urlunsplit(urlsplit(plain_url(url))._replace(path="/" + name))
-
-
-def database_name(url: str) -> str:
-    """Return the name of the database ``url`` points at."""
-    return urlsplit(plain_url(url)).path.lstrip("/")
-
-
-def _maintenance(server_url: str) -> str:
-    return _with_database(server_url, "postgres")
-
-
-async def database_create(
-    server_url: str, *, prefix: str = "berth_bench", settings: dict[str, str] | None = None
-) -> str:
-    """Create a fresh database beside ``server_url``, migrate it to head and return its URL.
-
-    ``settings`` are applied with ``ALTER DATABASE … SET`` (e.g. ``log_min_duration_statement``
-    to profile the server side of a run).
-    """
-    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-    conn = await asyncpg.connect(_maintenance(server_url))
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-        for key, value in (settings or {}).items():
-            if not key.replace("_", "").replace(".", "").isalnum():
-                raise ValueError(f"not a setting name: {key!r}")
-            quoted = value.replace("'", "''")
-            await conn.execute(f"ALTER DATABASE \"{name}\" SET {key} = '{quoted}'")
-    finally:
-        await conn.close()
-    url = _with_database(server_url, name)
-    await schema_upgrade(url)
-    return url
-
-
-async def database_drop(server_url: str, url: str) -> None:
-    """Drop the benchmark database ``url`` (closing its connections)."""
-    name = database_name(url)
-    conn = await asyncpg.connect(_maintenance(server_url))
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await conn.close()
-
-
-@asynccontextmanager
-async def scratch_database(
-    server_url: str, *, prefix: str = "berth_bench", settings: dict[str, str] | None = None
-) -> AsyncIterator[str]:
-    """Yield the URL of a fresh database at head (:func:`database_create`), dropped after."""
-    url = await database_create(server_url, prefix=prefix, settings=settings)
-    try:
-        yield url
-    finally:
-        await database_drop(server_url, url)
 
 
 async def dataset_load(url: str, ds: Dataset, *, now: datetime) -> None:

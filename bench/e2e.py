@@ -1,32 +1,34 @@
 """``berth bench e2e``: reconcilers against a fresh database until every task is leased.
 
-One run:
+One run, on one PostgreSQL server (``--server-url``, else ``BERTH_DATABASE_URL``, else an
+embedded PostgreSQL started for the run):
 
-1. generate P pools and T tasks (:mod:`app.bench.dataset`), create a fresh database
-   ``berth_bench_<rand>``, migrate it, COPY the pools, ledgers and runtime heartbeats, and
-   stage the tasks;
-2. start R reconciler processes (``python -m app.cli reconcile --shard i/R``, durable commits)
-   and wait until each listens for wakeups;
+1. generate P pools and T tasks (:mod:`bench.dataset`), create a fresh database, migrate
+   it (``berth migrate``), COPY the pools, ledgers and runtime heartbeats, and stage the
+   tasks;
+2. start R reconciler processes (``berth reconcile --shard i/R``, durable commits) and wait
+   until each listens for wakeups;
 3. admit every task in one transaction (``admitted_at = now()``, one ``submitted`` wakeup),
    keep the runtimes heartbeating, sample each reconciler's RSS, and poll until every task
-   is ``LEASED``; then SIGTERM the reconcilers and check the ledger invariants;
+   is ``LEASED``; then stop the reconcilers and check the ledger invariants;
 4. unless ``--skip-naive``, load the identical dataset into a second fresh database and time
-   the naive baseline (:mod:`app.bench.naive`) with R workers on ``min(T, --naive-tasks)``
-   tasks;
-5. unless ``--skip-ceiling``, load the identical dataset into a third fresh database and time
-   the raw-SQL ceiling (:mod:`app.bench.ceiling`) with ``--ceiling-clients`` clients on all
-   T tasks: ``fractionOfCeiling`` = placementsPerSec / ceilingPlacementsPerSec;
-6. print ONE JSON line. ``placementsPerSec`` = T / (wall time from the start of the
+   the naive baseline (:mod:`bench.naive`) with R workers on ``min(T, --naive-tasks)`` tasks;
+5. unless ``--skip-floor``, load it into a third and time the SQL floor (:mod:`bench.floor`)
+   on all T tasks: ``fractionOfFloor`` = placementsPerSec / floorPlacementsPerSec;
+6. unless ``--skip-peer`` (or pgqueuer is not installed), move T jobs through pgqueuer in a
+   fourth (:mod:`bench.peer`);
+7. print ONE JSON line. ``placementsPerSec`` = T / (wall time from the start of the
    admission transaction to the poll that saw the last task leased); lease latencies come
-   from ``leased_at - admitted_at`` in the database.
+   from ``leased_at - admitted_at`` in the database; ``cpuMsPerPlacement`` is the CPU of the
+   reconcilers and of PostgreSQL's processes serving the run's database, per placement.
 
 ``--sweep pools=1000,5000 reconcilers=1,2,4 --chart docs/img/bench-e2e.png`` runs every
-combination (naive and ceiling skipped), prints one JSON line each, and draws the chart.
+combination (baselines skipped), prints one JSON line each, and draws the chart.
 
-``--mix antiaffinity|gangs`` swaps 10% of the tasks for required anti-affinity or gangs
-(:func:`app.bench.dataset.dataset_generate`); ``--finished N`` preloads N finished tasks with
-their events and ended leases into the reconcilers' database first (:mod:`app.bench.history`),
-to show what history costs a pass (``passPhasesMs``).
+``--mix antiaffinity|gangs`` swaps 10% of the tasks for required anti-affinity or gangs;
+``--finished N`` preloads N finished tasks with their events and ended leases into the
+reconcilers' database first (:mod:`bench.history`), to show what history costs a pass
+(``passPhasesMs``).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -49,26 +51,32 @@ import asyncpg
 import orjson
 import psutil
 
-from app.bench.ceiling import ceiling_run
-from app.bench.dataset import (
+from app.config import Settings
+from bench.database import (
+    SERVER_HELP,
+    database_name,
+    env_server_url,
+    plain_url,
+    postgres_server,
+    scratch_database,
+)
+from bench.dataset import (
     MIXES,
     Dataset,
-    database_name,
     dataset_admit,
     dataset_generate,
     dataset_load,
     ledger_check,
     runtimes_heartbeat,
-    scratch_database,
 )
-from app.bench.history import history_load
-from app.bench.naive import naive_run, postgres_cpu_seconds
-from app.config import Settings
+from bench.floor import FLOOR_BATCH, floor_prepare, floor_run
+from bench.history import history_load
+from bench.naive import naive_run
+from bench.peer import PEER_BATCH, peer_available, peer_prepare, peer_run
+from bench.workers import REPO_ROOT, postgres_cpu_seconds, python_env
 
 __all__ = ["E2EConfig", "e2e_run", "main"]
 
-DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 #: Leases outlive the run: nothing heartbeats leases here, and an expiry mid-run would
 #: requeue tasks and measure recovery instead of placement.
 LEASE_TTL_SECONDS = 3600.0
@@ -85,7 +93,7 @@ class E2EConfig:
     tasks: int = 20000
     reconcilers: int = 2
     batch: int | None = None
-    server_url: str = DEFAULT_SERVER
+    server_url: str = ""
     seed: int = 1
     skip_naive: bool = False
     naive_tasks: int = 5000
@@ -94,8 +102,11 @@ class E2EConfig:
     py_spy: str | None = None
     keep_logs: str | None = None
     pg_settings: tuple[tuple[str, str], ...] = ()
-    skip_ceiling: bool = False
-    ceiling_clients: int = 4
+    skip_floor: bool = False
+    floor_clients: int = 4
+    floor_batch: int = FLOOR_BATCH
+    skip_peer: bool = False
+    peer_clients: int = 4
     mix: str = "default"
     finished: int = 0
 
@@ -105,14 +116,13 @@ class BenchFailed(RuntimeError):
 
 
 def _env(url: str, cfg: E2EConfig) -> dict[str, str]:
-    env = dict(os.environ)
+    env = python_env()
     env["BERTH_DATABASE_URL"] = url
     env["BERTH_LEASE_TTL_SECONDS"] = str(LEASE_TTL_SECONDS)
     # The pass log lines are how the bench follows progress without loading the database.
     env["BERTH_LOG_LEVEL"] = "info"
     if cfg.batch is not None:
         env["BERTH_BATCH_SIZE"] = str(cfg.batch)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     return env
 
 
@@ -370,9 +380,11 @@ async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
     try:
         latency = await _latency(conn)
         invariants = await ledger_check(conn)
+        writes = await _row_writes(conn, ds) if not cfg.finished else None
     finally:
         await conn.close()
     return {
+        "writes": writes,
         "wall": wall,
         "admit": admit_seconds,
         "history": history_seconds,
@@ -385,15 +397,40 @@ async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
     }
 
 
+#: Berth's tables a placement writes to; the floor writes to a subset of them.
+WRITTEN = ("tasks", "task_events", "ledgers", "reservations", "leases")
+
+
+async def _row_writes(conn: asyncpg.Connection, ds: Dataset) -> dict[str, float]:
+    """Return the rows inserted, updated or deleted per placement in each of :data:`WRITTEN`
+    (``pg_stat_user_tables``), less what loading and admitting the dataset wrote.
+
+    Call it once every other connection to the database has closed: a backend reports its
+    counts as it exits, before it leaves ``pg_stat_activity``.
+    """
+    for _ in range(200):
+        others = await conn.fetchval(
+            """SELECT count(*) FROM pg_stat_activity
+               WHERE datname = current_database() AND pid <> pg_backend_pid()""")
+        if not others:
+            break
+        await asyncio.sleep(0.05)
+    rows = await conn.fetch(
+        """SELECT relname, n_tup_ins + n_tup_upd + n_tup_del AS n FROM pg_stat_user_tables
+           WHERE relname = ANY($1::text[])""", list(WRITTEN))
+    loaded = {"tasks": len(ds.tasks), "task_events": len(ds.tasks), "ledgers": len(ds.pools)}
+    counts = {r["relname"]: r["n"] - loaded.get(r["relname"], 0) for r in rows}
+    return {t: round(counts.get(t, 0) / len(ds.tasks), 2) for t in WRITTEN}
+
+
 async def _place_naive(url: str, ds: Dataset, cfg: E2EConfig) -> dict[str, Any]:
     await dataset_load(url, ds, now=datetime.now(UTC))
     await dataset_admit(url)
     limit = None if len(ds.tasks) <= cfg.naive_tasks else cfg.naive_tasks
     conn = await asyncpg.connect(url)
     try:
-        work = asyncio.ensure_future(
-            asyncio.to_thread(naive_run, url, workers=cfg.reconcilers, limit=limit)
-        )
+        work = asyncio.ensure_future(asyncio.to_thread(
+            naive_run, url, database_name(url), workers=cfg.reconcilers, limit=limit))
         # Runtimes keep heartbeating, as during the reconcilers' run.
         while not work.done():
             await runtimes_heartbeat(conn)
@@ -406,23 +443,24 @@ async def _place_naive(url: str, ds: Dataset, cfg: E2EConfig) -> dict[str, Any]:
     return {"result": result, "invariants": invariants, "leased": leased, "limited": limit}
 
 
-async def _place_ceiling(url: str, ds: Dataset, cfg: E2EConfig) -> dict[str, Any]:
+async def _place_floor(url: str, ds: Dataset, cfg: E2EConfig) -> dict[str, Any]:
     await dataset_load(url, ds, now=datetime.now(UTC))
+    await floor_prepare(url, ds)
     await dataset_admit(url)
-    result = await asyncio.to_thread(ceiling_run, url, clients=cfg.ceiling_clients,
-                                     lease_ttl_seconds=LEASE_TTL_SECONDS)
+    result = await asyncio.to_thread(
+        floor_run, url, database_name(url), clients=cfg.floor_clients, batch=cfg.floor_batch,
+        lease_ttl_seconds=LEASE_TTL_SECONDS)
     conn = await asyncpg.connect(url)
     try:
         invariants = await ledger_check(conn)
         leased = await conn.fetchval("SELECT count(*) FROM tasks WHERE state = 'LEASED'")
+        writes = await _row_writes(conn, ds)
     finally:
         await conn.close()
-    return {"result": result, "invariants": invariants, "leased": leased}
+    return {"result": result, "invariants": invariants, "leased": leased, "writes": writes}
 
 
 async def _server_facts(server_url: str) -> dict[str, Any]:
-    from app.bench.dataset import plain_url
-
     conn = await asyncpg.connect(plain_url(server_url))
     try:
         return {
@@ -439,8 +477,13 @@ def _logdir(path: str) -> Path:
     return out
 
 
+def _per_placement(cpu_seconds: float, placed: int) -> float | None:
+    return round(1000 * cpu_seconds / placed, 3) if placed and cpu_seconds > 0 else None
+
+
 async def e2e_run(cfg: E2EConfig) -> dict[str, Any]:
-    """Run the benchmark described by ``cfg`` and return its one-line JSON result."""
+    """Run the benchmark described by ``cfg`` on ``cfg.server_url`` and return its one-line
+    JSON result."""
     ds = dataset_generate(pools=cfg.pools, tasks=cfg.tasks, seed=cfg.seed, mix=cfg.mix)
     facts = await _server_facts(cfg.server_url)
     with tempfile.TemporaryDirectory(prefix="berth-bench-") as tmp:
@@ -451,10 +494,17 @@ async def e2e_run(cfg: E2EConfig) -> dict[str, Any]:
     if not cfg.skip_naive:
         async with scratch_database(cfg.server_url) as url:
             naive = await _place_naive(url, ds, cfg)
-    ceiling: dict[str, Any] | None = None
-    if not cfg.skip_ceiling:
+    floor: dict[str, Any] | None = None
+    if not cfg.skip_floor:
         async with scratch_database(cfg.server_url) as url:
-            ceiling = await _place_ceiling(url, ds, cfg)
+            floor = await _place_floor(url, ds, cfg)
+    peer = None
+    if not cfg.skip_peer and peer_available():
+        async with scratch_database(cfg.server_url, prefix="berth_bench_peer",
+                                    migrate=False) as url:
+            await peer_prepare(url, ds)
+            peer = await asyncio.to_thread(peer_run, url, database_name(url),
+                                           clients=cfg.peer_clients, batch=PEER_BATCH)
     rate = cfg.tasks / run["wall"] if run["wall"] > 0 else 0.0
     lat = run["latency"]
     cpu_work = run["cpu"]["reconcilers"] + run["cpu"]["postgres"]
@@ -478,14 +528,15 @@ async def e2e_run(cfg: E2EConfig) -> dict[str, Any]:
         "passPhasesMs": run["logs"]["phases"],
         "peakRssMiB": round(run["rss"] / 2**20, 1),
         "cpuSeconds": run["cpu"],
-        # CPU that placing cost (reconcilers + PostgreSQL) per placement, and the rate this
-        # machine's cores would sustain if that were the only limit: robust to other load.
         # WAL is server-wide: other databases' writes during the run count too.
         "walMiB": round(run["wal"] / 2**20, 1),
         "walKiBPerPlacement": round(run["wal"] / 1024 / cfg.tasks, 2),
-        "cpuMsPerPlacement": round(1000 * cpu_work / cfg.tasks, 3),
+        # CPU that placing cost (reconcilers + PostgreSQL) per placement, and the rate this
+        # machine's cores would sustain if that were the only limit: robust to other load.
+        "cpuMsPerPlacement": _per_placement(cpu_work, cfg.tasks),
         "cpuBoundPlacementsPerSec": round((os.cpu_count() or 1) * cfg.tasks / cpu_work, 1)
         if cpu_work > 0 else None,
+        "rowWritesPerPlacement": run["writes"],
         "invariantsOk": not any(run["invariants"].values()),
         "invariants": run["invariants"],
         "naivePlacementsPerSec": None,
@@ -493,24 +544,27 @@ async def e2e_run(cfg: E2EConfig) -> dict[str, Any]:
         "naiveParked": None,
         "naiveLeased": None,
         "naiveInvariantsOk": None,
-        "ratioVsNaive": None,
         "naiveCpuMsPerPlacement": None,
-        "naiveCpuBoundPlacementsPerSec": None,
-        "ratioVsNaiveCpuBound": None,
-        "ceilingPlacementsPerSec": None,
-        "ceilingCpuMsPerPlacement": None,
-        "ceilingClients": None,
-        "ceilingLeased": None,
-        "ceilingUnplaced": None,
-        "ceilingConflicts": None,
-        "ceilingInvariantsOk": None,
-        "fractionOfCeiling": None,
+        "ratioVsNaive": None,
+        "floorPlacementsPerSec": None,
+        "floorCpuMsPerPlacement": None,
+        "floorClients": None,
+        "floorBatch": None,
+        "floorLeased": None,
+        "floorUnplaced": None,
+        "floorInvariantsOk": None,
+        "floorRowWritesPerPlacement": None,
+        "fractionOfFloor": None,
+        "peer": None,
+        "peerJobsPerSec": None,
+        "peerCpuMsPerJob": None,
         "mix": cfg.mix,
         "specMix": ds.kinds,
         "finished": cfg.finished,
         "finishedLoadSeconds": round(run["history"], 1),
         "seed": cfg.seed,
         "cpus": os.cpu_count(),
+        "loadAverage1m": round(os.getloadavg()[0], 2),
         **facts,
     }
     if naive is not None:
@@ -520,24 +574,23 @@ async def e2e_run(cfg: E2EConfig) -> dict[str, Any]:
         out["naiveParked"] = n.parked
         out["naiveLeased"] = naive["leased"]
         out["naiveInvariantsOk"] = not any(naive["invariants"].values())
+        out["naiveCpuMsPerPlacement"] = _per_placement(n.cpu_seconds, n.placed)
         out["ratioVsNaive"] = round(rate / n.rate, 2) if n.rate > 0 else None
-        if n.cpu_seconds > 0 and n.placed and out["cpuBoundPlacementsPerSec"]:
-            naive_bound = (os.cpu_count() or 1) * n.placed / n.cpu_seconds
-            out["naiveCpuMsPerPlacement"] = round(1000 * n.cpu_seconds / n.placed, 3)
-            out["naiveCpuBoundPlacementsPerSec"] = round(naive_bound, 1)
-            out["ratioVsNaiveCpuBound"] = round(out["cpuBoundPlacementsPerSec"] / naive_bound, 2)
-    if ceiling is not None:
-        c = ceiling["result"]
-        out["ceilingPlacementsPerSec"] = round(c.rate, 1)
-        out["ceilingCpuMsPerPlacement"] = (
-            round(1000 * c.cpu_seconds / c.placed, 3) if c.placed else None
-        )
-        out["ceilingClients"] = c.clients
-        out["ceilingLeased"] = ceiling["leased"]
-        out["ceilingUnplaced"] = c.unplaced
-        out["ceilingConflicts"] = c.conflicts
-        out["ceilingInvariantsOk"] = not any(ceiling["invariants"].values())
-        out["fractionOfCeiling"] = round(rate / c.rate, 3) if c.rate > 0 else None
+    if floor is not None:
+        f = floor["result"]
+        out["floorPlacementsPerSec"] = round(f.rate, 1)
+        out["floorCpuMsPerPlacement"] = _per_placement(f.cpu_seconds, f.placed)
+        out["floorClients"] = f.clients
+        out["floorBatch"] = f.batch
+        out["floorLeased"] = floor["leased"]
+        out["floorUnplaced"] = f.unplaced
+        out["floorInvariantsOk"] = not any(floor["invariants"].values())
+        out["floorRowWritesPerPlacement"] = floor["writes"]
+        out["fractionOfFloor"] = round(rate / f.rate, 3) if f.rate > 0 else None
+    if peer is not None:
+        out["peer"] = f"pgqueuer {peer.version}, {peer.clients} consumers, batch {peer.batch}"
+        out["peerJobsPerSec"] = round(peer.rate, 1)
+        out["peerCpuMsPerJob"] = _per_placement(peer.cpu_seconds, peer.jobs)
     return out
 
 
@@ -570,22 +623,30 @@ def build_parser() -> argparse.ArgumentParser:
     """Build the argument parser of ``berth bench e2e``."""
     p = argparse.ArgumentParser(
         prog="berth bench e2e",
-        description="Run reconcilers against a fresh database until every task is leased.",
+        description="Run reconcilers against a fresh database until every task is leased, "
+        "then, on the same server and dataset, the naive baseline, the SQL floor and the peer "
+        "queue; print one JSON line. Without --server-url or BERTH_DATABASE_URL, an embedded "
+        "PostgreSQL is started in a temporary directory for the run.",
     )
     p.add_argument("--pools", type=int, default=1000, help="pools (default 1000)")
     p.add_argument("--tasks", type=int, default=20000, help="admitted tasks (default 20000)")
     p.add_argument("--reconcilers", type=int, default=2, help="reconciler processes (default 2)")
-    p.add_argument("--batch", type=int, help="BERTH_BATCH_SIZE of the reconcilers")
-    p.add_argument("--server-url", default=os.environ.get("BERTH_DATABASE_URL") or DEFAULT_SERVER,
-                   help="PostgreSQL server to create the benchmark databases on")
+    p.add_argument("--batch", type=int, help="BERTH_BATCH_SIZE of the reconcilers "
+                   "(default: theirs)")
+    p.add_argument("--server-url", default=env_server_url(), help=SERVER_HELP)
     p.add_argument("--seed", type=int, default=1, help="dataset seed (default 1)")
     p.add_argument("--skip-naive", action="store_true", help="do not run the naive baseline")
     p.add_argument("--naive-tasks", type=int, default=5000,
                    help="tasks the naive baseline places (default min(T, 5000))")
-    p.add_argument("--skip-ceiling", action="store_true",
-                   help="do not run the raw-SQL ceiling")
-    p.add_argument("--ceiling-clients", type=int, default=4,
-                   help="client processes of the raw-SQL ceiling (default 4)")
+    p.add_argument("--skip-floor", action="store_true", help="do not run the SQL floor")
+    p.add_argument("--floor-clients", type=int, default=4,
+                   help="connections of the SQL floor (default 4)")
+    p.add_argument("--floor-batch", type=int, default=FLOOR_BATCH,
+                   help=f"tasks the SQL floor claims per transaction (default {FLOOR_BATCH})")
+    p.add_argument("--skip-peer", action="store_true",
+                   help="do not run the peer queue (pgqueuer; skipped when not installed)")
+    p.add_argument("--peer-clients", type=int, default=4,
+                   help="consumer processes of the peer queue (default 4)")
     p.add_argument("--mix", choices=MIXES, default="default",
                    help="spec mix: default, antiaffinity (10%% required anti-affinity) or "
                         "gangs (10%% gangs of 2-4)")
@@ -601,67 +662,79 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ALTER DATABASE SET for the reconcilers' database (repeatable), "
                         "e.g. log_min_duration_statement=0 to profile the server side")
     p.add_argument("--sweep", nargs="+", metavar="KEY=V1,V2",
-                   help="run every combination, e.g. pools=1000,5000 reconcilers=1,2,4")
+                   help="run every combination, e.g. pools=1000,5000 reconcilers=1,2,4 "
+                        "(baselines skipped)")
     p.add_argument("--repeat", type=int, default=1,
                    help="with --sweep: runs per point; the chart shows the best (default 1)")
     p.add_argument("--chart", metavar="PATH", help="with --sweep: write a PNG chart to PATH")
     return p
 
 
+def _sound(result: dict[str, Any]) -> bool:
+    return (result["invariantsOk"] and result["leased"] == result["tasks"]
+            and result["floorInvariantsOk"] is not False
+            and result["naiveInvariantsOk"] is not False)
+
+
+def _run_printed(cfg: E2EConfig, label: str = "") -> dict[str, Any] | None:
+    """Run once and print its JSON line; on failure say why on stderr and return None."""
+    try:
+        result = asyncio.run(e2e_run(cfg))
+    except BenchFailed as exc:
+        print(f"berth bench e2e: {label}{exc}", file=sys.stderr)
+        return None
+    print(orjson.dumps(result).decode(), flush=True)
+    return result
+
+
+def _sweep(base: E2EConfig, args: argparse.Namespace) -> int:
+    axes = _sweep_axes(args.sweep)
+    keys = list(axes)
+    best: list[dict[str, Any]] = []
+    every: list[dict[str, Any]] = []
+    for combo in itertools.product(*(axes[k] for k in keys)):
+        point = dict(zip(keys, combo, strict=True))
+        cfg = replace(base, **point, skip_naive=True, skip_floor=True, skip_peer=True,
+                      py_spy=None)
+        runs = []
+        for _ in range(max(1, args.repeat)):
+            result = _run_printed(cfg, f"{point}: ")
+            if result is None:
+                return 1
+            runs.append(result)
+            every.append(result)
+        # The machine may be shared: the best run is the one least disturbed by other work.
+        best.append(max(runs, key=lambda r: r["placementsPerSec"]))
+    if args.chart:
+        from bench.chart import chart_write
+
+        chart_write(best, Path(args.chart))
+    return 0 if all(_sound(r) for r in every) else 1
+
+
 def main(argv: list[str]) -> int:
     """Run ``berth bench e2e`` with ``argv`` and print one JSON line per run."""
     args = build_parser().parse_args(argv)
-    for name in ("pools", "tasks", "reconcilers", "ceiling_clients"):
+    for name in ("pools", "tasks", "reconcilers", "floor_clients", "floor_batch",
+                 "peer_clients"):
         if getattr(args, name) < 1:
             flag = name.replace("_", "-")
             raise SystemExit(f"berth bench e2e: --{flag} must be at least 1")
     if args.finished < 0:
         raise SystemExit("berth bench e2e: --finished must be at least 0")
-    base = E2EConfig(
-        pools=args.pools, tasks=args.tasks, reconcilers=args.reconcilers, batch=args.batch,
-        server_url=args.server_url, seed=args.seed, skip_naive=args.skip_naive,
-        naive_tasks=args.naive_tasks, stall_seconds=args.stall_seconds, py_spy=args.py_spy,
-        keep_logs=args.logs, pg_settings=_pg_settings(args.pg_setting),
-        skip_ceiling=args.skip_ceiling, ceiling_clients=args.ceiling_clients, mix=args.mix,
-        finished=args.finished,
-    )
-    if not args.sweep:
-        if args.chart:
-            raise SystemExit("berth bench e2e: --chart needs --sweep")
-        try:
-            result = asyncio.run(e2e_run(base))
-        except BenchFailed as exc:
-            print(f"berth bench e2e: {exc}", file=sys.stderr)
-            return 1
-        print(orjson.dumps(result).decode(), flush=True)
-        sound = result["invariantsOk"] and result["ceilingInvariantsOk"] is not False
-        return 0 if sound and result["leased"] == base.tasks else 1
-    axes = _sweep_axes(args.sweep)
-    keys = list(axes)
-    results = []
-    every: list[dict[str, Any]] = []
-    for combo in itertools.product(*(axes[k] for k in keys)):
-        cfg_kwargs = {f.name: getattr(base, f.name) for f in base.__dataclass_fields__.values()}
-        cfg_kwargs.update(dict(zip(keys, combo, strict=True)))
-        cfg_kwargs["skip_naive"] = True
-        cfg_kwargs["skip_ceiling"] = True
-        cfg_kwargs["py_spy"] = None
-        runs = []
-        for _ in range(max(1, args.repeat)):
-            try:
-                result = asyncio.run(e2e_run(E2EConfig(**cfg_kwargs)))
-            except BenchFailed as exc:
-                print(f"berth bench e2e: {dict(zip(keys, combo, strict=True))}: {exc}",
-                      file=sys.stderr)
-                return 1
-            print(orjson.dumps(result).decode(), flush=True)
-            runs.append(result)
-            every.append(result)
-        # The machine may be shared: the best run is the one least disturbed by other work.
-        results.append(max(runs, key=lambda r: r["placementsPerSec"]))
-    if args.chart:
-        from app.bench.chart import chart_write
-
-        chart_write(results, Path(args.chart))
-    sound = all(r["invariantsOk"] and r["leased"] == r["tasks"] for r in every)
-    return 0 if sound else 1
+    if args.chart and not args.sweep:
+        raise SystemExit("berth bench e2e: --chart needs --sweep")
+    with postgres_server(args.server_url) as (server_url, _described):
+        base = E2EConfig(
+            pools=args.pools, tasks=args.tasks, reconcilers=args.reconcilers, batch=args.batch,
+            server_url=server_url, seed=args.seed, skip_naive=args.skip_naive,
+            naive_tasks=args.naive_tasks, stall_seconds=args.stall_seconds,
+            py_spy=args.py_spy, keep_logs=args.logs, pg_settings=_pg_settings(args.pg_setting),
+            skip_floor=args.skip_floor, floor_clients=args.floor_clients,
+            floor_batch=args.floor_batch, skip_peer=args.skip_peer,
+            peer_clients=args.peer_clients, mix=args.mix, finished=args.finished,
+        )
+        if args.sweep:
+            return _sweep(base, args)
+        result = _run_printed(base)
+        return 1 if result is None else (0 if _sound(result) else 1)

@@ -8,11 +8,10 @@ from typing import Any
 
 __all__ = ["chart_write"]
 
-#: Published floors drawn as reference lines (caveats: docs/benchmarks.md).
+#: Published rates of other schedulers drawn as reference lines (caveats: docs/benchmarks.md).
 REFERENCES = (
     (810.0, "Kubernetes scheduler_perf, 5,000 nodes: 810 pods/s"),
-    (1500.0, "Nomad (low end): 1,500 containers/s; Berth target at 5,000 pools"),
-    (3000.0, "Berth target at 1,000 pools: 3,000/s"),
+    (1500.0, "Nomad C1M (low end): 1,500 containers/s"),
 )
 
 
@@ -72,7 +71,7 @@ def chart_write(results: list[Mapping[str, Any]], path: Path) -> None:
     right.set_xlabel("reconciler processes")
     right.set_xticks(sorted({int(r["reconcilers"]) for r in results}))
     fig.suptitle(
-        "berth bench e2e: durable placements/s, 2-core machine, local PostgreSQL, "
+        "berth bench e2e: durable placements/s, 2-core machine, PostgreSQL on the same machine, "
         f"tasks = {', '.join(f'{t:,}' for t in tasks)}",
         fontsize=10,
     )
