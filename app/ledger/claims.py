@@ -28,7 +28,10 @@ holds locked.
 already carries a pending reason (it was parked, then woken) and is found pending for the
 same reason code is parked again with no event at all (its pending reason, wake keys and
 stage are refreshed in place); any other outcome writes one event (``leased``, the new
-reason, a lost race).
+reason, a lost race). The pass decides (:mod:`app.reconciler.passes`) and
+:func:`tasks_unclaim` records in ``logged_code`` and ``logged_at`` the pending code each
+event logged and when, so that a re-examined task's reason changes can be logged at most
+once per park sweep period.
 
 ``tasks_wake`` and ``tasks_unpark`` make parked tasks claimable again: the first only those
 whose wake keys (:mod:`app.scheduling.parking`) overlap a wakeup's, the second all of a set
@@ -77,6 +80,10 @@ class ClaimedTask(NamedTuple):
     #: The stored pending reason (JSON text) and stage, restored if a lease is undone.
     pending_json: str | None = None
     pending_stage: int | None = None
+    #: The pending code the task's event log last recorded, and when (None: none since the
+    #: column exists): a reason change within a park sweep period of it is not logged yet.
+    logged_code: str | None = None
+    logged_at: datetime | None = None
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -88,7 +95,7 @@ class ClaimedTask(NamedTuple):
 # text, where a ``jsonb`` column rebuilt it per claimed task (a third of the claim's work).
 _COLUMNS = (
     "id, tenant_id, seq, priority, spec::text, admitted_at, attempts, "
-    "pending_reason ->> 'code', pending_reason::text, pending_stage"
+    "pending_reason ->> 'code', pending_reason::text, pending_stage, logged_code, logged_at"
 )
 _CLAIMABLE = "state = 'ADMITTED' AND NOT parked AND shard = ANY($1::int[])"
 
@@ -383,8 +390,9 @@ class Unclaim:
     """A claimed task handed back to the queue: parked with a pending reason, or not.
 
     ``event`` False hands it back without an event (a re-examination that found the same
-    reason). A hand-back that neither parks nor carries a pending reason (a lost race)
-    leaves the row as it is: only its event is written.
+    reason, or a changed one logged too recently: the row still gets the new reason). A
+    hand-back that neither parks nor carries a pending reason (a lost race) leaves the row
+    as it is: only its event is written.
     """
 
     task_id: uuid.UUID
@@ -402,16 +410,23 @@ class Unclaim:
         """Return whether the hand-back writes the task row (not only an event)."""
         return self.parked or self.pending_reason is not None
 
+    @property
+    def logged_code(self) -> str | None:
+        """Return the pending code this hand-back's event records (None: no such event)."""
+        return self.reason if self.event and self.pending_reason is not None else None
+
 
 # $1 now, $2 ids, $3 pending reasons (JSON text or NULL), $4 parked, $5 wake keys (JSON
-# arrays as text), $6 stages: the rows to update. $7 ids, $8 reasons, $9 pending reasons:
-# the events.
+# arrays as text), $6 stages, $10 the pending codes their events record (NULL: no pending
+# event): the rows to update. $7 ids, $8 reasons, $9 pending reasons: the events.
 _UNCLAIM = (
     "WITH x AS (SELECT * FROM unnest($2::uuid[], $3::text[], $4::boolean[], $5::text[], "
-    "$6::smallint[]) AS x(id, pending, parked, wake, stage)), "
+    "$6::smallint[], $10::text[]) AS x(id, pending, parked, wake, stage, logged)), "
     "u AS (UPDATE tasks t SET parked = x.parked, "
     "pending_reason = COALESCE(x.pending::jsonb, t.pending_reason), "
     "pending_stage = CASE WHEN x.pending IS NULL THEN t.pending_stage ELSE x.stage END, "
+    "logged_code = COALESCE(x.logged, t.logged_code), "
+    "logged_at = CASE WHEN x.logged IS NULL THEN t.logged_at ELSE $1 END, "
     "wake = CASE WHEN x.parked THEN "
     "ARRAY(SELECT jsonb_array_elements_text(COALESCE(x.wake, '[]')::jsonb)) END, "
     "updated_at = $1 FROM x WHERE t.id = ANY($2::uuid[]) AND t.id = x.id "
@@ -450,6 +465,7 @@ async def tasks_unclaim(
         [i.task_id for i in events],
         [i.reason for i in events],
         [_json(i.pending_reason) for i in events],
+        [i.logged_code for i in rows],
     )
     return {i.task_id for i in ordered}
 
