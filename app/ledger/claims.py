@@ -52,6 +52,7 @@ import orjson
 from app.config import SHARD_SLOTS
 from app.db import Connection
 from app.ledger.literals import documents_joined, ids_joined, ints_joined, uuids_joined
+from app.ledger.retention import task_events_trim
 from app.ledger.tasks import uuid7_prefix
 
 #: Most tenants the fair claim looks at in one pass.
@@ -84,6 +85,8 @@ class ClaimedTask(NamedTuple):
     #: column exists): a reason change within a park sweep period of it is not logged yet.
     logged_code: str | None = None
     logged_at: datetime | None = None
+    #: Pending-reason events the task logged (its log is trimmed past the kept count).
+    logged_count: int = 0
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -95,7 +98,8 @@ class ClaimedTask(NamedTuple):
 # text, where a ``jsonb`` column rebuilt it per claimed task (a third of the claim's work).
 _COLUMNS = (
     "id, tenant_id, seq, priority, spec::text, admitted_at, attempts, "
-    "pending_reason ->> 'code', pending_reason::text, pending_stage, logged_code, logged_at"
+    "pending_reason ->> 'code', pending_reason::text, pending_stage, logged_code, logged_at, "
+    "logged_count"
 )
 _CLAIMABLE = "state = 'ADMITTED' AND NOT parked AND shard = ANY($1::int[])"
 
@@ -404,6 +408,8 @@ class Unclaim:
     #: Stage of the pending reason's closest miss (with ``pending_reason``).
     stage: int | None = None
     event: bool = True
+    #: Events kept besides the first when the event must trim the task's log (None: no trim).
+    trim_to: int | None = None
 
     @property
     def changes_row(self) -> bool:
@@ -427,6 +433,7 @@ _UNCLAIM = (
     "pending_stage = CASE WHEN x.pending IS NULL THEN t.pending_stage ELSE x.stage END, "
     "logged_code = COALESCE(x.logged, t.logged_code), "
     "logged_at = CASE WHEN x.logged IS NULL THEN t.logged_at ELSE $1 END, "
+    "logged_count = t.logged_count + (x.logged IS NOT NULL)::int, "
     "wake = CASE WHEN x.parked THEN "
     "ARRAY(SELECT jsonb_array_elements_text(COALESCE(x.wake, '[]')::jsonb)) END, "
     "updated_at = $1 FROM x WHERE t.id = ANY($2::uuid[]) AND t.id = x.id "
@@ -467,6 +474,12 @@ async def tasks_unclaim(
         [_json(i.pending_reason) for i in events],
         [i.logged_code for i in rows],
     )
+    trims: dict[int, list[uuid.UUID]] = {}
+    for i in events:
+        if i.trim_to is not None:
+            trims.setdefault(i.trim_to, []).append(i.task_id)
+    for keep, ids in trims.items():
+        await task_events_trim(conn, task_ids=ids, keep=keep)
     return {i.task_id for i in ordered}
 
 

@@ -157,6 +157,9 @@ tasks = Table(
     # per park sweep period, the latest caught up later (``app.reconciler.passes``).
     Column("logged_code", Text),
     Column("logged_at", DateTime(timezone=True)),
+    # Pending-reason events the task logged: past the kept count, each new one trims the log
+    # to its first event and its latest ones (``app.ledger.retention.task_events_trim``).
+    Column("logged_count", Integer, nullable=False, server_default="0"),
     # Written once per lease and read whole, never searched: the JSON text the reconciler
     # wrote with orjson, stored as ``text`` (not parsed again at every lease; revisions
     # 0010_pg and 0012_placement_text, decision 11).

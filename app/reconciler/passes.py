@@ -192,15 +192,17 @@ def pending_logged(task: ClaimedTask, code: str, *, now: datetime, period: float
 
 def _pending(
     task: ClaimedTask, code: str, document: dict[str, Any], wake: tuple[str, ...] | None,
-    *, now: datetime, period: float,
+    *, now: datetime, period: float, keep: int,
 ) -> Unclaim:
     """Return the parking hand-back of a task pending for ``code``, with an event only when
     :func:`pending_logged` says so (a re-examination that finds the same reason leaves the
-    history alone)."""
+    history alone); an event past the task's ``keep`` pending events trims its log to the
+    first event and the latest ``keep``."""
+    event = pending_logged(task, code, now=now, period=period)
     return Unclaim(
         task.id, code, document, parked=True, wake=wake,
         stage=pending_stage(code) if wake is not None else STAGE_NONE,
-        event=pending_logged(task, code, now=now, period=period),
+        event=event, trim_to=keep if event and task.logged_count >= keep else None,
     )
 
 
@@ -328,7 +330,7 @@ async def _pass_in(
                 "code": INVALID_SPEC,
                 "message": f"stored spec cannot be read: {str(exc).splitlines()[0][:200]}",
                 "rejections": {},
-            }, None, now=now, period=cfg.park_sweep_seconds))
+            }, None, now=now, period=cfg.park_sweep_seconds, keep=cfg.task_events_kept))
     affinity_tenants = {
         spec.tenant_id for _, spec in compiled if spec.required or spec.preferred
     }
@@ -376,7 +378,7 @@ async def _pass_in(
     waiting_of = preemption.waiting if preemption.waits else None
     holds, cached = preemption.holds, cache.get
     assume, decided = assumed.add, decisions.append
-    top_k, period = cfg.top_k, cfg.park_sweep_seconds
+    top_k, period, keep = cfg.top_k, cfg.park_sweep_seconds, cfg.task_events_kept
     unsatisfiable = False
     # The rejection counts maps of the pass's outcomes, by identity (kept alive here, so an
     # id is never reused), with how many tasks had each.
@@ -403,7 +405,7 @@ async def _pass_in(
                     "code": SCHEDULER_ERROR,
                     "message": f"the scheduler failed on this task: {type(exc).__name__}",
                     "rejections": {},
-                }, None, now=now, period=cfg.park_sweep_seconds))
+                }, None, now=now, period=cfg.park_sweep_seconds, keep=cfg.task_events_kept))
                 continue
             # Tasks of one placement class mostly share one rejection counts map: each map
             # is counted once per task here and added up after the loop.
@@ -427,7 +429,7 @@ async def _pass_in(
                                      now=now)
         unclaims.append(preempting or _pending(
             task, str(reason.code), no_placement_document(reason), wake_keys(spec, reason),
-            now=now, period=period,
+            now=now, period=period, keep=keep,
         ))
     rejections = result.rejections
     for counts, times in counts_seen.values():

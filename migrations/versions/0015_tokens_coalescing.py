@@ -8,8 +8,11 @@
   recorded, and when. A parked task whose pending reason changes because a pool's health
   flaps writes at most one event per park sweep period; the latest reason is on the task at
   once, and the log catches up at a later re-examination.
+* ``tasks.logged_count``: how many pending-reason events the task logged. Past
+  ``BERTH_TASK_EVENTS_KEPT`` each new one trims the task's log to its first event and its
+  latest ones, so a task that never finishes keeps a bounded history.
 
-Adding nullable columns without a default does not rewrite ``tasks``.
+Adding nullable columns, or one with a constant default, does not rewrite ``tasks``.
 
 Revision ID: 0015_tokens_coalescing
 Revises: 0014_keys_collate_c
@@ -41,10 +44,13 @@ def upgrade() -> None:
     )
     op.add_column("tasks", sa.Column("logged_code", sa.Text(), nullable=True))
     op.add_column("tasks", sa.Column("logged_at", sa.DateTime(timezone=True), nullable=True))
+    op.add_column("tasks", sa.Column("logged_count", sa.Integer(), nullable=False,
+                                     server_default="0"))
 
 
 def downgrade() -> None:
     """Revert this revision."""
+    op.drop_column("tasks", "logged_count")
     op.drop_column("tasks", "logged_at")
     op.drop_column("tasks", "logged_code")
     op.drop_table("server_secrets")

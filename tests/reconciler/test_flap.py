@@ -133,3 +133,36 @@ async def test_a_heartbeat_gap_with_a_listener_reconnect_writes_one_event_per_ta
             "ORDER BY e.id DESC LIMIT 1)")
     assert stale == 0
     assert sum((await _events(db)).values()) <= 3 * PARKED
+
+
+async def test_a_task_that_never_finishes_keeps_its_first_event_and_the_latest_ones(
+    db: Database,
+) -> None:
+    keep = 3
+    async with db.transaction() as conn:
+        await pool_add(conn, "shared", tenants=["globex"], capacity=(1000, 1000, 0),
+                       reserved=(1000, 0, 0))
+        (task,) = await tasks_add(conn, tenant="globex", spec=spec_make(cpu=500),
+                                  admitted_at=T0)
+        await conn.execute("INSERT INTO task_events (task_id, at, to_state, reason) "
+                           "VALUES ($1, $2, 'ADMITTED', 'submitted')", task, T0)
+    reconciler = Reconciler(
+        db, ReconcilerConfig(park_sweep_seconds=PERIOD, task_events_kept=keep),
+        owner_id="keeper", slots=ALL)
+    # Ten periods of a runtime that is down, then up, then down...: one change logged each.
+    reasons = []
+    for i in range(10):
+        at = T0 + timedelta(seconds=PERIOD * i)
+        healthy = i % 2 == 1
+        async with db.transaction() as conn:
+            await heartbeat_add(conn, "rt-shared", at=at if healthy else T0 - timedelta(hours=1))
+        await reconciler.unpark(now=at)
+        await _settle(reconciler, at)
+        reasons.append("insufficient_cpu" if healthy else "runtime_unhealthy")
+    async with db.connection() as conn:
+        logged = [r[0] for r in await conn.fetch(
+            "SELECT reason FROM task_events WHERE task_id = $1 ORDER BY id", task)]
+        code = await conn.fetchval(
+            "SELECT pending_reason ->> 'code' FROM tasks WHERE id = $1", task)
+    assert logged == ["submitted", *reasons[-keep:]]
+    assert logged[-1] == code
