@@ -99,3 +99,28 @@ async def test_a_cursor_opens_only_in_the_list_that_gave_it(
     flipped = mine[:-1] + ("A" if mine[-1] != "A" else "B")
     r = await client.get("/v1/tasks", params={"cursor": flipped}, headers=a)
     assert_problem(r, 400)
+
+
+async def test_queue_figures_count_no_task_of_a_tenant_that_shares_no_pool(
+    client: httpx.AsyncClient, keys, pool_make, app
+) -> None:
+    from app.services.queue import QueueCache
+
+    app.state.queue_cache = QueueCache(0.0)  # every getTask reads the queue afresh
+    await pool_make("pool-a", tenant_ids=["tenant-a"], runtimeClass="standard")
+    await pool_make("pool-b", tenant_ids=["tenant-b"], runtimeClass="standard",
+                    runtimeInstanceId="rt-2")
+    mine = await _submit(client, keys.tenant_a)
+
+    async def queue() -> dict[str, Any]:
+        r = await client.get(f"/v1/tasks/{mine}", headers=keys.tenant_a)
+        assert r.status_code == 200, r.text
+        return r.json()["queue"]
+
+    alone = await queue()
+    assert (alone["position"], alone["competing"]) == (1, 1)
+    # tenant-b queues 37 tasks that only its own pool may take: nothing changes for me.
+    r = await client.post("/v1/task-batches", json={"items": [{"spec": SPEC}] * 37},
+                          headers=keys.tenant_b)
+    assert r.status_code == 200, r.text
+    assert await queue() == alone
