@@ -58,6 +58,7 @@ from app.ledger.plans import (
     grants_settle,
     plan_apply,
 )
+from app.ledger.preemption import PREEMPTING
 from app.ledger.reservations import Vector, amounts_sum
 from app.ledger.snapshot import (
     LedgerRow,
@@ -175,14 +176,15 @@ class PassResult:
 def pending_logged(task: ClaimedTask, code: str, *, now: datetime, period: float) -> bool:
     """Return whether handing ``task`` back pending for ``code`` writes an event.
 
-    A first examination always does. A re-examination does only when ``code`` differs from
+    A first examination always does, and so does the end of a preemptor's wait (its
+    preemption is over: not a flap). A re-examination does only when ``code`` differs from
     the code the task's event log last recorded, and that record is at least ``period``
     seconds old: a pool whose health flaps changes the reason of every task parked on it
     back and forth, and each task then logs at most one change per period. Its pending
     reason is the latest at once; the log catches up at a later re-examination (the safety
     sweep re-examines every parked task about once a period).
     """
-    if task.pending_code is None:
+    if task.pending_code is None or task.pending_code == PREEMPTING:
         return True
     logged = task.logged_code if task.logged_code is not None else task.pending_code
     if code == logged:

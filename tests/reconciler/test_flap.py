@@ -42,9 +42,10 @@ def _task(pending: str | None, logged: str | None, logged_ago: float | None) -> 
     (_task("insufficient_cpu", "runtime_unhealthy", PERIOD + 1), "insufficient_cpu", True),
     (_task("insufficient_cpu", None, None), "insufficient_cpu", False),
     (_task("insufficient_cpu", None, None), "runtime_unhealthy", True),
+    (_task("preempting", "preempting", 1), "insufficient_cpu", True),
 ], ids=["first-examination", "first-after-a-requeue", "same-reason", "changed-too-soon",
         "changed-a-period-later", "back-to-the-logged-reason", "catch-up-too-soon",
-        "catch-up", "unrecorded-same", "unrecorded-changed"])
+        "catch-up", "unrecorded-same", "unrecorded-changed", "a-preemption-ended"])
 def test_a_reexamined_tasks_reason_change_is_logged_at_most_once_a_period(
     task: ClaimedTask, code: str, logged: bool
 ) -> None:
