@@ -194,7 +194,14 @@ class Settings(BaseSettings):
         gt=0,
         description="Safety sweep: every parked task is re-examined about this often "
         "(jittered by ±25 %), in case a wakeup was missed; a task still pending for the same "
-        "reason writes no event.",
+        "reason writes no event, and a parked task logs at most one change of its pending "
+        "reason per this period (its pendingReason is always the latest).",
+    )
+    task_events_kept: int = Field(
+        default=100,
+        ge=1,
+        description="Events a task that never finishes keeps besides its first: past this "
+        "many pending-reason events, each new one deletes its oldest events but the first.",
     )
     reconciler_metrics_port: int | None = Field(
         default=None,

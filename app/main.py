@@ -32,6 +32,7 @@ from app.errors import ConfigurationError
 from app.gc_tuning import gc_frozen
 from app.schema import schema_current, schema_head
 from app.services.queue import QueueCache
+from app.services.tokens import TokenSource
 
 log = logging.getLogger("berth")
 
@@ -88,6 +89,7 @@ def create_app(
         app.state.settings = settings
         app.state.key_cache = KeyCache()
         app.state.queue_cache = QueueCache(settings.queue_snapshot_seconds)
+        app.state.tokens = TokenSource(app.state.db)
         stops = [start(app.state.db) for start in background]
         try:
             with gc_frozen():

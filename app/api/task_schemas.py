@@ -205,7 +205,10 @@ class Task(CamelModel):
 class TaskEvent(CamelModel):
     """One transition of a task, with a bounded reason code."""
 
-    id: int
+    id: str = Field(
+        description="Opaque and stable: the same event always has the same id. It is also "
+        "a cursor of the task's event list: the events after it follow."
+    )
     at: datetime
     from_state: TaskState | None
     to_state: TaskState
@@ -409,10 +412,10 @@ def task_json(row: TaskRow, queue: dict[str, Any] | None = None) -> dict[str, An
     }
 
 
-def task_event_json(event: TaskEventRow) -> dict[str, Any]:
-    """Return a task event in the API shape."""
+def task_event_json(event: TaskEventRow, event_id: str) -> dict[str, Any]:
+    """Return a task event in the API shape, with its opaque id."""
     return {
-        "id": event.id,
+        "id": event_id,
         "at": event.at,
         "fromState": event.from_state,
         "toState": event.to_state,

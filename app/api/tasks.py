@@ -19,7 +19,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 
 from app.api.bodies import StrictRoute
-from app.api.common import CursorQuery, LimitQuery, cursor_decode, cursor_encode, problems
+from app.api.common import CursorQuery, LimitQuery, problems
 from app.api.lean import (
     LeanRoute,
     body_read,
@@ -50,6 +50,8 @@ from app.errors import BadRequest
 from app.ledger.tasks import TaskNotFound
 from app.scheduling.spec import TaskSpec
 from app.services import tasks as service
+from app.services.tenancy import tenants_reading
+from app.services.tokens import InvalidToken, Tokens, scope_events, scope_tasks
 
 router = APIRouter(prefix="/v1", tags=["tasks"], route_class=StrictRoute)
 #: createTask and getTask: the hot routes, whose endpoints read the request themselves.
@@ -81,14 +83,15 @@ _TENANT_PARAMETER = header_parameter(
 )
 
 
-def cursor_position(cursor: str | None) -> int:
-    """Return the position (a seq or event id) inside a list cursor; 0 without one."""
+def cursor_position(tokens: Tokens, cursor: str | None, *, scope: str) -> int:
+    """Return the position (a seq or event id) sealed in a list cursor of ``scope``; 0
+    without one; 400 for a cursor this list did not give."""
     if cursor is None:
         return 0
-    position = cursor_decode(cursor)
-    if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position < 2**63:
-        raise BadRequest("the cursor is not valid; pass back the nextCursor of a list")
-    return position
+    try:
+        return tokens.open(cursor, scope=scope)
+    except InvalidToken:
+        raise BadRequest("the cursor is not valid; pass back the nextCursor of a list") from None
 
 
 def task_id_parse(value: str) -> uuid.UUID:
@@ -193,11 +196,13 @@ async def list_tasks(
     tenant: TenantHeader = None,
 ) -> Response:
     """List the caller's tasks in admission order, a page at a time."""
+    tokens = await request.app.state.tokens.get()
+    scope = scope_tasks(tenants_reading(principal, tenant))
     rows, next_seq = await service.tasks_page(
         request.app.state.db,
         principal=principal,
         tenant=tenant,
-        after_seq=cursor_position(cursor),
+        after_seq=cursor_position(tokens, cursor, scope=scope),
         state=state.value if state is not None else None,
         runtime_class=runtime_class,
         limit=limit,
@@ -205,7 +210,7 @@ async def list_tasks(
     return FastJSONResponse(
         {
             "items": [task_json(r) for r in rows],
-            "nextCursor": cursor_encode(next_seq) if next_seq is not None else None,
+            "nextCursor": None if next_seq is None else tokens.seal(next_seq, scope=scope),
         }
     )
 
@@ -257,15 +262,19 @@ async def list_task_events(
 ) -> Response:
     """List the task's state transitions, oldest first, each with a reason code."""
     tid = task_id_parse(task_id)
-    after = cursor_position(cursor)
+    tokens = await request.app.state.tokens.get()
+    scope = scope_events(tid)
+    after = cursor_position(tokens, cursor, scope=scope)
     events, next_id = await service.task_events_page(
         request.app.state.db, principal=principal, tenant=tenant, task_id=tid,
         after_id=after, limit=limit,
     )
+    # An event's id and the cursor after it are the same token: a client may resume after
+    # any event it has seen.
     return FastJSONResponse(
         {
-            "items": [task_event_json(e) for e in events],
-            "nextCursor": cursor_encode(next_id) if next_id is not None else None,
+            "items": [task_event_json(e, tokens.seal(e.id, scope=scope)) for e in events],
+            "nextCursor": None if next_id is None else tokens.seal(next_id, scope=scope),
         }
     )
 

@@ -28,7 +28,10 @@ holds locked.
 already carries a pending reason (it was parked, then woken) and is found pending for the
 same reason code is parked again with no event at all (its pending reason, wake keys and
 stage are refreshed in place); any other outcome writes one event (``leased``, the new
-reason, a lost race).
+reason, a lost race). The pass decides (:mod:`app.reconciler.passes`) and
+:func:`tasks_unclaim` records in ``logged_code`` and ``logged_at`` the pending code each
+event logged and when, so that a re-examined task's reason changes can be logged at most
+once per park sweep period.
 
 ``tasks_wake`` and ``tasks_unpark`` make parked tasks claimable again: the first only those
 whose wake keys (:mod:`app.scheduling.parking`) overlap a wakeup's, the second all of a set
@@ -49,6 +52,7 @@ import orjson
 from app.config import SHARD_SLOTS
 from app.db import Connection
 from app.ledger.literals import documents_joined, ids_joined, ints_joined, uuids_joined
+from app.ledger.retention import task_events_trim
 from app.ledger.tasks import uuid7_prefix
 
 #: Most tenants the fair claim looks at in one pass.
@@ -77,6 +81,12 @@ class ClaimedTask(NamedTuple):
     #: The stored pending reason (JSON text) and stage, restored if a lease is undone.
     pending_json: str | None = None
     pending_stage: int | None = None
+    #: The pending code the task's event log last recorded, and when (None: none since the
+    #: column exists): a reason change within a park sweep period of it is not logged yet.
+    logged_code: str | None = None
+    logged_at: datetime | None = None
+    #: Pending-reason events the task logged (its log is trimmed past the kept count).
+    logged_count: int = 0
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -88,7 +98,8 @@ class ClaimedTask(NamedTuple):
 # text, where a ``jsonb`` column rebuilt it per claimed task (a third of the claim's work).
 _COLUMNS = (
     "id, tenant_id, seq, priority, spec::text, admitted_at, attempts, "
-    "pending_reason ->> 'code', pending_reason::text, pending_stage"
+    "pending_reason ->> 'code', pending_reason::text, pending_stage, logged_code, logged_at, "
+    "logged_count"
 )
 _CLAIMABLE = "state = 'ADMITTED' AND NOT parked AND shard = ANY($1::int[])"
 
@@ -381,8 +392,9 @@ class Unclaim:
     """A claimed task handed back to the queue: parked with a pending reason, or not.
 
     ``event`` False hands it back without an event (a re-examination that found the same
-    reason). A hand-back that neither parks nor carries a pending reason (a lost race)
-    leaves the row as it is: only its event is written.
+    reason, or a changed one logged too recently: the row still gets the new reason). A
+    hand-back that neither parks nor carries a pending reason (a lost race) leaves the row
+    as it is: only its event is written.
     """
 
     task_id: uuid.UUID
@@ -394,22 +406,32 @@ class Unclaim:
     #: Stage of the pending reason's closest miss (with ``pending_reason``).
     stage: int | None = None
     event: bool = True
+    #: Events kept besides the first when the event must trim the task's log (None: no trim).
+    trim_to: int | None = None
 
     @property
     def changes_row(self) -> bool:
         """Return whether the hand-back writes the task row (not only an event)."""
         return self.parked or self.pending_reason is not None
 
+    @property
+    def logged_code(self) -> str | None:
+        """Return the pending code this hand-back's event records (None: no such event)."""
+        return self.reason if self.event and self.pending_reason is not None else None
+
 
 # $1 now, $2 ids, $3 pending reasons (JSON text or NULL), $4 parked, $5 wake keys (JSON
-# arrays as text), $6 stages: the rows to update. $7 ids, $8 reasons, $9 pending reasons:
-# the events.
+# arrays as text), $6 stages, $10 the pending codes their events record (NULL: no pending
+# event): the rows to update. $7 ids, $8 reasons, $9 pending reasons: the events.
 _UNCLAIM = (
     "WITH x AS (SELECT * FROM unnest($2::uuid[], $3::text[], $4::boolean[], $5::text[], "
-    "$6::smallint[]) AS x(id, pending, parked, wake, stage)), "
+    "$6::smallint[], $10::text[]) AS x(id, pending, parked, wake, stage, logged)), "
     "u AS (UPDATE tasks t SET parked = x.parked, "
     "pending_reason = COALESCE(x.pending::jsonb, t.pending_reason), "
     "pending_stage = CASE WHEN x.pending IS NULL THEN t.pending_stage ELSE x.stage END, "
+    "logged_code = COALESCE(x.logged, t.logged_code), "
+    "logged_at = CASE WHEN x.logged IS NULL THEN t.logged_at ELSE $1 END, "
+    "logged_count = t.logged_count + (x.logged IS NOT NULL)::int, "
     "wake = CASE WHEN x.parked THEN "
     "ARRAY(SELECT jsonb_array_elements_text(COALESCE(x.wake, '[]')::jsonb)) END, "
     "updated_at = $1 FROM x WHERE t.id = ANY($2::uuid[]) AND t.id = x.id "
@@ -448,7 +470,14 @@ async def tasks_unclaim(
         [i.task_id for i in events],
         [i.reason for i in events],
         [_json(i.pending_reason) for i in events],
+        [i.logged_code for i in rows],
     )
+    trims: dict[int, list[uuid.UUID]] = {}
+    for i in events:
+        if i.trim_to is not None:
+            trims.setdefault(i.trim_to, []).append(i.task_id)
+    for keep, ids in trims.items():
+        await task_events_trim(conn, task_ids=ids, keep=keep)
     return {i.task_id for i in ordered}
 
 

@@ -2,7 +2,8 @@
 pending.
 
 Every read is bounded: the class queue reads one range of ``ix_tasks_queue_seq`` (waiting
-tasks that released capacity could help) up to ``limit`` rows, the completions read at most
+tasks that released capacity could help) up to ``limit`` rows (and the tenant lists of the
+class's pools), the completions read at most
 ``limit`` recent leases, and the pending counts are grouped in the database.
 """
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
+
+import orjson
 
 from app.db import Connection
 
@@ -49,15 +52,20 @@ class QueueColumns:
     priorities: list[int]
     #: ``admitted_at`` in seconds since the epoch (what ``datetime.timestamp()`` gives).
     admitted: list[float]
+    #: The tenant list of each pool of the class (who may compete with whom).
+    pool_tenants: list[list[str]]
 
 
 # $1 class, $2 limit: the oldest competing tasks of the class, in admission order (one range
-# of ix_tasks_queue_seq), as one row of arrays.
+# of ix_tasks_queue_seq), as one row of arrays, and the tenant lists of the class's pools
+# (JSON text: an array of arrays).
 _CLASS_QUEUE = (
     "SELECT coalesce(array_agg(seq ORDER BY seq), '{}'), "
     "coalesce(array_agg(tenant_id ORDER BY seq), '{}'), "
     "coalesce(array_agg(priority ORDER BY seq), '{}'), "
-    "coalesce(array_agg(extract(epoch FROM admitted_at)::float8 ORDER BY seq), '{}') "
+    "coalesce(array_agg(extract(epoch FROM admitted_at)::float8 ORDER BY seq), '{}'), "
+    "(SELECT coalesce(json_agg(p.tenant_ids), '[]')::text FROM pools p "
+    "WHERE p.runtime_class = $1) "
     "FROM (SELECT seq, tenant_id, priority, admitted_at FROM tasks "
     f"WHERE runtime_class = $1 AND {_COMPETING} ORDER BY seq LIMIT $2) q"
 )
@@ -67,9 +75,10 @@ async def queue_class_read(
     conn: Connection, *, runtime_class: str, limit: int
 ) -> QueueColumns:
     """Return the oldest ``limit`` competing tasks of ``runtime_class`` in admission order
-    (fewer than ``limit``: the whole competing queue of the class)."""
+    (fewer than ``limit``: the whole competing queue of the class), with the tenant lists of
+    the class's pools."""
     row = await conn.fetchrow(_CLASS_QUEUE, runtime_class, limit)
-    return QueueColumns(row[0], row[1], row[2], row[3])
+    return QueueColumns(row[0], row[1], row[2], row[3], orjson.loads(row[4]))
 
 
 # $1 tenant, $2 class, $3 pool ids (NULL: every pool of the class open to the tenant),

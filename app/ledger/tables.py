@@ -28,6 +28,7 @@ from sqlalchemy import (
     Identity,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     PrimaryKeyConstraint,
     SmallInteger,
@@ -151,6 +152,14 @@ tasks = Table(
     Column("wake", ARRAY(Text)),
     # The stage (reasons.Stage) of the pending reason's closest miss (NULL: not examined yet).
     Column("pending_stage", SmallInteger),
+    # The pending code the task's event log last recorded, and when (revision
+    # 0015_tokens_coalescing): a re-examined task's reason changes are logged at most once
+    # per park sweep period, the latest caught up later (``app.reconciler.passes``).
+    Column("logged_code", Text),
+    Column("logged_at", DateTime(timezone=True)),
+    # Pending-reason events the task logged: past the kept count, each new one trims the log
+    # to its first event and its latest ones (``app.ledger.retention.task_events_trim``).
+    Column("logged_count", Integer, nullable=False, server_default="0"),
     # Written once per lease and read whole, never searched: the JSON text the reconciler
     # wrote with orjson, stored as ``text`` (not parsed again at every lease; revisions
     # 0010_pg and 0012_placement_text, decision 11).
@@ -304,6 +313,16 @@ task_events = Table(
     # Events are read by task only (a task's trail, retention, the undo of a lost race); ``id``
     # is unique by its identity, so one index serves both (0011_events).
     PrimaryKeyConstraint("task_id", "id", name="pk_task_events"),
+)
+
+# Secrets the server generates once and every process shares (revision
+# 0015_tokens_coalescing): ``tokens`` seals list cursors and event ids (app.services.tokens).
+server_secrets = Table(
+    "server_secrets",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("secret", LargeBinary, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
 )
 
 api_keys = Table(

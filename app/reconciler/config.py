@@ -42,8 +42,13 @@ class ReconcilerConfig:
     tick_seconds: float = 5.0
     #: The safety sweep: every parked task of the owned slots is re-examined about this
     #: often (jittered by ±25 %), in case a wakeup was missed. Re-examining a task still
-    #: pending for the same reason writes no event.
+    #: pending for the same reason writes no event, and a re-examined task logs at most one
+    #: change of its pending reason per this period.
     park_sweep_seconds: float = 300.0
+    #: Events a task keeps besides its first once it logged more pending-reason events than
+    #: this: each new one then deletes its oldest (a task that never finishes is never
+    #: pruned, so its history must be bounded on its own).
+    task_events_kept: int = 100
     #: How often dynamic ownership re-reads the live replicas and rebalances slots; a dead
     #: replica's slots are taken over within about this long.
     rebalance_seconds: float = 2.0
@@ -90,6 +95,7 @@ class ReconcilerConfig:
             "retry_base_delay_seconds": settings.retry_base_delay_ms / 1000.0,
             "tick_seconds": settings.tick_seconds,
             "park_sweep_seconds": settings.park_sweep_seconds,
+            "task_events_kept": settings.task_events_kept,
             "policy": str(settings.policy),
             "strategy": str(settings.strategy),
             "priority_aging_seconds": settings.priority_aging_seconds,

@@ -58,6 +58,7 @@ from app.ledger.plans import (
     grants_settle,
     plan_apply,
 )
+from app.ledger.preemption import PREEMPTING
 from app.ledger.reservations import Vector, amounts_sum
 from app.ledger.snapshot import (
     LedgerRow,
@@ -128,7 +129,8 @@ class PassResult:
     unsatisfiable_hits: int = 0
     #: Woken tasks claimed again (silently) to be re-examined.
     reexamined: int = 0
-    #: Re-examined tasks still pending for the same reason: parked again, no event.
+    #: Re-examined tasks parked again without an event: still pending for the reason their
+    #: log last recorded, or for another one within a park sweep period of that record.
     unchanged: int = 0
     #: Parked tasks the pass's placements unparked (affinity now has a match).
     woken: int = 0
@@ -171,15 +173,38 @@ class PassResult:
         }
 
 
+def pending_logged(task: ClaimedTask, code: str, *, now: datetime, period: float) -> bool:
+    """Return whether handing ``task`` back pending for ``code`` writes an event.
+
+    A first examination always does, and so does the end of a preemptor's wait (its
+    preemption is over: not a flap). A re-examination does only when ``code`` differs from
+    the code the task's event log last recorded, and that record is at least ``period``
+    seconds old: a pool whose health flaps changes the reason of every task parked on it
+    back and forth, and each task then logs at most one change per period. Its pending
+    reason is the latest at once; the log catches up at a later re-examination (the safety
+    sweep re-examines every parked task about once a period).
+    """
+    if task.pending_code is None or task.pending_code == PREEMPTING:
+        return True
+    logged = task.logged_code if task.logged_code is not None else task.pending_code
+    if code == logged:
+        return False
+    return task.logged_at is None or (now - task.logged_at).total_seconds() >= period
+
+
 def _pending(
-    task: ClaimedTask, code: str, document: dict[str, Any], wake: tuple[str, ...] | None
+    task: ClaimedTask, code: str, document: dict[str, Any], wake: tuple[str, ...] | None,
+    *, now: datetime, period: float, keep: int,
 ) -> Unclaim:
-    """Return the parking hand-back of a task pending for ``code``: an event only when the
-    code changed (a re-examination that finds the same reason leaves the history alone)."""
+    """Return the parking hand-back of a task pending for ``code``, with an event only when
+    :func:`pending_logged` says so (a re-examination that finds the same reason leaves the
+    history alone); an event past the task's ``keep`` pending events trims its log to the
+    first event and the latest ``keep``."""
+    event = pending_logged(task, code, now=now, period=period)
     return Unclaim(
         task.id, code, document, parked=True, wake=wake,
         stage=pending_stage(code) if wake is not None else STAGE_NONE,
-        event=task.pending_code != code,
+        event=event, trim_to=keep if event and task.logged_count >= keep else None,
     )
 
 
@@ -308,7 +333,7 @@ async def _pass_in(
                 "code": INVALID_SPEC,
                 "message": f"stored spec cannot be read: {str(exc).splitlines()[0][:200]}",
                 "rejections": {},
-            }, None))
+            }, None, now=now, period=cfg.park_sweep_seconds, keep=cfg.task_events_kept))
     affinity_tenants = {
         spec.tenant_id for _, spec in compiled if spec.required or spec.preferred
     }
@@ -356,7 +381,7 @@ async def _pass_in(
     waiting_of = preemption.waiting if preemption.waits else None
     holds, cached = preemption.holds, cache.get
     assume, decided = assumed.add, decisions.append
-    top_k = cfg.top_k
+    top_k, period, keep = cfg.top_k, cfg.park_sweep_seconds, cfg.task_events_kept
     unsatisfiable = False
     # The rejection counts maps of the pass's outcomes, by identity (kept alive here, so an
     # id is never reused), with how many tasks had each.
@@ -382,7 +407,7 @@ async def _pass_in(
                     "code": SCHEDULER_ERROR,
                     "message": f"the scheduler failed on this task: {type(exc).__name__}",
                     "rejections": {},
-                }, None))
+                }, None, now=now, period=cfg.park_sweep_seconds, keep=cfg.task_events_kept))
                 continue
             # Tasks of one placement class mostly share one rejection counts map: each map
             # is counted once per task here and added up after the loop.
@@ -405,7 +430,8 @@ async def _pass_in(
         preempting = preemption.plan(task, spec, reason, snapshot=snapshot, assumed=assumed,
                                      now=now)
         unclaims.append(preempting or _pending(
-            task, str(reason.code), no_placement_document(reason), wake_keys(spec, reason)
+            task, str(reason.code), no_placement_document(reason), wake_keys(spec, reason),
+            now=now, period=period, keep=keep,
         ))
     rejections = result.rejections
     for counts, times in counts_seen.values():

@@ -13,6 +13,12 @@ position is a few binary searches:
   tenant-id order (its tie-break): with ``k`` of its own tenant's tasks ahead, each other
   tenant is ahead with ``min(n, k)`` tasks, ``min(n, k + 1)`` when its id sorts first.
 
+**Who competes with whom.** A task competes only with the tasks whose tenant can use at
+least one pool its own tenant can use (a pool of the class that lists both tenants): the
+snapshot carries the tenant lists of the class's pools, and a position counts only the
+tasks of those tenants, so no tenant learns the volume of tenants it shares no pool with.
+Each index is kept per tenant, so restricting costs one binary search per competing tenant.
+
 When the class has more competitors than the snapshot holds (``complete`` False), counts
 are lower bounds.
 """
@@ -20,7 +26,7 @@ are lower bounds.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -43,8 +49,8 @@ class ClassQueue:
     built on its first position, so a process serving one policy pays for that one only.
     """
 
-    __slots__ = ("_prio", "_tenants", "admitted", "aging_seconds", "complete", "priorities",
-                 "seqs", "tenant_ids")
+    __slots__ = ("_competitors", "_prio", "_tenants", "admitted", "aging_seconds", "complete",
+                 "pool_tenants", "priorities", "seqs", "tenant_ids")
 
     def __init__(
         self,
@@ -55,6 +61,7 @@ class ClassQueue:
         admitted: Sequence[float],
         complete: bool,
         aging_seconds: float = 60.0,
+        pool_tenants: Iterable[Iterable[str]] | None = None,
     ) -> None:
         self.seqs = seqs
         self.tenant_ids = tenant_ids
@@ -64,18 +71,30 @@ class ClassQueue:
         #: False when the class has more competitors than the snapshot holds.
         self.complete = complete
         self.aging_seconds = aging_seconds
-        self._prio: list[tuple[float, int]] | None = None
+        #: The tenant lists of the class's pools (None: every task competes with every other).
+        self.pool_tenants = (
+            None if pool_tenants is None else [frozenset(t) for t in pool_tenants]
+        )
+        self._prio: dict[str, list[tuple[float, int]]] | None = None
         self._tenants: dict[str, list[int]] | None = None
+        self._competitors: dict[str, frozenset[str] | None] = {}
 
     def _priority_key(self, priority: int, admitted: float, seq: int) -> tuple[float, int]:
         # Ascending sort = descending effective priority, then admission order.
         return (admitted / self.aging_seconds - priority, seq)
 
-    def _priority_index(self) -> list[tuple[float, int]]:
+    def _priority_index(self) -> dict[str, list[tuple[float, int]]]:
         if self._prio is None:
-            self._prio = sorted(
-                map(self._priority_key, self.priorities, self.admitted, self.seqs)
-            )
+            by_tenant: dict[str, list[tuple[float, int]]] = {}
+            for tenant, key in zip(
+                self.tenant_ids,
+                map(self._priority_key, self.priorities, self.admitted, self.seqs),
+                strict=True,
+            ):
+                by_tenant.setdefault(tenant, []).append(key)
+            for keys in by_tenant.values():
+                keys.sort()
+            self._prio = by_tenant
         return self._prio
 
     def _tenant_index(self) -> dict[str, list[int]]:
@@ -86,20 +105,45 @@ class ClassQueue:
             self._tenants = tenants
         return self._tenants
 
+    def competitors(self, tenant_id: str) -> frozenset[str] | None:
+        """Return the tenants whose tasks compete with ``tenant_id``'s: those listed on a pool
+        of the class that lists it (itself always); None when every tenant competes."""
+        if self.pool_tenants is None:
+            return None
+        if tenant_id not in self._competitors:
+            tenants = {tenant_id}
+            for listed in self.pool_tenants:
+                if tenant_id in listed:
+                    tenants.update(listed)
+            # None when no one is left out: the whole snapshot counts.
+            self._competitors[tenant_id] = (
+                None if tenants.issuperset(self._tenant_index()) else frozenset(tenants)
+            )
+        return self._competitors[tenant_id]
+
     def position(
         self, *, seq: int, tenant_id: str, priority: int, admitted_at: datetime, policy: str
     ) -> Position:
-        """Return where a task (competing or not) stands among the snapshot's tasks."""
+        """Return where a task (competing or not) stands among the snapshot's tasks of the
+        tenants it competes with."""
+        by_tenant = self._tenant_index()
+        rivals = self.competitors(tenant_id)
+        tenants = by_tenant.keys() if rivals is None else rivals & by_tenant.keys()
+        competing = (
+            len(self.seqs) if rivals is None else sum(len(by_tenant[t]) for t in tenants)
+        )
         if policy == "priority":
             key = self._priority_key(priority, admitted_at.timestamp(), seq)
-            ahead = bisect_left(self._priority_index(), key)
+            keys = self._priority_index()
+            ahead = sum(bisect_left(keys[t], key) for t in tenants)
         elif policy == "fair":
-            by_tenant = self._tenant_index()
             own = bisect_left(by_tenant.get(tenant_id, []), seq)
             ahead = own + sum(
-                min(len(seqs), own + (1 if other < tenant_id else 0))
-                for other, seqs in by_tenant.items() if other != tenant_id
+                min(len(by_tenant[other]), own + (1 if other < tenant_id else 0))
+                for other in tenants if other != tenant_id
             )
-        else:
+        elif rivals is None:
             ahead = bisect_left(self.seqs, seq)
-        return Position(ahead=ahead, competing=len(self.seqs), exact=self.complete)
+        else:
+            ahead = sum(bisect_left(by_tenant[t], seq) for t in tenants)
+        return Position(ahead=ahead, competing=competing, exact=self.complete)

@@ -3,7 +3,9 @@ and what is pending for a caller.
 
 **Position** is counted under the active policy among the tasks that compete for the same
 pools: waiting tasks of the same runtime class that released capacity could help (tasks
-waiting for a pool to be added, activated or changed compete for nothing yet). It comes from
+waiting for a pool to be added, activated or changed compete for nothing yet), of tenants
+that can use at least one pool the task's tenant can use (a tenant's figures never count
+the tasks of tenants it shares no pool with). It comes from
 a snapshot of the class's competing queue (:class:`~app.scheduling.positions.ClassQueue`,
 the oldest ``queue_count_limit`` tasks, one bounded read) that a :class:`QueueCache` keeps
 for ``queue_snapshot_seconds``: a read of getTask costs binary searches, not a count over
@@ -83,6 +85,7 @@ class QueueCache:
                 admitted=columns.admitted,
                 complete=len(columns.seqs) < limit,
                 aging_seconds=aging_seconds,
+                pool_tenants=columns.pool_tenants,
             )
             if len(self._entries) >= 1024:
                 self._entries.clear()

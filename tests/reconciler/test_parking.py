@@ -179,12 +179,14 @@ async def test_a_changed_reason_appends_one_event_and_the_sweep_re_examines_sile
     result = await reconciler.run_once(now=NOW)
     assert (result.reexamined, result.unchanged) == (1, 1)
     assert [e[2] for e in await _events(db, task)] == ["runtime_unhealthy"]
-    # Healthy now: re-examined again, the reason changed: one event, the change.
+    # Healthy a sweep period later: re-examined again, the reason changed: one event, the
+    # change (within a period of the last logged change it would wait, see test_flap.py).
+    later = NOW + timedelta(seconds=reconciler.config.park_sweep_seconds)
     async with db.connection() as conn:
         await conn.execute("INSERT INTO runtime_instances (id, last_heartbeat_at) "
-                           "VALUES ('rt-p1', $1)", NOW)
-    assert await reconciler.unpark(now=NOW) == 1
-    result = await reconciler.run_once(now=NOW)
+                           "VALUES ('rt-p1', $1)", later)
+    assert await reconciler.unpark(now=later) == 1
+    result = await reconciler.run_once(now=later)
     assert (result.reexamined, result.unchanged) == (1, 0)
     assert await _events(db, task) == [
         ("ADMITTED", "ADMITTED", "runtime_unhealthy"),

@@ -47,8 +47,10 @@ async def _policy_positions(db: Database, policy: str) -> dict[uuid.UUID, int]:
 
 @pytest.fixture
 async def mixed_queue(db: Database) -> dict[str, uuid.UUID]:
-    """Tasks of two tenants in one runtime class, plus tasks that compete for nothing."""
+    """Tasks of two tenants that share a pool, in one runtime class, plus tasks that compete
+    for nothing."""
     async with db.transaction() as conn:
+        await pool_add(conn, "shared", tenants=["t-a", "t-b"], capacity=None)
         a = await tasks_add(conn, tenant="t-a", specs=[
             spec_make(priority=0), spec_make(priority=3), spec_make(priority=0),
             spec_make(priority=0)], admitted_at=NOW - timedelta(seconds=600))
@@ -173,3 +175,27 @@ async def test_no_eta_with_the_reason_why(db: Database, spec: dict, estimate: st
     await _completed(db, "p1", [60])
     queue = await _read(db, task, _settings())
     assert (queue["estimatedStartAt"], queue["estimate"]) == (None, estimate)
+
+
+@pytest.mark.parametrize("policy", ["fifo", "priority", "fair"])
+async def test_tasks_of_tenants_that_share_no_pool_with_the_caller_do_not_count(
+    db: Database, policy: str
+) -> None:
+    async with db.transaction() as conn:
+        await pool_add(conn, "acme-only", tenants=["acme"])
+        await pool_add(conn, "globex-only", tenants=["globex"])
+        await pool_add(conn, "shared", tenants=["globex", "initech"])
+        # Older than acme's task and of higher priority: ahead of it under every policy,
+        # were they competing for the same pools.
+        await tasks_add(conn, tenant="globex", count=37, spec=spec_make(priority=5),
+                        admitted_at=NOW - timedelta(seconds=600))
+        (initech,) = await tasks_add(conn, tenant="initech", spec=spec_make(),
+                                     admitted_at=NOW - timedelta(seconds=300))
+        (acme,) = await tasks_add(conn, tenant="acme", spec=spec_make(), admitted_at=NOW)
+    settings = _settings(policy)
+    queue = await _read(db, acme, settings)
+    assert (queue["position"], queue["competing"], queue["exact"]) == (1, 1, True)
+    # initech shares a pool with globex: globex's tasks compete with it.
+    queue = await _read(db, initech, settings)
+    assert queue["competing"] == 38
+    assert queue["position"] == (2 if policy == "fair" else 38)
