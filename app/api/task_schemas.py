@@ -19,6 +19,7 @@ from pydantic import ConfigDict, Field
 from app.api.common import CamelModel, Page
 from app.ledger.tables import TASK_STATES
 from app.ledger.tasks import LeaseView, TaskEventRow, TaskRow
+from app.scheduling.explain import placement_document
 from app.scheduling.spec import TaskSpec
 
 
@@ -314,34 +315,6 @@ class FastJSONResponse(Response):
 # --- row -> JSON -----------------------------------------------------------------------------
 
 
-def _components(raw: Any) -> list[dict[str, Any]]:
-    return [
-        {"name": str(c["name"]), "value": float(c["value"]), "reason": str(c.get("reason", ""))}
-        for c in raw or ()
-    ]
-
-
-def placement_json(
-    raw: dict[str, Any] | None, hidden: frozenset[str] = frozenset()
-) -> dict[str, Any] | None:
-    """Return a stored placement in the API shape, keeping only the documented fields and
-    leaving out the alternatives in ``hidden`` (pools the tenant can no longer see)."""
-    if not raw or "poolId" not in raw:
-        return None
-    members = raw.get("members") or [{"poolId": raw["poolId"], "count": 1}]
-    return {
-        "poolId": raw["poolId"],
-        "score": float(raw.get("score", 0.0)),
-        "components": _components(raw.get("components")),
-        "members": [{"poolId": m["poolId"], "count": int(m["count"])} for m in members],
-        "alternatives": [
-            {"poolId": a["poolId"], "score": float(a["score"])}
-            for a in raw.get("alternatives") or ()
-            if a["poolId"] not in hidden
-        ],
-    }
-
-
 def pending_reason_json(raw: dict[str, Any] | None) -> dict[str, Any] | None:
     """Return a stored pending reason in the API shape."""
     if not raw or "code" not in raw:
@@ -369,23 +342,27 @@ def _lease_json(lease: LeaseView) -> dict[str, Any]:
     }
 
 
-def _leases_in_member_order(row: TaskRow) -> list[LeaseView]:
+def _leases_in_member_order(
+    leases: tuple[LeaseView, ...], placement: dict[str, Any] | None
+) -> list[LeaseView]:
     """Return the task's leases in the order of its placement's members (the placement's
     pool first), so that ``lease`` is the lease on ``placement.poolId`` and ``leases`` name
     the pools of ``placement.members`` in the same order; leases on other pools follow."""
-    leases = row.leases
-    if len(leases) < 2 or not row.placement:
+    if len(leases) < 2 or placement is None:
         return list(leases)
-    members = row.placement.get("members") or ()
-    rank = {m["poolId"]: i for i, m in enumerate(members)}
-    rank.setdefault(row.placement.get("poolId"), -1)
+    rank = {m["poolId"]: i for i, m in enumerate(placement["members"])}
+    rank.setdefault(placement["poolId"], -1)
     return sorted(leases, key=lambda lease: (rank.get(lease.pool_id, len(rank)), lease.pool_id))
 
 
 def task_json(row: TaskRow, queue: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Return a task row in the SPEC §6 task shape (values orjson serializes); ``queue`` is
-    the position document of an ADMITTED task read one at a time (getTask)."""
-    leases = [_lease_json(lease) for lease in _leases_in_member_order(row)]
+    """Return a task row in the task shape (values orjson serializes); ``queue`` is the
+    position document of an ADMITTED task read one at a time (getTask)."""
+    placement = (
+        None if row.placement is None
+        else placement_document(row.placement, hidden=row.hidden_pool_ids)
+    )
+    leases = [_lease_json(lease) for lease in _leases_in_member_order(row.leases, placement)]
     return {
         "id": row.id,
         "tenantId": row.tenant_id,
@@ -401,7 +378,7 @@ def task_json(row: TaskRow, queue: dict[str, Any] | None = None) -> dict[str, An
         "pendingReason": pending_reason_json(row.pending_reason)
         if row.state == "ADMITTED"
         else None,
-        "placement": placement_json(row.placement, row.hidden_pool_ids),
+        "placement": placement,
         "lease": leases[0] if leases else None,
         "leases": leases,
         "failureReason": row.failure_reason,

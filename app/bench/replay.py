@@ -20,7 +20,7 @@ import orjson
 
 from app.bench.dataset import Dataset
 from app.scheduling.assumed import Assumed
-from app.scheduling.explain import placement_document
+from app.scheduling.explain import placement_stored
 from app.scheduling.results import Result
 from app.scheduling.snapshot import PlacedTask, PoolState, Snapshot
 from app.scheduling.spec import CompiledSpec, StoredSpecs
@@ -113,7 +113,7 @@ def replay(
                 assumed.add(spec, placement.members, task_id=str(task[1]))
                 placed.append(PlacedTask(str(task[1]), task[2], dict(spec.labels),
                                          tuple(p for p, _ in placement.members)))
-                placement_document(
+                placement_stored(
                     placement, members=placement.members, alternatives=placement.alternatives
                 )
             elif result.reason is not None:

@@ -48,7 +48,7 @@ import orjson
 
 from app.config import SHARD_SLOTS
 from app.db import Connection
-from app.ledger.literals import documents_joined, ids_joined, ints_joined, uuids_joined
+from app.ledger.literals import ids_joined, ints_joined, texts_joined, uuids_joined
 from app.ledger.tasks import uuid7_prefix
 
 #: Most tenants the fair claim looks at in one pass.
@@ -58,9 +58,7 @@ FAIR_TENANTS_MAX = 512
 class ClaimedTask(NamedTuple):
     """A task claimed (row-locked) by this pass, with what scheduling it needs.
 
-    A named tuple, not a frozen dataclass: a pass builds one per claimed row, and a frozen
-    dataclass's ``__init__`` (one ``object.__setattr__`` per field) cost about five times
-    as much.
+    A named tuple: a pass builds one per claimed row, straight from the claim's columns.
     """
 
     id: uuid.UUID
@@ -158,10 +156,7 @@ async def claims_settings(conn: Connection, *, idle_seconds: float) -> None:
 
 
 def _claimed(rows: Sequence[Any]) -> list[ClaimedTask]:
-    # ``ClaimedTask._make`` is a Python function (it checks the length, which the claim
-    # statements' columns fix): the tuples are made directly.
-    new = tuple.__new__
-    return [new(ClaimedTask, r) for r in rows]
+    return [ClaimedTask._make(r) for r in rows]
 
 
 async def tasks_claim(
@@ -214,12 +209,11 @@ async def tasks_claim(
 
 
 class Grant(NamedTuple):
-    """A decided placement to apply: the task, its placement JSON and its members (a named
-    tuple: one is built per placement)."""
+    """A decided placement to apply: the task, its stored placement and its members."""
 
     task_id: uuid.UUID
-    #: The placement document, or its JSON text (:meth:`Decision.placement_text`).
-    placement: dict[str, Any] | str
+    #: The placement as stored (JSON text, :mod:`app.scheduling.explain`'s format).
+    placement: str
     #: (pool id, member count, runtime instance id) per pool the task uses.
     members: tuple[tuple[str, int, str], ...]
     #: What one member requests: (cpu, memory, llm).
@@ -321,7 +315,7 @@ async def tasks_lease(
         now,
         now + timedelta(seconds=lease_ttl_seconds),
         uuids_joined([g.task_id for g in ordered]),
-        documents_joined([g.placement for g in ordered]),
+        texts_joined([g.placement for g in ordered]),
         ids_joined([g.members[0][0] for g in ordered]),
         ints_joined(m_task), ids_joined(m_pool), ints_joined(m_members),
         ints_joined(m_cpu), ints_joined(m_memory), ints_joined(m_llm),

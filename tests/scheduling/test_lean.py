@@ -24,12 +24,7 @@ from app.bench import core
 from app.bench.dataset import dataset_generate
 from app.bench.replay import replay
 from app.scheduling.assumed import Assumed
-from app.scheduling.explain import (
-    placement_document,
-    placement_read,
-    ranked_document,
-    ranked_stored,
-)
+from app.scheduling.explain import placement_document, placement_stored, ranked_stored
 from app.scheduling.framework import select, select_full, select_ranked
 from app.scheduling.lean import _spread, covers
 from app.scheduling.plugins import names, registry
@@ -45,12 +40,13 @@ def stored(result) -> bytes | None:
     """Return the stored placement JSON of a result (None: no placement)."""
     if isinstance(result, Ranked):
         # As the reconciler stores it and the API reads it back.
-        assert placement_read(ranked_stored(result)) == ranked_document(result)
-        return orjson.dumps(placement_read(ranked_stored(result)))
+        return orjson.dumps(placement_document(ranked_stored(result)))
     p = result.placement
     if p is None:
         return None
-    return orjson.dumps(placement_document(p, members=p.members, alternatives=p.alternatives))
+    return orjson.dumps(placement_document(
+        placement_stored(p, members=p.members, alternatives=p.alternatives)
+    ))
 
 
 def reconciler_differs(spec, snapshot, old, *, assumed, top_k) -> bool:
