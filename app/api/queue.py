@@ -13,8 +13,8 @@ from fastapi import APIRouter, Request, Response
 from pydantic import Field
 
 from app.api.bodies import StrictRoute
-from app.api.common import problems
-from app.api.task_schemas import CamelModel, FastJSONResponse
+from app.api.common import CamelModel, problems
+from app.api.task_schemas import FastJSONResponse
 from app.api.tasks import TenantHeader
 from app.auth import ADMIN, OPERATOR, TENANT, Principal, require_roles
 from app.services.queue import queue_get

@@ -202,12 +202,11 @@ async def list_tasks(
         runtime_class=runtime_class,
         limit=limit,
     )
-    return FastJSONResponse(
-        {
-            "items": [task_json(r) for r in rows],
-            "nextCursor": cursor_encode(next_seq) if next_seq is not None else None,
-        }
-    )
+    page: TaskPage = {
+        "items": [task_json(r) for r in rows],
+        "nextCursor": cursor_encode(next_seq) if next_seq is not None else None,
+    }
+    return FastJSONResponse(page)
 
 
 @lean_router.get(
@@ -262,12 +261,11 @@ async def list_task_events(
         request.app.state.db, principal=principal, tenant=tenant, task_id=tid,
         after_id=after, limit=limit,
     )
-    return FastJSONResponse(
-        {
-            "items": [task_event_json(e) for e in events],
-            "nextCursor": cursor_encode(next_id) if next_id is not None else None,
-        }
-    )
+    page: TaskEventPage = {
+        "items": [task_event_json(e) for e in events],
+        "nextCursor": cursor_encode(next_id) if next_id is not None else None,
+    }
+    return FastJSONResponse(page)
 
 
 @router.post(

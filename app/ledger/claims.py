@@ -383,7 +383,7 @@ class Unclaim:
 
     task_id: uuid.UUID
     reason: str
-    pending_reason: dict[str, Any] | None = None
+    pending_reason: Mapping[str, Any] | None = None
     parked: bool = False
     #: Wake keys of a parked task (None: woken only by the safety sweep).
     wake: tuple[str, ...] | None = None

@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -111,7 +111,7 @@ class LeaseView:
     expires_at: datetime
     epoch: int
     #: ACTIVE, or REVOKING: the runtime is asked to stop by ``revoke_by`` (a preemption).
-    state: str = "ACTIVE"
+    state: Literal["ACTIVE", "REVOKING"] = "ACTIVE"
     revoke_by: datetime | None = None
 
 

@@ -40,7 +40,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -172,7 +172,7 @@ class PassResult:
 
 
 def _pending(
-    task: ClaimedTask, code: str, document: dict[str, Any], wake: tuple[str, ...] | None
+    task: ClaimedTask, code: str, document: Mapping[str, Any], wake: tuple[str, ...] | None
 ) -> Unclaim:
     """Return the parking hand-back of a task pending for ``code``: an event only when the
     code changed (a re-examination that finds the same reason leaves the history alone)."""

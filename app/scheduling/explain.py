@@ -21,25 +21,37 @@ it reads (:func:`placement_document`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from datetime import datetime
+from typing import TYPE_CHECKING, Annotated, NotRequired
 
 import orjson
+from pydantic import ConfigDict, Field, with_config
+from pydantic.json_schema import JsonDict, JsonValue
+from typing_extensions import TypedDict
 
 from app.scheduling.results import Ranked
 
 if TYPE_CHECKING:
     from app.scheduling.preemption import Preemption, Victim
-    from app.scheduling.results import (
-        Candidate,
-        NoPlacement,
-        Placement,
-        Rejection,
-        Result,
-        ScoreComponent,
-    )
+    from app.scheduling.results import Candidate, NoPlacement, Rejection, Result
+    from app.scheduling.results import Placement as Placed
+    from app.scheduling.results import ScoreComponent as Component
 
 __all__ = [
+    "DOCUMENT",
+    "PendingReason",
+    "Placement",
+    "PlacementAlternative",
+    "PlacementCandidate",
+    "PlacementMember",
+    "PlacementPreview",
+    "PlacementRejection",
+    "PreemptionCandidate",
+    "PreemptionPreview",
+    "PreemptionVictim",
+    "ScoreComponent",
     "candidate_document",
     "component_document",
     "no_placement_document",
@@ -54,13 +66,202 @@ __all__ = [
 ]
 
 
-def component_document(component: ScoreComponent) -> dict[str, Any]:
+#: The pydantic configuration of every served document (its JSON schema is the API's): no
+#: field beyond those declared.
+DOCUMENT = ConfigDict(extra="forbid")
+
+
+@with_config(DOCUMENT)
+class ScoreComponent(TypedDict):
+    """One score plugin's weighted contribution to a pool's total, with a short reason."""
+
+    name: Annotated[str, Field(description="Score plugin name, e.g. `least_loaded`, `cost`.")]
+    value: Annotated[float, Field(description="Weighted contribution to the total score.")]
+    reason: Annotated[str, Field(description="Why the plugin scored the pool this way.")]
+
+
+@with_config(DOCUMENT)
+class PlacementMember(TypedDict):
+    """How many members of the task are placed on a pool (1 for a plain task)."""
+
+    poolId: str
+    count: Annotated[int, Field(ge=1)]
+
+
+@with_config(DOCUMENT)
+class PlacementAlternative(TypedDict):
+    """A feasible pool that ranked below the chosen one."""
+
+    poolId: str
+    score: float
+
+
+_COMPONENTS_EXAMPLE: list[JsonValue] = [
+    {
+        "name": "least_loaded",
+        "value": 84.3807,
+        "reason": "projected utilization 16% dominant, 10% mean; lower is better",
+    },
+    {"name": "cost", "value": 100.0, "reason": "cost weight 1; cheaper pools score higher"},
+    {"name": "artifact_locality", "value": 100.0, "reason": "artifacts in eu-west-1 are local"},
+]
+_PLACEMENT_EXAMPLE: JsonDict = {
+    "poolId": "eu-gpu-1",
+    "score": 284.3807,
+    "components": _COMPONENTS_EXAMPLE,
+    "members": [{"poolId": "eu-gpu-1", "count": 1}],
+    "alternatives": [{"poolId": "eu-gpu-2", "score": 143.7698}],
+}
+
+
+@with_config(ConfigDict(extra="forbid", json_schema_extra={"examples": [_PLACEMENT_EXAMPLE]}))
+class Placement(TypedDict):
+    """Where the task was placed and why: the chosen pool, its score and the runners-up."""
+
+    poolId: Annotated[
+        str, Field(description="The chosen pool (the first member's, for a gang).")
+    ]
+    score: Annotated[
+        float, Field(description="Total score of the chosen pool (sum of components).")
+    ]
+    components: list[ScoreComponent]
+    members: Annotated[
+        list[PlacementMember], Field(description="Every pool holding members, with counts.")
+    ]
+    alternatives: Annotated[
+        list[PlacementAlternative],
+        Field(description="The next-ranked feasible pools, best first."),
+    ]
+
+
+@with_config(ConfigDict(
+    extra="forbid",
+    json_schema_extra={
+        "examples": [
+            {
+                "code": "insufficient_cpu",
+                "message": "0/4 pools fit: 3 lack cpu (closest), 1 is cordoned or draining",
+                "rejections": {"insufficient_cpu": 3, "pool_not_active": 1},
+            }
+        ]
+    },
+))
+class PendingReason(TypedDict):
+    """Why an admitted task is not placed now: headline code, a sentence, counts by code."""
+
+    code: Annotated[str, Field(
+        description="The headline reason code: the closest miss, the code of the latest stage "
+        "any pool reached (ties: the most pools); `preempting` while the task waits for the "
+        "lower-priority tasks it displaced to stop."
+    )]
+    message: Annotated[str, Field(description="A human sentence; names no pool.")]
+    rejections: Annotated[
+        dict[str, int], Field(description="Number of visible pools rejected, by code.")
+    ]
+    victims: NotRequired[Annotated[int | None, Field(
+        default=None, description="`preempting` only: tasks the task waits for to stop."
+    )]]
+    revokeBy: NotRequired[Annotated[datetime | None, Field(
+        default=None, description="`preempting` only: when its victims are revoked at the latest."
+    )]]
+
+
+@with_config(DOCUMENT)
+class PlacementCandidate(TypedDict):
+    """A feasible pool in the ranking, with its score components."""
+
+    poolId: str
+    score: float
+    components: list[ScoreComponent]
+
+
+@with_config(DOCUMENT)
+class PlacementRejection(TypedDict):
+    """A pool visible to the tenant that a filter rejected."""
+
+    poolId: str
+    reasons: list[str]
+
+
+@with_config(DOCUMENT)
+class PreemptionVictim(TypedDict):
+    """A leased task of the tenant, of lower priority, that a preemption would displace."""
+
+    taskId: str
+    priority: int
+    members: list[PlacementMember]
+
+
+@with_config(DOCUMENT)
+class PreemptionCandidate(TypedDict):
+    """A pool where displacing ``victims`` would make room, with its score."""
+
+    poolId: str
+    score: float
+    victims: list[PreemptionVictim]
+
+
+@with_config(DOCUMENT)
+class PreemptionPreview(TypedDict):
+    """The preemption a task with `preemption: "lowerPriority"` would make now."""
+
+    poolId: Annotated[
+        str, Field(description="The pool it would take (the first member's, for a gang).")
+    ]
+    members: list[PlacementMember]
+    victims: Annotated[
+        list[PreemptionVictim], Field(description="The tasks it would displace.")
+    ]
+    candidates: Annotated[list[PreemptionCandidate], Field(
+        description="Every pool where displacing lower-priority tasks would make room, with "
+        "the victims each would need, cheapest set first."
+    )]
+
+
+@with_config(ConfigDict(
+    extra="forbid",
+    json_schema_extra={
+        "examples": [
+            {
+                "placement": _PLACEMENT_EXAMPLE,
+                "candidates": [
+                    {"poolId": "eu-gpu-1", "score": 284.3807,
+                     "components": _COMPONENTS_EXAMPLE},
+                    {"poolId": "eu-gpu-2", "score": 143.7698, "components": []},
+                ],
+                "rejected": [{"poolId": "eu-gpu-3", "reasons": ["runtime_unhealthy"]}],
+                "reason": None,
+            }
+        ]
+    },
+))
+class PlacementPreview(TypedDict):
+    """A dry-run decision on the live snapshot: nothing is reserved."""
+
+    placement: Placement | None
+    candidates: Annotated[
+        list[PlacementCandidate], Field(description="Every feasible pool, best first.")
+    ]
+    rejected: Annotated[
+        list[PlacementRejection], Field(description="Every rejected pool visible to the tenant.")
+    ]
+    reason: Annotated[
+        PendingReason | None, Field(description="Why nothing fits (null if placed).")
+    ]
+    preemption: NotRequired[Annotated[PreemptionPreview | None, Field(
+        default=None,
+        description="For a spec that may preempt and fits nowhere: the lower-priority tasks "
+        "of the tenant it would displace (null otherwise).",
+    )]]
+
+
+def component_document(component: Component) -> ScoreComponent:
     """Build a score component's document ``{"name", "value", "reason"}``."""
     return {"name": component.name, "value": round(component.value, 4), "reason": component.reason}
 
 
 def placement_stored(
-    candidate: Candidate | Placement,
+    candidate: Candidate | Placed,
     *,
     members: Iterable[tuple[str, int]],
     alternatives: Iterable[Candidate],
@@ -108,7 +309,7 @@ class PlacementFormatUnknown(ValueError):
     """A stored placement is not in the format this version of Berth reads."""
 
 
-def placement_document(text: str, *, hidden: Collection[str] = ()) -> dict[str, Any]:
+def placement_document(text: str, *, hidden: Collection[str] = ()) -> Placement:
     """Return the served document of a stored placement ``{"poolId", "score", "components",
     "members", "alternatives"}``, numbers rounded to 4 places, without the alternatives named
     in ``hidden`` (pools the tenant can no longer see)."""
@@ -131,12 +332,12 @@ def placement_document(text: str, *, hidden: Collection[str] = ()) -> dict[str, 
     }
 
 
-def _rounded(x: float | None) -> float | None:
-    # None: an inf or nan, which orjson writes as null.
-    return None if x is None else float(round(x, 4))
+def _rounded(x: float | None) -> float:
+    # None: an inf or nan, which orjson writes as null (and writes nan as null again).
+    return math.nan if x is None else float(round(x, 4))
 
 
-def no_placement_document(reason: NoPlacement) -> dict[str, Any]:
+def no_placement_document(reason: NoPlacement) -> PendingReason:
     """Build the pending reason ``{"code", "message", "rejections"}`` of a task that fits
     nowhere (rejections: pools per reason code)."""
     return {
@@ -146,7 +347,7 @@ def no_placement_document(reason: NoPlacement) -> dict[str, Any]:
     }
 
 
-def candidate_document(candidate: Candidate) -> dict[str, Any]:
+def candidate_document(candidate: Candidate) -> PlacementCandidate:
     """Build a ranked candidate's document ``{"poolId", "score", "components"}``."""
     return {
         "poolId": candidate.pool_id,
@@ -155,12 +356,12 @@ def candidate_document(candidate: Candidate) -> dict[str, Any]:
     }
 
 
-def rejection_document(rejection: Rejection) -> dict[str, Any]:
+def rejection_document(rejection: Rejection) -> PlacementRejection:
     """Build a rejected pool's document ``{"poolId", "reasons"}``."""
     return {"poolId": rejection.pool_id, "reasons": list(rejection.reasons)}
 
 
-def _victim_document(victim: Victim) -> dict[str, Any]:
+def _victim_document(victim: Victim) -> PreemptionVictim:
     return {
         "taskId": victim.task_id,
         "priority": victim.priority,
@@ -168,7 +369,7 @@ def _victim_document(victim: Victim) -> dict[str, Any]:
     }
 
 
-def preemption_document(preemption: Preemption) -> dict[str, Any]:
+def preemption_document(preemption: Preemption) -> PreemptionPreview:
     """Build a planned preemption: the pool and members it would take, the victims it would
     displace there, and every candidate pool with the victims it would need, cheapest first."""
     return {
@@ -183,7 +384,9 @@ def preemption_document(preemption: Preemption) -> dict[str, Any]:
     }
 
 
-def preview_document(result: Result, preemption: Preemption | None = None) -> dict[str, Any]:
+def preview_document(
+    result: Result, preemption: Preemption | None = None
+) -> PlacementPreview:
     """Build the placement preview ``{"placement", "candidates", "rejected", "reason",
     "preemption"}`` of a whole result (and of the preemption a preemptor would make)."""
     placement = result.placement

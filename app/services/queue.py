@@ -22,7 +22,10 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import ConfigDict, Field, with_config
+from typing_extensions import TypedDict
 
 from app.auth import ADMIN, OPERATOR, Principal
 from app.config import Settings
@@ -43,6 +46,42 @@ __all__ = ["QueueCache", "duration_words", "queue_get", "task_queue"]
 
 #: Most recent completions one ETA read counts (the rate is then taken over their span).
 COMPLETIONS_COUNTED = 1000
+
+
+@with_config(ConfigDict(
+    extra="forbid",
+    json_schema_extra={
+        "examples": [
+            {
+                "position": 13,
+                "competing": 40,
+                "exact": True,
+                "policy": "fifo",
+                "estimatedStartAt": "2026-12-01T12:03:15Z",
+                "estimate": "about 3 minutes: 12 tasks ahead; leases on its 3 candidate "
+                "pools completed at 4.0 per minute over the last 15 minutes (each "
+                "completion is assumed to free room for one waiting task)",
+            }
+        ]
+    },
+))
+class TaskQueue(TypedDict):
+    """Where an admitted task stands under the active policy, and when it may start."""
+
+    position: Annotated[
+        int, Field(ge=1, description="1 + the competing tasks ahead under the policy.")
+    ]
+    competing: Annotated[int, Field(
+        ge=0, description="Waiting tasks of the runtime class that released capacity could help."
+    )]
+    exact: Annotated[
+        bool, Field(description="False: a count reached the read bound (lower bounds).")
+    ]
+    policy: Annotated[str, Field(description="The policy the position is counted under.")]
+    estimatedStartAt: Annotated[datetime | None, Field(
+        description="Only when capacity is the only blocker and completions were observed."
+    )]
+    estimate: Annotated[str, Field(description="How the estimate was made, or why there is none.")]
 
 
 class QueueCache:
@@ -133,7 +172,7 @@ async def task_queue(
     settings: Settings,
     now: datetime,
     cache: QueueCache | None = None,
-) -> dict[str, Any]:
+) -> TaskQueue:
     """Return the ``queue`` document of an ADMITTED task (position, competing, ETA); without
     a ``cache`` the class queue is read afresh."""
     assert row.admitted_at is not None
@@ -145,7 +184,7 @@ async def task_queue(
         seq=row.seq, tenant_id=row.tenant_id, priority=row.priority,
         admitted_at=row.admitted_at, policy=str(settings.policy),
     )
-    doc: dict[str, Any] = {
+    doc: TaskQueue = {
         "position": pos.ahead + 1,
         "competing": pos.competing,
         "exact": pos.exact,
