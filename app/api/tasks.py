@@ -5,10 +5,10 @@ for: a task of another tenant answers 404, exactly like one that does not exist.
 acts for several tenants names the one it submits for in ``X-Berth-Tenant``; reads cover
 all of its tenants unless that header narrows them (:mod:`app.services.tenancy`).
 
-createTask and getTask are the API's hot paths: they are lean routes (:mod:`app.api.lean`)
-that read their request themselves and declare their contract with ``openapi_extra``; the
-answers are those of a regular route. Task JSON is built by :func:`task_json` and
-serialized by orjson without response models.
+createTask and getTask are the API's hot paths: they are direct routes
+(:mod:`app.api.direct_routes`) that read their request themselves and declare their contract
+with ``openapi_extra``; the answers are those of a regular route. Task JSON is built by
+:func:`task_json` as the :class:`~app.api.task_schemas.Task` shape and serialized by orjson.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from fastapi import APIRouter, Header, Path, Query, Request, Response
 
 from app.api.bodies import StrictRoute
 from app.api.common import CursorQuery, LimitQuery, cursor_decode, cursor_encode, problems
-from app.api.lean import (
-    LeanRoute,
+from app.api.direct_routes import (
+    DirectRoute,
     body_read,
     body_validate,
     header_parameter,
@@ -41,7 +41,6 @@ from app.api.task_schemas import (
 from app.auth import (
     TENANT,
     TenantDep,
-    app_state,
     header_get,
     principal_from_request,
     role_check,
@@ -53,7 +52,7 @@ from app.services import tasks as service
 
 router = APIRouter(prefix="/v1", tags=["tasks"], route_class=StrictRoute)
 #: createTask and getTask: the hot routes, whose endpoints read the request themselves.
-lean_router = APIRouter(prefix="/v1", tags=["tasks"], route_class=LeanRoute)
+direct_router = APIRouter(prefix="/v1", tags=["tasks"], route_class=DirectRoute)
 
 TENANT_HEADER = "X-Berth-Tenant"
 TENANT_HEADER_MAX = 128
@@ -106,7 +105,7 @@ def _tenant_header(request: Request, errors: list[dict[str, Any]]) -> str | None
     )
 
 
-@lean_router.post(
+@direct_router.post(
     "/tasks",
     operation_id="createTask",
     summary="Submit a task",
@@ -153,14 +152,14 @@ async def create_task(request: Request) -> Response:
     spec = body_validate(body, TaskSpec, errors)
     validation_raise(errors)
     assert spec is not None
-    state = app_state(request)
+    state = request.app.state
     row = await service.task_submit(
-        state["db"],
+        state.db,
         principal=principal,
         tenant=tenant,
         spec=spec,
         idempotency_key=idempotency_key,
-        max_queued=state["settings"].max_queued_tasks_per_tenant,
+        max_queued=state.settings.max_queued_tasks_per_tenant,
     )
     return FastJSONResponse(
         task_json(row),
@@ -209,7 +208,7 @@ async def list_tasks(
     return FastJSONResponse(page)
 
 
-@lean_router.get(
+@direct_router.get(
     "/tasks/{taskId}",
     operation_id="getTask",
     summary="Get a task with its explanation",
@@ -231,10 +230,10 @@ async def get_task(request: Request) -> Response:
     tenant = _tenant_header(request, errors)
     validation_raise(errors)
     task_id = task_id_parse(request.path_params["taskId"])
-    state = app_state(request)
+    state = request.app.state
     row, queue = await service.task_get(
-        state["db"], principal=principal, tenant=tenant, task_id=task_id,
-        settings=state["settings"], queue_cache=state["queue_cache"],
+        state.db, principal=principal, tenant=tenant, task_id=task_id,
+        settings=state.settings, queue_cache=state.queue_cache,
     )
     return FastJSONResponse(task_json(row, queue))
 

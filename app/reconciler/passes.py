@@ -78,7 +78,6 @@ from app.metrics import (
     TASKS_CLAIMED,
     TASKS_LEASED,
     TASKS_REEXAMINED,
-    histogram_observe_many,
 )
 from app.reconciler.config import ReconcilerConfig
 from app.reconciler.preempting import PassPreemption
@@ -269,7 +268,8 @@ def _metrics_count(result: PassResult) -> None:
     # A re-examination that changed nothing is not a new decision.
     PLACEMENTS.labels(outcome="pending").inc(result.pending - result.unchanged)
     PLACEMENTS.labels(outcome="conflict").inc(result.requeued)
-    histogram_observe_many(QUEUE_WAIT, result.queue_waits)
+    for wait in result.queue_waits:
+        QUEUE_WAIT.observe(wait)
 
 
 async def _pass_in(

@@ -46,6 +46,8 @@ __all__ = ["QueueCache", "duration_words", "queue_get", "task_queue"]
 
 #: Most recent completions one ETA read counts (the rate is then taken over their span).
 COMPLETIONS_COUNTED = 1000
+#: Most class queues cached at once.
+QUEUE_CACHE_SIZE = 1024
 
 
 @with_config(ConfigDict(
@@ -97,6 +99,15 @@ class QueueCache:
         self._entries: dict[tuple[str, int, float], tuple[float, ClassQueue]] = {}
         self._reading: dict[tuple[str, int, float], asyncio.Future[ClassQueue]] = {}
 
+    def _put(self, key: tuple[str, int, float], now: float, queue: ClassQueue) -> None:
+        """Keep ``queue`` under ``key``; when full, forget the entry read longest ago
+        (entries are kept in the order they were read)."""
+        entries = self._entries
+        entries.pop(key, None)
+        if len(entries) >= QUEUE_CACHE_SIZE:
+            del entries[next(iter(entries))]
+        entries[key] = (now, queue)
+
     async def get(
         self, conn: Connection, *, runtime_class: str, limit: int, aging_seconds: float
     ) -> ClassQueue:
@@ -123,9 +134,7 @@ class QueueCache:
                 complete=len(columns.seqs) < limit,
                 aging_seconds=aging_seconds,
             )
-            if len(self._entries) >= 1024:
-                self._entries.clear()
-            self._entries[key] = (now, queue)
+            self._put(key, now, queue)
             reading.set_result(queue)
             return queue
         except asyncio.CancelledError:
