@@ -74,7 +74,7 @@ TenantHeader = Annotated[
 ]
 TaskIdPath = Annotated[str, Path(alias="taskId", description=TASK_ID_DESCRIPTION)]
 
-_SECURITY = [{"HTTPBearer": []}]
+_SECURITY: list[dict[str, list[str]]] = [{"HTTPBearer": []}]
 _TENANT_PARAMETER = header_parameter(
     TENANT_HEADER, TENANT_HEADER_DESCRIPTION, max_length=TENANT_HEADER_MAX
 )

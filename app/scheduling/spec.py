@@ -346,7 +346,7 @@ def compile_spec(spec: TaskSpec, *, tenant_id: str, task_id: str | None = None) 
     )
 
 
-_LABELS = TypeAdapter(
+_LABELS: TypeAdapter[dict[str, str]] = TypeAdapter(
     Annotated[dict[LabelKey, LabelValue], Field(max_length=MAX_LABELS)],
     config=ConfigDict(strict=True),
 )
