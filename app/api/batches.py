@@ -1,4 +1,4 @@
-"""HTTP API: task batches — up to 1,000 submissions in one request (SPEC §6).
+"""HTTP API: task batches — up to 1,000 submissions in one request.
 
 ``POST /v1/task-batches`` takes ``{"items": [{"spec": {…}, "idempotencyKey"?}, …]}`` and
 answers 200 with one result per item, in request order: ``{"index", "status", "task",
@@ -51,7 +51,7 @@ from app.services import batches as service
 router = APIRouter(prefix="/v1", tags=["tasks"], route_class=StrictRoute)
 
 PATH = "/v1/task-batches"
-#: The most items one batch may hold (SPEC §6).
+#: The most items one batch may hold.
 ITEMS_MAX = 1000
 
 

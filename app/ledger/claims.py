@@ -24,7 +24,7 @@ pools refused their amounts (the pass walks them or hands them back);
 :func:`tasks_unclaim` parks the tasks that fit nowhere. All of them touch only rows the pass
 holds locked.
 
-**Events grow with changes, not with time** (SPEC §5). A claim writes no event. A task that
+**Events grow with changes, not with time.** A claim writes no event. A task that
 already carries a pending reason (it was parked, then woken) and is found pending for the
 same reason code is parked again with no event at all (its pending reason, wake keys and
 stage are refreshed in place); any other outcome writes one event (``leased``, the new
@@ -227,30 +227,28 @@ class Grant(NamedTuple):
 # $13 the lease ids' prefix (below). The member rows' columns are delimited texts
 # (app.ledger.literals) but the instances. A member row names its task by the task's position in
 # $3 (from 1: ``g``'s ordinality, returned by the update), not by its id again: one integer to
-# parse instead of a third parse of every UUID (2.7 M of the statement's 279.5 M instructions at
-# 1,024 placements, callgrind). The ``t.id = ANY($3)`` condition lets the planner reach the rows
-# through the primary key whatever it estimates for the unnest (never a scan of every task ever
-# kept). The placement is stored as the text orjson wrote (revision 0012_placement_text: not
-# parsed again, nothing searches it).
+# parse instead of a third parse of every UUID. The ``t.id = ANY($3)`` condition lets the planner
+# reach the rows through the primary key whatever it estimates for the unnest (never a scan of
+# every task ever kept). The placement is stored as the text the reconciler wrote (decision 11:
+# not parsed again, nothing searches it).
 # ``id`` and ``tenant_id`` are assigned their own values. The update is never HOT (``state`` is in
 # the claim indexes' predicates), and PostgreSQL marks the index insertions of an UPDATE whose SET
 # list does not name an index's columns "key unchanged": a full leaf page of ``pk_tasks``,
 # ``ix_tasks_tenant_seq`` or ``ix_tasks_leased_tenant`` then first tries a bottom-up deletion,
-# whose candidates are the versions this statement supersedes (never removable yet): 30.7 M of a
-# replayed pass's 312.5 M lease instructions at 1,024 placements, always in vain (decision 12).
+# whose candidates are the versions this statement supersedes (never removable yet), always in
+# vain (decision 12).
 # Naming the columns changes no value, row lock or HOT decision (PostgreSQL compares the values
 # for those).
 # A lease's id is a UUIDv7 made of $13 (``uuid7_prefix``: the pass's millisecond), the version
 # digit, 50 random bits of ONE ``gen_random_uuid()`` per statement (its characters 16-30: three
 # hex digits, the variant group, six hex digits) and the member row's position as six hex digits
 # (0x100000 + k: six digits for any statement of fewer than 15 M member rows).
-# ``gen_random_uuid()`` per lease (pg_strong_random, about 9 K instructions each) was 6.2 M of a
-# replayed pass's 331 M lease-statement instructions at 1,024 placements (callgrind). The ids of a
-# pass are distinct by their positions, and grow with time: its leases append next to each other
-# in ``pk_leases``. Lease ids are not secrets (decision 16).
-# The event's detail is written as JSON text (half the server CPU of ``jsonb_build_object``): a
-# pool id needs no escaping, since ``ck_pools_id_slug`` admits only [a-z0-9-] and the pools come
-# from the pass's snapshot of ``pools``.
+# One ``gen_random_uuid()`` per statement rather than per lease: pg_strong_random is costly. The
+# ids of a pass are distinct by their positions, and grow with time: its leases append next to
+# each other in ``pk_leases``. Lease ids are not secrets (decision 16).
+# The event's detail is written as JSON text (cheaper for the server than
+# ``jsonb_build_object``): a pool id needs no escaping, since ``ck_pools_id_slug`` admits only
+# [a-z0-9-] and the pools come from the pass's snapshot of ``pools``.
 _LEASE = (
     "WITH g AS (SELECT * FROM unnest(string_to_array($3::text, ',')::uuid[], "
     "string_to_array($4::text, E'\\x1e'), string_to_array($5::text, ',')) "

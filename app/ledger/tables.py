@@ -152,8 +152,8 @@ tasks = Table(
     # The SPEC §4 stage of the pending reason's closest miss (NULL: not examined yet).
     Column("pending_stage", SmallInteger),
     # Written once per lease and read whole, never searched: the JSON text the reconciler
-    # wrote with orjson, stored as ``text`` (not parsed again at every lease; revisions
-    # 0010_pg and 0012_placement_text, decision 11).
+    # wrote with orjson, in one versioned format (app.scheduling.explain, decision 18),
+    # stored as ``text`` (not parsed again at every lease; decision 11).
     Column("placement", Text),
     Column("attempts", Integer, nullable=False, server_default="0"),
     # Times the task was displaced by a preemptor (revision 0006_preemption): it uses no

@@ -19,7 +19,7 @@ connection pools together). Every read is tenant-scoped: a task of another tenan
 indistinguishable from a task that does not exist.
 
 Rows come back as :class:`TaskRow` (plain values, JSON columns already decoded by the
-connection's codecs); the API turns them into the SPEC §6 shape.
+connection's codecs); the API turns them into its task shape.
 """
 
 from __future__ import annotations

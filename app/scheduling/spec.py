@@ -52,7 +52,7 @@ Topology = Literal["pool", "failureDomain", "region"]
 
 
 class _Model(BaseModel):
-    # Strict, by camelCase name only (SPEC §6): a spec is a request body, and a stored one
+    # Strict, by camelCase name only: a spec is a request body, and a stored one
     # was written by model_dump(by_alias=True), so it reads back the same way.
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -184,7 +184,7 @@ def _no_affinity() -> Affinity:
 
 
 class TaskSpec(_Model):
-    """A task spec as submitted by a tenant (SPEC §3)."""
+    """A task spec as submitted by a tenant."""
 
     model_config = ConfigDict(
         json_schema_extra={

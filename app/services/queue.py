@@ -1,5 +1,5 @@
 """The queue: where an admitted task stands and when it can honestly be expected to start,
-and what is pending for a caller (SPEC §5, §6).
+and what is pending for a caller.
 
 **Position** is counted under the active policy among the tasks that compete for the same
 pools: waiting tasks of the same runtime class that released capacity could help (tasks
