@@ -25,6 +25,7 @@ from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from starlette.requests import ClientDisconnect
 
 from app.api.bodies import json_body_read, query_names_check
 from app.auth import header_get
@@ -73,13 +74,29 @@ class Body:
         self.errors = errors
 
 
+async def _body_receive(request: Request) -> bytes:
+    """Return the whole request body, read from the ASGI ``receive`` channel.
+
+    ``Request.body()`` reads through an async generator (``Request.stream()``); this loop
+    does without it, which costs less on the hot routes. Nothing reads the body after it.
+    """
+    chunks = []
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
 async def body_read(request: Request, model: type[M]) -> Body:
     """Read the body strictly (:mod:`app.api.bodies`) and validate it as ``model``.
 
     Raises the 415 of a body that is not ``application/json`` and the 400 of one that is not
     JSON, before the key is checked (FastAPI's order); schema errors wait in the ``Body``.
     """
-    raw = await request.body()
+    raw = await _body_receive(request)
     if not raw:
         return Body(None)
     value = json_body_read(raw, header_get(request, b"content-type"))
