@@ -256,9 +256,41 @@ async def task_queue(
     return doc
 
 
+@with_config(ConfigDict(extra="forbid"))
+class QueueItem(TypedDict):
+    """Waiting tasks of one runtime class pending for one reason code."""
+
+    runtimeClass: str
+    code: Annotated[str, Field(
+        description="The pending reason's code (closest miss), `unexamined` before the first "
+        "pass, or `reservation_conflict` after lost races."
+    )]
+    pending: Annotated[int, Field(ge=0, description="Waiting tasks (ADMITTED or CLAIMED).")]
+    parked: Annotated[
+        int, Field(ge=0, description="Of those, parked until a wakeup could help them.")
+    ]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class QueueSummary(TypedDict):
+    """What is pending for the caller, by reason code and runtime class."""
+
+    pending: Annotated[int, Field(ge=0)]
+    parked: Annotated[int, Field(ge=0)]
+    byReason: dict[str, int]
+    byRuntimeClass: dict[str, int]
+    items: list[QueueItem]
+    oldestPendingAt: Annotated[datetime | None, Field(
+        description="Admission time of the oldest waiting task in scope."
+    )]
+    oldestPendingSeconds: Annotated[
+        float | None, Field(description="Its age now, in seconds.")
+    ]
+
+
 async def queue_get(
     db: Database, *, principal: Principal, tenant: str | None, now: datetime | None = None
-) -> dict[str, Any]:
+) -> QueueSummary:
     """Return what is pending for the caller: a tenant its own tasks, an operator the demand
     its pools could serve, an admin everything; by runtime class and pending code."""
     at = now or datetime.now(UTC)
