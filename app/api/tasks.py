@@ -41,6 +41,7 @@ from app.api.task_schemas import (
 from app.auth import (
     TENANT,
     TenantDep,
+    app_state,
     header_get,
     principal_from_request,
     role_check,
@@ -152,14 +153,14 @@ async def create_task(request: Request) -> Response:
     spec = body_validate(body, TaskSpec, errors)
     validation_raise(errors)
     assert spec is not None
-    state = request.app.state
+    state = app_state(request)
     row = await service.task_submit(
-        state.db,
+        state["db"],
         principal=principal,
         tenant=tenant,
         spec=spec,
         idempotency_key=idempotency_key,
-        max_queued=state.settings.max_queued_tasks_per_tenant,
+        max_queued=state["settings"].max_queued_tasks_per_tenant,
     )
     return FastJSONResponse(
         task_json(row),
@@ -230,10 +231,10 @@ async def get_task(request: Request) -> Response:
     tenant = _tenant_header(request, errors)
     validation_raise(errors)
     task_id = task_id_parse(request.path_params["taskId"])
-    state = request.app.state
+    state = app_state(request)
     row, queue = await service.task_get(
-        state.db, principal=principal, tenant=tenant, task_id=task_id,
-        settings=state.settings, queue_cache=state.queue_cache,
+        state["db"], principal=principal, tenant=tenant, task_id=task_id,
+        settings=state["settings"], queue_cache=state["queue_cache"],
     )
     return FastJSONResponse(task_json(row, queue))
 
