@@ -34,6 +34,8 @@ bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: B
 #: How long a process trusts a verified key without asking the database again: the most a
 #: revoked key keeps working in another API process (docs/api.md#keys).
 KEY_CACHE_SECONDS = 5.0
+#: Most keys cached at once.
+KEY_CACHE_SIZE = 10_000
 
 log = logging.getLogger("berth.auth")
 
@@ -93,26 +95,19 @@ class KeyCache:
         return entry[1]
 
     def put(self, digest: str, principal: Principal, now: float) -> None:
-        """Cache ``principal`` under ``digest``."""
-        if len(self._entries) > 10_000:
-            self._entries.clear()
-        self._entries[digest] = (now + self.ttl, principal)
+        """Cache ``principal`` under ``digest``; when full, forget the entry that expires
+        first (entries are kept in the order they were put, and all live as long)."""
+        entries = self._entries
+        entries.pop(digest, None)
+        if len(entries) >= KEY_CACHE_SIZE:
+            del entries[next(iter(entries))]
+        entries[digest] = (now + self.ttl, principal)
 
     def forget(self, key_id: uuid.UUID) -> None:
         """Drop the cached principal of the key ``key_id`` (it was just revoked here)."""
         for digest, (_, principal) in list(self._entries.items()):
             if principal.key_id == key_id:
                 del self._entries[digest]
-
-
-def app_state(request: Request) -> dict[str, Any]:
-    """Return the app's state (``app.state``) as the dict it is kept in.
-
-    Starlette's ``State`` answers each attribute through ``__getattr__``, after a failed
-    ordinary lookup (an AttributeError raised and caught): a few microseconds a lookup, which
-    the hot routes avoid by reading the dict.
-    """
-    return request.app.state._state  # type: ignore[no-any-return]
 
 
 def header_get(request: Request, name: bytes) -> str | None:
@@ -139,6 +134,15 @@ def bearer_key(authorization: str | None) -> str | None:
     if not scheme or not key or scheme.lower() != "bearer":
         return None
     return key
+
+
+def app_state(request: Request) -> dict[str, Any]:
+    """Return the app's state (``app.state``) as the dict Starlette keeps it in.
+
+    ``State`` answers each attribute through ``__getattr__``, after a failed ordinary lookup
+    (an AttributeError raised and caught); the hot routes read the dict instead.
+    """
+    return request.app.state._state  # type: ignore[no-any-return]
 
 
 async def principal_from_request(request: Request) -> Principal:

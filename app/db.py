@@ -23,7 +23,7 @@ import asyncio
 import re
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
+from typing import Any, TypeAlias
 
 import asyncpg
 import orjson
@@ -33,7 +33,7 @@ from app.errors import ConfigurationError
 __all__ = ["Connection", "Database", "async_url", "describe_url", "plain_url"]
 
 #: The connection type ledger functions take.
-Connection = asyncpg.Connection
+Connection: TypeAlias = asyncpg.Connection
 
 
 #: A PostgreSQL URL whose every part is plain (unreserved characters, no query): SQLAlchemy's

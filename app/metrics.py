@@ -6,9 +6,6 @@ names, stages, wakeup sources) — never a tenant, task, pool or label value.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
 
 PASS_DURATION = Histogram(
@@ -106,34 +103,3 @@ REQUESTS_SHED = Counter(
 )
 for _reason in SHED_REASONS:
     REQUESTS_SHED.labels(_reason)
-
-
-#: The attributes of a prometheus_client ``Histogram`` that :func:`histogram_observe_many` uses.
-_HISTOGRAM_PARTS = ("_raise_if_not_observable", "_upper_bounds", "_sum", "_buckets")
-
-
-def histogram_observe_many(histogram: Histogram, values: Sequence[float]) -> None:
-    """Observe every one of ``values`` in an unlabelled ``histogram``, as ``observe`` would one
-    by one, with one increment per bucket: a pass observes the queue wait of each task it
-    leased (a thousand ``observe`` calls cost about 1 µs per placement).
-
-    It reads the histogram's bucket bounds and increments its bucket and sum values
-    (prometheus_client's own attributes, the ones ``observe`` uses; a test checks the two
-    agree; the sum is added in one step, so it may differ from one-by-one in the last bit).
-    A prometheus_client without those attributes gets the values one by one through
-    ``observe``, so an upgrade can cost the shortcut, never a pass.
-    """
-    if not values:
-        return
-    if not all(hasattr(histogram, a) for a in _HISTOGRAM_PARTS):
-        for value in values:
-            histogram.observe(value)
-        return
-    histogram._raise_if_not_observable()
-    bounds = histogram._upper_bounds
-    # The first bound >= the value: ``observe``'s bucket (the last bound is +Inf).
-    counts = np.bincount(np.searchsorted(bounds, values, side="left"), minlength=len(bounds))
-    histogram._sum.inc(float(sum(values)))
-    for i, n in enumerate(counts.tolist()):
-        if n:
-            histogram._buckets[i].inc(n)

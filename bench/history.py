@@ -54,7 +54,9 @@ _TASKS = """
                               'preemption', 'never'),
            lbl, CASE WHEN g % 10 = 9 THEN 0 ELSE 1 END, 3,
            CASE WHEN g % 10 = 8 THEN 'runtime_reported_failure' END,
-           CASE WHEN g % 10 <> 9 THEN jsonb_build_object('poolId', pool) END,
+           CASE WHEN g % 10 <> 9 THEN json_build_array(
+               2, json_build_array(pool), json_build_array(0.0), '[]'::json,
+               json_build_array(json_build_array(pool, 1)), '[]'::json)::text END,
            fin - interval '2 minutes', fin - interval '2 minutes', fin,
            CASE WHEN g % 10 <> 9 THEN fin - interval '1 minute' END, fin
     FROM generate_series($2::int, $1::int, -1) AS g,
@@ -63,7 +65,7 @@ _TASKS = """
                          $7::timestamptz - make_interval(secs => g * $8::float8) AS fin,
                          jsonb_build_object('app', 'app-' || (g % 400) || '-' || (g % 4))
                              AS lbl) x
-    RETURNING id, state, placement::json ->> 'poolId' AS pool, leased_at, finished_at"""
+    RETURNING id, state, placement::json -> 1 ->> 0 AS pool, leased_at, finished_at"""
 
 
 async def history_load(

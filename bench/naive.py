@@ -126,10 +126,8 @@ async def _place_one(
             await conn.execute(_EVENT, task["id"], "ADMITTED", "ADMITTED", "no_placement")
             return "parked"
         pool_id = pool["pool_id"]
-        placement = orjson.dumps({
-            "poolId": pool_id, "score": 0.0, "components": [],
-            "members": [{"poolId": pool_id, "count": members}], "alternatives": [],
-        }).decode()
+        # Berth's stored placement format (version 2; app.scheduling.explain).
+        placement = orjson.dumps((2, [pool_id], [0.0], [], [[pool_id, members]], [])).decode()
         await conn.execute(_RESERVE, pool_id, cpu, mem, llm)
         await conn.execute(_RESERVATION, task["id"], pool_id, members, cpu, mem, llm)
         await conn.execute(

@@ -16,8 +16,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
+
 from app.db import Connection, Database
-from app.scheduling.explain import placement_read
+from app.scheduling.explain import placement_document, placement_stored
+from app.scheduling.results import Candidate
 from app.shards import shard_of
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -157,15 +160,21 @@ async def tasks_add(
     return ids
 
 
+def placement_on(pool_id: str) -> str:
+    """Return the stored placement of a task placed on ``pool_id`` alone (no alternatives)."""
+    return placement_stored(Candidate(pool_id, 0.0), members=[(pool_id, 1)], alternatives=())
+
+
 async def task_get(conn: Connection, task_id: uuid.UUID) -> dict[str, Any]:
     """Return a task row as a dict."""
     row = await conn.fetchrow("SELECT * FROM tasks WHERE id = $1", task_id)
     assert row is not None, f"no task {task_id}"
     task = dict(row)
-    # The placement is stored as the text the reconciler wrote (decision 11): a document, or
-    # a lean placement's values, rendered as its document when read.
+    # The placement is stored as the text the reconciler wrote: rendered as the API serves
+    # it, and the pools it walked past (stored, not served) as "walked_from".
     if task["placement"] is not None:
-        task["placement"] = placement_read(task["placement"])
+        task["walked_from"] = orjson.loads(task["placement"])[5]
+        task["placement"] = placement_document(task["placement"])
     return task
 
 

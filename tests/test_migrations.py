@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import uuid
 
 import asyncpg
+import orjson
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -14,6 +16,7 @@ from sqlalchemy.pool import NullPool
 
 from app.db import Database, async_url
 from app.ledger.tables import metadata
+from app.scheduling.explain import PLACEMENT_FORMAT, placement_document
 from app.schema import schema_current, schema_downgrade, schema_head, schema_upgrade
 from tests.conftest import _admin
 
@@ -153,3 +156,115 @@ async def test_ids_compare_bytewise(database_url: str) -> None:
         ) == ["B", "a-b", "ab", "b"]
     finally:
         await conn.close()
+
+
+# Placements as revisions before 0016_placement_format stored them, with the documents the API
+# served for them (the API rounds to 4 places and serves no ``walkedFrom``).
+_OLD_PLACEMENTS = [
+    (  # a lean placement: [1, pool ids, scores, components], numbers unrounded
+        '[1,["p-a","p-b","p-c"],[284.38071234,143.76981,12.0],'
+        '[["least_loaded",84.38071234,"projected 16%"],["cost",100,"cheap"]]]',
+        {
+            "poolId": "p-a",
+            "score": 284.3807,
+            "components": [
+                {"name": "least_loaded", "value": 84.3807, "reason": "projected 16%"},
+                {"name": "cost", "value": 100.0, "reason": "cheap"},
+            ],
+            "members": [{"poolId": "p-a", "count": 1}],
+            "alternatives": [
+                {"poolId": "p-b", "score": 143.7698}, {"poolId": "p-c", "score": 12.0}
+            ],
+        },
+    ),
+    (  # a document: a gang that walked past p-a
+        '{"poolId":"p-b","score":87.6543,"components":[{"name":"least_loaded","value":50.1235,'
+        '"reason":"r"}],"members":[{"poolId":"p-b","count":2},{"poolId":"p-c","count":1}],'
+        '"alternatives":[{"poolId":"p-c","score":80.0}],"walkedFrom":["p-a"]}',
+        {
+            "poolId": "p-b",
+            "score": 87.6543,
+            "components": [{"name": "least_loaded", "value": 50.1235, "reason": "r"}],
+            "members": [{"poolId": "p-b", "count": 2}, {"poolId": "p-c", "count": 1}],
+            "alternatives": [{"poolId": "p-c", "score": 80.0}],
+        },
+    ),
+    (  # a document without components or alternatives
+        '{"poolId":"p-a","score":1,"components":[],"members":[{"poolId":"p-a","count":1}],'
+        '"alternatives":[]}',
+        {"poolId": "p-a", "score": 1.0, "components": [], "members": [
+            {"poolId": "p-a", "count": 1}], "alternatives": []},
+    ),
+]
+
+
+async def _placements(url: str) -> dict[str, str | None]:
+    db = Database(url, max_size=1)
+    try:
+        async with db.connection() as conn:
+            rows = await conn.fetch(
+                "SELECT runtime_class, placement FROM tasks WHERE runtime_class <> 'bulk'"
+            )
+            return {r[0]: r[1] for r in rows}
+    finally:
+        await db.close()
+
+
+async def _bulk_formats(url: str) -> list[tuple[int, int]]:
+    db = Database(url, max_size=1)
+    try:
+        async with db.connection() as conn:
+            rows = await conn.fetch(
+                "SELECT (placement::json->>0)::int, count(*) FROM tasks "
+                "WHERE runtime_class = 'bulk' GROUP BY 1"
+            )
+            return [(r[0], r[1]) for r in rows]
+    finally:
+        await db.close()
+
+
+async def test_placement_format_migration_rewrites_both_old_forms(
+    scratch_url: str,
+) -> None:
+    """Rows of both old forms (and rows without a placement) are rewritten in version 2 and
+    render as the documents served before, over more than one batch; a downgrade writes
+    documents back."""
+    batch = importlib.import_module("migrations.versions.0016_placement_format").BATCH
+    await schema_upgrade(scratch_url, "0014_keys_collate_c")
+    stored = [text for text, _ in _OLD_PLACEMENTS] + ["null", '{"code":"x"}', None]
+    db = Database(scratch_url, max_size=1)
+    try:
+        async with db.connection() as conn:
+            for i, text in enumerate(stored):
+                await conn.execute(
+                    "INSERT INTO tasks (id, tenant_id, shard, runtime_class, spec, placement) "
+                    "VALUES ($1, 't', 0, $2, '{}', $3)",
+                    uuid.uuid4(), f"row-{i}", text,
+                )
+            # Enough lean placements for a second batch.
+            await conn.execute(
+                "INSERT INTO tasks (id, tenant_id, shard, runtime_class, spec, placement) "
+                "SELECT gen_random_uuid(), 't', 0, 'bulk', '{}', $1 FROM generate_series(1, $2)",
+                _OLD_PLACEMENTS[0][0], batch,
+            )
+    finally:
+        await db.close()
+
+    await schema_upgrade(scratch_url)
+    after = await _placements(scratch_url)
+    assert await _bulk_formats(scratch_url) == [(PLACEMENT_FORMAT, batch)]
+    for i, (_, document) in enumerate(_OLD_PLACEMENTS):
+        text = after[f"row-{i}"]
+        assert text is not None and orjson.loads(text)[0] == PLACEMENT_FORMAT
+        assert orjson.dumps(placement_document(text)) == orjson.dumps(document)
+    assert orjson.loads(after["row-1"])[5] == ["p-a"]
+    assert [after[f"row-{i}"] for i in (3, 4, 5)] == [None, None, None]
+
+    await schema_downgrade(scratch_url, "0014_keys_collate_c")
+    before = await _placements(scratch_url)
+    for i, (_, document) in enumerate(_OLD_PLACEMENTS):
+        text = before[f"row-{i}"]
+        assert text is not None
+        assert {**orjson.loads(text), "walkedFrom": None} == {**document, "walkedFrom": None}
+    assert orjson.loads(before["row-1"])["walkedFrom"] == ["p-a"]
+    assert "walkedFrom" not in orjson.loads(before["row-0"])

@@ -36,3 +36,11 @@ def test_readme_opens_with_the_two_commands() -> None:
         "pip install -e . && berth serve",
         "pip install -e '.[dev]' && python -m pytest -q",
     ]
+
+
+def test_every_row_of_the_configuration_table_is_a_setting() -> None:
+    section = README.split("Every setting is an environment variable", 1)[1]
+    table = section.split("\n\n", 2)[1]
+    rows = re.findall(r"^\| `BERTH_(\w+)` \|", table, re.MULTILINE)
+    assert rows, "README.md's configuration table was not found"
+    assert sorted(name.lower() for name in rows) == sorted(Settings.model_fields)

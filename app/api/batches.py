@@ -17,10 +17,10 @@ The answer of a stored task is written as text around its stored spec's JSON (ev
 field of a new task is a constant), and the rest of the answer by orjson: per item, no
 decoded spec and no dictionary to serialize.
 
-The endpoint reads its request itself, like the lean routes (:mod:`app.api.lean`): the body
-strictly (415, 400) before the key (401, 403), then the header and the envelope (422). Its
-body limit is ``BERTH_MAX_BATCH_BODY_BYTES`` instead of ``BERTH_MAX_BODY_BYTES``
-(:mod:`app.api.limits`).
+The endpoint reads its request itself, like the direct routes
+(:mod:`app.api.direct_routes`): the body strictly (415, 400) before the key (401, 403), then
+the header and the envelope (422). Its body limit is ``BERTH_MAX_BATCH_BODY_BYTES`` instead
+of ``BERTH_MAX_BODY_BYTES`` (:mod:`app.api.limits`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pydantic import Field, TypeAdapter, ValidationError, WithJsonSchema
 
 from app.api.bodies import StrictRoute, json_decode, media_type_check
 from app.api.common import CamelModel, RequestModel, problems
-from app.api.lean import header_parameter, string_read, validation_raise
+from app.api.direct_routes import header_parameter, string_read, validation_raise
 from app.api.problems import problem_json, validation_problem_json
 from app.api.task_schemas import Task, task_json
 from app.api.tasks import (

@@ -14,8 +14,8 @@ A request body reaches a model only as one well-formed JSON document in UTF-8, s
 * what is left is a schema question, answered by the strict request models with **422**.
 
 :class:`StrictRoute` applies this to every FastAPI route that declares a body, before
-FastAPI decodes it (FastAPI then reuses the decoded value); the lean routes
-(:mod:`app.api.lean`) call :func:`json_body_read` themselves.
+FastAPI decodes it (FastAPI then reuses the decoded value); the direct routes
+(:mod:`app.api.direct_routes`) call :func:`json_body_read` themselves.
 """
 
 from __future__ import annotations

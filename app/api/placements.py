@@ -9,10 +9,10 @@ from fastapi import APIRouter, Request, Response
 
 from app.api.bodies import StrictRoute
 from app.api.common import problems
-from app.api.task_schemas import FastJSONResponse, PlacementPreview
+from app.api.task_schemas import FastJSONResponse
 from app.api.tasks import TenantHeader
 from app.auth import TenantDep
-from app.scheduling.explain import preview_document
+from app.scheduling.explain import PlacementPreview, preview_document
 from app.scheduling.spec import TaskSpec
 from app.services.placements import placement_preview
 

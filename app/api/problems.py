@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import asyncpg
@@ -42,7 +43,7 @@ def problem_response(
     title: str | None = None,
     detail: str,
     type_uri: str = "about:blank",
-    headers: dict[str, str] | None = None,
+    headers: Mapping[str, str] | None = None,
     **extra: Any,
 ) -> JSONResponse:
     """Return an ``application/problem+json`` response."""
@@ -68,7 +69,7 @@ def _loc(loc: tuple[Any, ...] | list[Any]) -> list[str | int]:
     return [p if isinstance(p, int) else str(p) for p in loc]
 
 
-def validation_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def validation_errors(errors: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Return pydantic/FastAPI errors as problem ``errors`` entries [{loc, msg}]."""
     return [{"loc": _loc(e.get("loc", ())), "msg": str(e.get("msg", ""))} for e in errors]
 
@@ -92,10 +93,10 @@ async def _berth_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(exc)
 
 
-def validation_problem_json(raw_errors: list[dict[str, Any]]) -> dict[str, Any]:
+def validation_problem_json(raw_errors: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Return the body of the 422 problem of pydantic/FastAPI validation errors."""
     errors = validation_errors(raw_errors)
-    first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
+    first: dict[str, Any] = errors[0] if errors else {"loc": [], "msg": "invalid request"}
     where = ".".join(str(p) for p in first["loc"])
     return problem_json(
         422,

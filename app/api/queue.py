@@ -7,47 +7,18 @@ names runtime classes and reason codes only: never a pool, tenant or task.
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from fastapi import APIRouter, Request, Response
-from pydantic import Field
 
 from app.api.bodies import StrictRoute
 from app.api.common import problems
-from app.api.task_schemas import CamelModel, FastJSONResponse
+from app.api.task_schemas import FastJSONResponse
 from app.api.tasks import TenantHeader
 from app.auth import ADMIN, OPERATOR, TENANT, Principal, require_roles
-from app.services.queue import queue_get
+from app.services.queue import QueueSummary, queue_get
 
 router = APIRouter(prefix="/v1", tags=["queue"], route_class=StrictRoute)
 
 QueueReaderDep = require_roles(TENANT, OPERATOR, ADMIN)
-
-
-class QueueItem(CamelModel):
-    """Waiting tasks of one runtime class pending for one reason code."""
-
-    runtime_class: str
-    code: str = Field(
-        description="The pending reason's code (closest miss), `unexamined` before the first "
-        "pass, or `reservation_conflict` after lost races."
-    )
-    pending: int = Field(ge=0, description="Waiting tasks (ADMITTED or CLAIMED).")
-    parked: int = Field(ge=0, description="Of those, parked until a wakeup could help them.")
-
-
-class QueueSummary(CamelModel):
-    """What is pending for the caller, by reason code and runtime class."""
-
-    pending: int = Field(ge=0)
-    parked: int = Field(ge=0)
-    by_reason: dict[str, int]
-    by_runtime_class: dict[str, int]
-    items: list[QueueItem]
-    oldest_pending_at: datetime | None = Field(
-        description="Admission time of the oldest waiting task in scope."
-    )
-    oldest_pending_seconds: float | None = Field(description="Its age now, in seconds.")
 
 
 @router.get(

@@ -14,8 +14,8 @@ def api_routes() -> list[BaseRoute]:
     routes, rather than through ``include_router``: FastAPI keeps an included router as a
     nested node that every request descends through, and Starlette (and the HTTP metrics,
     which look the route up again for its label) try routes in order. So the hot createTask
-    and getTask (:class:`app.api.lean.LeanRoute`) come first.
+    and getTask (:class:`app.api.direct_routes.DirectRoute`) come first.
     """
-    routers = (tasks.lean_router, tasks.router, batches.router, pools.router, placements.router,
+    routers = (tasks.direct_router, tasks.router, batches.router, pools.router, placements.router,
                queue.router, runtimes.router, leases.router, keys.router)
     return [route for router in routers for route in router.routes]

@@ -5,10 +5,10 @@ for: a task of another tenant answers 404, exactly like one that does not exist.
 acts for several tenants names the one it submits for in ``X-Berth-Tenant``; reads cover
 all of its tenants unless that header narrows them (:mod:`app.services.tenancy`).
 
-createTask and getTask are the API's hot paths: they are lean routes (:mod:`app.api.lean`)
-that read their request themselves and declare their contract with ``openapi_extra``; the
-answers are those of a regular route. Task JSON is built by :func:`task_json` and
-serialized by orjson without response models.
+createTask and getTask are the API's hot paths: they are direct routes
+(:mod:`app.api.direct_routes`) that read their request themselves and declare their contract
+with ``openapi_extra``; the answers are those of a regular route. Task JSON is built by
+:func:`task_json` as the :class:`~app.api.task_schemas.Task` shape and serialized by orjson.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from fastapi import APIRouter, Header, Path, Query, Request, Response
 
 from app.api.bodies import StrictRoute
 from app.api.common import CursorQuery, LimitQuery, problems
-from app.api.lean import (
-    LeanRoute,
+from app.api.direct_routes import (
+    DirectRoute,
     body_read,
     body_validate,
     header_parameter,
@@ -55,7 +55,7 @@ from app.services.tokens import InvalidToken, Tokens, scope_events, scope_tasks
 
 router = APIRouter(prefix="/v1", tags=["tasks"], route_class=StrictRoute)
 #: createTask and getTask: the hot routes, whose endpoints read the request themselves.
-lean_router = APIRouter(prefix="/v1", tags=["tasks"], route_class=LeanRoute)
+direct_router = APIRouter(prefix="/v1", tags=["tasks"], route_class=DirectRoute)
 
 TENANT_HEADER = "X-Berth-Tenant"
 TENANT_HEADER_MAX = 128
@@ -77,7 +77,7 @@ TenantHeader = Annotated[
 ]
 TaskIdPath = Annotated[str, Path(alias="taskId", description=TASK_ID_DESCRIPTION)]
 
-_SECURITY = [{"HTTPBearer": []}]
+_SECURITY: list[dict[str, list[str]]] = [{"HTTPBearer": []}]
 _TENANT_PARAMETER = header_parameter(
     TENANT_HEADER, TENANT_HEADER_DESCRIPTION, max_length=TENANT_HEADER_MAX
 )
@@ -109,7 +109,7 @@ def _tenant_header(request: Request, errors: list[dict[str, Any]]) -> str | None
     )
 
 
-@lean_router.post(
+@direct_router.post(
     "/tasks",
     operation_id="createTask",
     summary="Submit a task",
@@ -207,15 +207,14 @@ async def list_tasks(
         runtime_class=runtime_class,
         limit=limit,
     )
-    return FastJSONResponse(
-        {
-            "items": [task_json(r) for r in rows],
-            "nextCursor": None if next_seq is None else tokens.seal(next_seq, scope=scope),
-        }
-    )
+    page: TaskPage = {
+        "items": [task_json(r) for r in rows],
+        "nextCursor": None if next_seq is None else tokens.seal(next_seq, scope=scope),
+    }
+    return FastJSONResponse(page)
 
 
-@lean_router.get(
+@direct_router.get(
     "/tasks/{taskId}",
     operation_id="getTask",
     summary="Get a task with its explanation",
@@ -271,12 +270,11 @@ async def list_task_events(
     )
     # An event's id and the cursor after it are the same token: a client may resume after
     # any event it has seen.
-    return FastJSONResponse(
-        {
-            "items": [task_event_json(e, tokens.seal(e.id, scope=scope)) for e in events],
-            "nextCursor": None if next_id is None else tokens.seal(next_id, scope=scope),
-        }
-    )
+    page: TaskEventPage = {
+        "items": [task_event_json(e, tokens.seal(e.id, scope=scope)) for e in events],
+        "nextCursor": None if next_id is None else tokens.seal(next_id, scope=scope),
+    }
+    return FastJSONResponse(page)
 
 
 @router.post(

@@ -24,7 +24,7 @@ pools refused their amounts (the pass walks them or hands them back);
 :func:`tasks_unclaim` parks the tasks that fit nowhere. All of them touch only rows the pass
 holds locked.
 
-**Events grow with changes, not with time**. A claim writes no event. A task that
+**Events grow with changes, not with time.** A claim writes no event. A task that
 already carries a pending reason (it was parked, then woken) and is found pending for the
 same reason code is parked again with no event at all (its pending reason, wake keys and
 stage are refreshed in place); any other outcome writes one event (``leased``, the new
@@ -51,7 +51,7 @@ import orjson
 
 from app.config import SHARD_SLOTS
 from app.db import Connection
-from app.ledger.literals import documents_joined, ids_joined, ints_joined, uuids_joined
+from app.ledger.literals import ids_joined, ints_joined, texts_joined, uuids_joined
 from app.ledger.retention import task_events_trim
 from app.ledger.tasks import uuid7_prefix
 
@@ -62,9 +62,7 @@ FAIR_TENANTS_MAX = 512
 class ClaimedTask(NamedTuple):
     """A task claimed (row-locked) by this pass, with what scheduling it needs.
 
-    A named tuple, not a frozen dataclass: a pass builds one per claimed row, and a frozen
-    dataclass's ``__init__`` (one ``object.__setattr__`` per field) cost about five times
-    as much.
+    A named tuple: a pass builds one per claimed row, straight from the claim's columns.
     """
 
     id: uuid.UUID
@@ -169,10 +167,7 @@ async def claims_settings(conn: Connection, *, idle_seconds: float) -> None:
 
 
 def _claimed(rows: Sequence[Any]) -> list[ClaimedTask]:
-    # ``ClaimedTask._make`` is a Python function (it checks the length, which the claim
-    # statements' columns fix): the tuples are made directly.
-    new = tuple.__new__
-    return [new(ClaimedTask, r) for r in rows]
+    return [ClaimedTask._make(r) for r in rows]
 
 
 async def tasks_claim(
@@ -225,12 +220,11 @@ async def tasks_claim(
 
 
 class Grant(NamedTuple):
-    """A decided placement to apply: the task, its placement JSON and its members (a named
-    tuple: one is built per placement)."""
+    """A decided placement to apply: the task, its stored placement and its members."""
 
     task_id: uuid.UUID
-    #: The placement document, or its JSON text (:meth:`Decision.placement_text`).
-    placement: dict[str, Any] | str
+    #: The placement as stored (JSON text, :mod:`app.scheduling.explain`'s format).
+    placement: str
     #: (pool id, member count, runtime instance id) per pool the task uses.
     members: tuple[tuple[str, int, str], ...]
     #: What one member requests: (cpu, memory, llm).
@@ -244,28 +238,28 @@ class Grant(NamedTuple):
 # $13 the lease ids' prefix (below). The member rows' columns are delimited texts
 # (app.ledger.literals) but the instances. A member row names its task by the task's position in
 # $3 (from 1: ``g``'s ordinality, returned by the update), not by its id again: one integer to
-# parse instead of a third parse of every UUID. The ``t.id = ANY($3)`` condition lets the
-# planner reach the rows through the primary key whatever it estimates for the unnest (never a
-# scan of every task ever kept). The placement is stored as the text orjson wrote (revision
-# 0012_placement_text: not parsed again, nothing searches it).
+# parse instead of a third parse of every UUID. The ``t.id = ANY($3)`` condition lets the planner
+# reach the rows through the primary key whatever it estimates for the unnest (never a scan of
+# every task ever kept). The placement is stored as the text the reconciler wrote (decision 11:
+# not parsed again, nothing searches it).
 # ``id`` and ``tenant_id`` are assigned their own values. The update is never HOT (``state`` is in
 # the claim indexes' predicates), and PostgreSQL marks the index insertions of an UPDATE whose SET
 # list does not name an index's columns "key unchanged": a full leaf page of ``pk_tasks``,
 # ``ix_tasks_tenant_seq`` or ``ix_tasks_leased_tenant`` then first tries a bottom-up deletion,
-# whose candidates are the versions this statement supersedes (never removable yet): about a
-# tenth of the statement's server work, always in vain (decision 12).
+# whose candidates are the versions this statement supersedes (never removable yet), always in
+# vain (decision 12).
 # Naming the columns changes no value, row lock or HOT decision (PostgreSQL compares the values
 # for those).
 # A lease's id is a UUIDv7 made of $13 (``uuid7_prefix``: the pass's millisecond), the version
 # digit, 50 random bits of ONE ``gen_random_uuid()`` per statement (its characters 16-30: three
 # hex digits, the variant group, six hex digits) and the member row's position as six hex digits
 # (0x100000 + k: six digits for any statement of fewer than 15 M member rows).
-# One ``gen_random_uuid()`` per lease would call pg_strong_random for each. The ids of a
-# pass are distinct by their positions, and grow with time: its leases append next to each other
-# in ``pk_leases``. Lease ids are not secrets (decision 16).
-# The event's detail is written as JSON text (half the server CPU of ``jsonb_build_object``): a
-# pool id needs no escaping, since ``ck_pools_id_slug`` admits only [a-z0-9-] and the pools come
-# from the pass's snapshot of ``pools``.
+# One ``gen_random_uuid()`` per statement rather than per lease: pg_strong_random is costly. The
+# ids of a pass are distinct by their positions, and grow with time: its leases append next to
+# each other in ``pk_leases``. Lease ids are not secrets (decision 16).
+# The event's detail is written as JSON text (cheaper for the server than
+# ``jsonb_build_object``): a pool id needs no escaping, since ``ck_pools_id_slug`` admits only
+# [a-z0-9-] and the pools come from the pass's snapshot of ``pools``.
 _LEASE = (
     "WITH g AS (SELECT * FROM unnest(string_to_array($3::text, ',')::uuid[], "
     "string_to_array($4::text, E'\\x1e'), string_to_array($5::text, ',')) "
@@ -330,7 +324,7 @@ async def tasks_lease(
         now,
         now + timedelta(seconds=lease_ttl_seconds),
         uuids_joined([g.task_id for g in ordered]),
-        documents_joined([g.placement for g in ordered]),
+        texts_joined([g.placement for g in ordered]),
         ids_joined([g.members[0][0] for g in ordered]),
         ints_joined(m_task), ids_joined(m_pool), ints_joined(m_members),
         ints_joined(m_cpu), ints_joined(m_memory), ints_joined(m_llm),
@@ -399,7 +393,7 @@ class Unclaim:
 
     task_id: uuid.UUID
     reason: str
-    pending_reason: dict[str, Any] | None = None
+    pending_reason: Mapping[str, Any] | None = None
     parked: bool = False
     #: Wake keys of a parked task (None: woken only by the safety sweep).
     wake: tuple[str, ...] | None = None

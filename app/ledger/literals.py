@@ -26,10 +26,10 @@ import orjson
 
 __all__ = [
     "JSON_SEPARATOR",
-    "documents_joined",
     "ids_joined",
     "ints_joined",
     "json_joined",
+    "texts_joined",
     "uuids_joined",
 ]
 
@@ -61,11 +61,7 @@ def json_joined(values: Sequence[object]) -> str:
     return JSON_SEPARATOR.join([orjson.dumps(v) for v in values]).decode()
 
 
-def documents_joined(values: Sequence[object]) -> str:
-    """Return :func:`json_joined` of documents given as values or as their JSON texts: a
-    ``str`` is a document's text already (as orjson writes it: every control character
-    escaped), taken as it is, not serialized as a JSON string."""
-    try:
-        return "\x1e".join(values)  # type: ignore[arg-type]  # texts only: no copy per value
-    except TypeError:
-        return "\x1e".join([v if type(v) is str else orjson.dumps(v).decode() for v in values])
+def texts_joined(texts: Sequence[str]) -> str:
+    """Return JSON texts (as orjson writes them: every control character escaped) joined by
+    :data:`JSON_SEPARATOR`, each taken as it is."""
+    return "\x1e".join(texts)

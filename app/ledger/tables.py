@@ -161,8 +161,8 @@ tasks = Table(
     # to its first event and its latest ones (``app.ledger.retention.task_events_trim``).
     Column("logged_count", Integer, nullable=False, server_default="0"),
     # Written once per lease and read whole, never searched: the JSON text the reconciler
-    # wrote with orjson, stored as ``text`` (not parsed again at every lease; revisions
-    # 0010_pg and 0012_placement_text, decision 11).
+    # wrote with orjson, in one versioned format (app.scheduling.explain, decision 20),
+    # stored as ``text`` (not parsed again at every lease; decision 11).
     Column("placement", Text),
     Column("attempts", Integer, nullable=False, server_default="0"),
     # Times the task was displaced by a preemptor (revision 0006_preemption): it uses no

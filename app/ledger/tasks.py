@@ -30,14 +30,13 @@ import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
 from app.db import Connection
 from app.errors import BerthError, NotFound, Unprocessable
 from app.ledger.idempotency import IdempotencyKeyReused
-from app.scheduling.explain import placement_read
 from app.shards import shard_of
 
 __all__ = [
@@ -112,7 +111,7 @@ class LeaseView:
     expires_at: datetime
     epoch: int
     #: ACTIVE, or REVOKING: the runtime is asked to stop by ``revoke_by`` (a preemption).
-    state: str = "ACTIVE"
+    state: Literal["ACTIVE", "REVOKING"] = "ACTIVE"
     revoke_by: datetime | None = None
 
 
@@ -129,7 +128,8 @@ class TaskRow:
     spec: dict[str, Any]
     labels: dict[str, str]
     pending_reason: dict[str, Any] | None
-    placement: dict[str, Any] | None
+    #: The placement as the reconciler stored it (JSON text, rendered by the API).
+    placement: str | None
     attempts: int
     max_attempts: int
     failure_reason: str | None
@@ -210,14 +210,10 @@ _COLUMNS = """
                 'revokeBy', l.revoke_by) ORDER BY l.pool_id), '[]')
        FROM leases l WHERE l.task_id = t.id AND l.state IN ('ACTIVE', 'REVOKING')),
     (SELECT coalesce(array_agg(a.pool_id ORDER BY a.i), '{}')
-       FROM (SELECT e->>'poolId', i FROM json_array_elements(
-                    CASE WHEN left(t.placement, 1) = '{' THEN t.placement::json->'alternatives'
-                    END) WITH ORDINALITY AS x(e, i)
-             UNION ALL
-             SELECT e, i FROM json_array_elements_text(
-                    CASE WHEN left(t.placement, 1) = '[' THEN t.placement::json->1 END)
-                    WITH ORDINALITY AS x(e, i) WHERE i > 1) AS a(pool_id, i)
-      WHERE NOT EXISTS (SELECT 1 FROM pools p
+       FROM json_array_elements_text(t.placement::json->1)
+            WITH ORDINALITY AS a(pool_id, i)
+      WHERE a.i > 1
+        AND NOT EXISTS (SELECT 1 FROM pools p
                          WHERE p.id = a.pool_id AND t.tenant_id = ANY(p.tenant_ids)))
 """
 
@@ -253,7 +249,7 @@ def _row(r: Any) -> TaskRow:
         spec=r[6],
         labels=r[7],
         pending_reason=r[8],
-        placement=placement_read(r[9]) if r[9] is not None else None,
+        placement=r[9],
         attempts=r[10],
         max_attempts=r[11],
         failure_reason=r[12],

@@ -40,7 +40,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -79,20 +79,19 @@ from app.metrics import (
     TASKS_CLAIMED,
     TASKS_LEASED,
     TASKS_REEXAMINED,
-    histogram_observe_many,
 )
 from app.reconciler.config import ReconcilerConfig
 from app.reconciler.preempting import PassPreemption
 from app.reconciler.retry import transient_retry
 from app.reconciler.walk import Decision, decisions_walk
 from app.scheduling.assumed import Assumed
-from app.scheduling.explain import no_placement_document, ranked_stored
+from app.scheduling.explain import no_placement_document
 from app.scheduling.framework import decide
 from app.scheduling.parking import STAGE_NONE, key_placed, pending_stage, wake_keys
 from app.scheduling.plugins.registry import reason_plugins
 from app.scheduling.policies import QueuedTask, get_policy
 from app.scheduling.reasons import Reason
-from app.scheduling.results import NoPlacement, Ranked
+from app.scheduling.results import NoPlacement
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec, StoredSpecs
 from app.scheduling.unsatisfiable import UnsatisfiableCache
@@ -193,7 +192,7 @@ def pending_logged(task: ClaimedTask, code: str, *, now: datetime, period: float
 
 
 def _pending(
-    task: ClaimedTask, code: str, document: dict[str, Any], wake: tuple[str, ...] | None,
+    task: ClaimedTask, code: str, document: Mapping[str, Any], wake: tuple[str, ...] | None,
     *, now: datetime, period: float, keep: int,
 ) -> Unclaim:
     """Return the parking hand-back of a task pending for ``code``, with an event only when
@@ -295,7 +294,8 @@ def _metrics_count(result: PassResult) -> None:
     # A re-examination that changed nothing is not a new decision.
     PLACEMENTS.labels(outcome="pending").inc(result.pending - result.unchanged)
     PLACEMENTS.labels(outcome="conflict").inc(result.requeued)
-    histogram_observe_many(QUEUE_WAIT, result.queue_waits)
+    for wait in result.queue_waits:
+        QUEUE_WAIT.observe(wait)
 
 
 async def _pass_in(
@@ -359,12 +359,9 @@ async def _pass_in(
     policy = get_policy(cfg.policy, **options)
     # Each claimed task with a spec by its id as text, then as the policy sees it.
     by_id = {str(t.id): (t, spec) for t, spec in compiled}
-    # QueuedTask's own __new__ is a Python function: the tuple is made directly.
-    new = tuple.__new__
     queued = [
-        new(QueuedTask, (key, t.tenant_id, t.priority, t.seq, t.admitted_at.timestamp(),
-                         spec.requests if spec.members == 1
-                         else _scaled(spec.requests, spec.members)))
+        QueuedTask(key, t.tenant_id, t.priority, t.seq, t.admitted_at.timestamp(),
+                   spec.requests if spec.members == 1 else _scaled(spec.requests, spec.members))
         for key, (t, spec) in by_id.items()
     ]
     total = snapshot.cap.sum(axis=0) if snapshot.n else (0, 0, 0)
@@ -448,26 +445,13 @@ async def _pass_in(
 
 def _grants(decisions: list[Decision], instance: dict[str, str]) -> list[Grant]:
     """Return the grants of ``decisions`` (their members on the pools' runtime instances),
-    each placement as its stored JSON text (a :class:`Ranked` one as its values,
-    :func:`ranked_stored`)."""
-    grants = []
-    grant = grants.append
-    # Grant's own __new__ is a Python function: the tuple is made directly.
-    new = tuple.__new__
+    each with its placement's stored text."""
+    grants: list[Grant] = []
     for d in decisions:
         spec = d.spec
-        members = d.members
-        if len(members) == 1:
-            (pool_id, count), = members
-            on = ((pool_id, count, instance[pool_id]),)
-        else:
-            on = tuple((p, c, instance[p]) for p, c in members)
-        # Decision.placement_text, for a placement as plain values that was not walked.
-        result = d.result
-        text = (ranked_stored(result) if type(result) is Ranked and d.walks == 0
-                else d.placement_text())
-        grant(new(Grant, (d.task.id, text, on, spec.requests,
-                          (key_placed(spec.tenant_id),) if spec.labels else ())))
+        on = tuple((p, c, instance[p]) for p, c in d.members)
+        wakes = (key_placed(spec.tenant_id),) if spec.labels else ()
+        grants.append(Grant(d.task.id, d.placement_text(), on, spec.requests, wakes))
     return grants
 
 

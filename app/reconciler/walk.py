@@ -15,13 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import orjson
 
 from app.ledger.claims import ClaimedTask
 from app.ledger.snapshot import LedgerRow
-from app.scheduling.explain import placement_document, ranked_document, ranked_stored
+from app.scheduling.explain import placement_stored, ranked_stored
 from app.scheduling.results import Ranked, Result
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec
@@ -42,25 +39,19 @@ class Decision:
     walks: int = 0
 
     def placement_text(self) -> str:
-        """Return the placement to store as its JSON text: ``placement_json()`` serialized,
-        or a single-member placement's values, which read back as that document
-        (:func:`ranked_stored`, :func:`~app.scheduling.explain.placement_read`)."""
-        if self.walks == 0 and type(self.result) is Ranked:
-            return ranked_stored(self.result)
-        return orjson.dumps(self.placement_json()).decode()
-
-    def placement_json(self) -> dict[str, Any]:
-        """Return the placement to store: the core's choice, or the candidate walked to."""
-        if self.walks == 0 and isinstance(self.result, Ranked):
-            return ranked_document(self.result)
-        placement = self.result.placement
-        assert placement is not None
+        """Return the placement to store (:mod:`app.scheduling.explain`'s format): the core's
+        choice, or the candidate walked to."""
+        result = self.result
         if self.walks == 0:
-            return placement_document(
+            if isinstance(result, Ranked):
+                return ranked_stored(result)
+            placement = result.placement
+            assert placement is not None
+            return placement_stored(
                 placement, members=placement.members, alternatives=placement.alternatives
             )
-        candidates = self.result.candidates
-        return placement_document(
+        candidates = result.candidates
+        return placement_stored(
             candidates[self.cursor],
             members=self.members,
             alternatives=candidates[self.cursor + 1:],

@@ -2,136 +2,342 @@
 
 ``select`` returns data (:mod:`app.scheduling.results`); the reconciler stores a task's
 placement and pending reason as JSON and the preview endpoint serves a whole result. Every
-such document is built here, from core data, in the API's shapes: scores and component
-values rounded to 4 places, pools named by id, reasons by their codes.
+such document is built here, from core data: scores and component values rounded to 4
+places, pools named by id, reasons by their codes.
 
-A lean placement is stored as its plain values (:func:`ranked_stored`, a JSON array) and its
-document is rendered when it is read (:func:`placement_read`): the reconciler writes one per
-placement, the API reads a few.
+A placement is stored in one format, a JSON array led by its version
+(:data:`PLACEMENT_FORMAT`)::
+
+    [2, [chosen pool, alternative, ...], [score, ...], [[name, value, reason], ...],
+     [[pool, count], ...], [walked-from pool, ...]]
+
+the chosen pool first with the alternatives after it, best first; the components of the
+chosen pool's score; every member's pool with its count; and the better-ranked pools the
+reservation walked past after a lost race (empty when it did not). Numbers are unrounded. An
+array rather than an object: it is the cheaper of the two to write, and the reconciler writes
+one per placement (:func:`placement_stored`, :func:`ranked_stored`); the API renders the few
+it reads (:func:`placement_document`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+import math
+from collections.abc import Collection, Iterable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Annotated, NotRequired
 
 import orjson
+from pydantic import ConfigDict, Field, with_config
+from pydantic.json_schema import JsonDict, JsonValue
+from typing_extensions import TypedDict
 
 from app.scheduling.results import Ranked
 
 if TYPE_CHECKING:
     from app.scheduling.preemption import Preemption, Victim
-    from app.scheduling.results import (
-        Candidate,
-        NoPlacement,
-        Placement,
-        Rejection,
-        Result,
-        ScoreComponent,
-    )
+    from app.scheduling.results import Candidate, NoPlacement, Rejection, Result
+    from app.scheduling.results import Placement as Placed
+    from app.scheduling.results import ScoreComponent as Component
 
 __all__ = [
+    "DOCUMENT",
+    "PendingReason",
+    "Placement",
+    "PlacementAlternative",
+    "PlacementCandidate",
+    "PlacementMember",
+    "PlacementPreview",
+    "PlacementRejection",
+    "PreemptionCandidate",
+    "PreemptionPreview",
+    "PreemptionVictim",
+    "ScoreComponent",
     "candidate_document",
     "component_document",
     "no_placement_document",
+    "PLACEMENT_FORMAT",
+    "PlacementFormatUnknown",
     "placement_document",
-    "placement_read",
+    "placement_stored",
     "preemption_document",
     "preview_document",
-    "ranked_document",
     "ranked_stored",
     "rejection_document",
 ]
 
 
-def component_document(component: ScoreComponent) -> dict[str, Any]:
+#: The pydantic configuration of every served document (its JSON schema is the API's): no
+#: field beyond those declared.
+DOCUMENT = ConfigDict(extra="forbid")
+
+
+@with_config(DOCUMENT)
+class ScoreComponent(TypedDict):
+    """One score plugin's weighted contribution to a pool's total, with a short reason."""
+
+    name: Annotated[str, Field(description="Score plugin name, e.g. `least_loaded`, `cost`.")]
+    value: Annotated[float, Field(description="Weighted contribution to the total score.")]
+    reason: Annotated[str, Field(description="Why the plugin scored the pool this way.")]
+
+
+@with_config(DOCUMENT)
+class PlacementMember(TypedDict):
+    """How many members of the task are placed on a pool (1 for a plain task)."""
+
+    poolId: str
+    count: Annotated[int, Field(ge=1)]
+
+
+@with_config(DOCUMENT)
+class PlacementAlternative(TypedDict):
+    """A feasible pool that ranked below the chosen one."""
+
+    poolId: str
+    score: float
+
+
+_COMPONENTS_EXAMPLE: list[JsonValue] = [
+    {
+        "name": "least_loaded",
+        "value": 84.3807,
+        "reason": "projected utilization 16% dominant, 10% mean; lower is better",
+    },
+    {"name": "cost", "value": 100.0, "reason": "cost weight 1; cheaper pools score higher"},
+    {"name": "artifact_locality", "value": 100.0, "reason": "artifacts in eu-west-1 are local"},
+]
+_PLACEMENT_EXAMPLE: JsonDict = {
+    "poolId": "eu-gpu-1",
+    "score": 284.3807,
+    "components": _COMPONENTS_EXAMPLE,
+    "members": [{"poolId": "eu-gpu-1", "count": 1}],
+    "alternatives": [{"poolId": "eu-gpu-2", "score": 143.7698}],
+}
+
+
+@with_config(ConfigDict(extra="forbid", json_schema_extra={"examples": [_PLACEMENT_EXAMPLE]}))
+class Placement(TypedDict):
+    """Where the task was placed and why: the chosen pool, its score and the runners-up."""
+
+    poolId: Annotated[
+        str, Field(description="The chosen pool (the first member's, for a gang).")
+    ]
+    score: Annotated[
+        float, Field(description="Total score of the chosen pool (sum of components).")
+    ]
+    components: list[ScoreComponent]
+    members: Annotated[
+        list[PlacementMember], Field(description="Every pool holding members, with counts.")
+    ]
+    alternatives: Annotated[
+        list[PlacementAlternative],
+        Field(description="The next-ranked feasible pools, best first."),
+    ]
+
+
+@with_config(ConfigDict(
+    extra="forbid",
+    json_schema_extra={
+        "examples": [
+            {
+                "code": "insufficient_cpu",
+                "message": "0/4 pools fit: 3 lack cpu (closest), 1 is cordoned or draining",
+                "rejections": {"insufficient_cpu": 3, "pool_not_active": 1},
+            }
+        ]
+    },
+))
+class PendingReason(TypedDict):
+    """Why an admitted task is not placed now: headline code, a sentence, counts by code."""
+
+    code: Annotated[str, Field(
+        description="The headline reason code: the closest miss, the code of the latest stage "
+        "any pool reached (ties: the most pools); `preempting` while the task waits for the "
+        "lower-priority tasks it displaced to stop."
+    )]
+    message: Annotated[str, Field(description="A human sentence; names no pool.")]
+    rejections: Annotated[
+        dict[str, int], Field(description="Number of visible pools rejected, by code.")
+    ]
+    victims: NotRequired[Annotated[int | None, Field(
+        default=None, description="`preempting` only: tasks the task waits for to stop."
+    )]]
+    revokeBy: NotRequired[Annotated[datetime | None, Field(
+        default=None, description="`preempting` only: when its victims are revoked at the latest."
+    )]]
+
+
+@with_config(DOCUMENT)
+class PlacementCandidate(TypedDict):
+    """A feasible pool in the ranking, with its score components."""
+
+    poolId: str
+    score: float
+    components: list[ScoreComponent]
+
+
+@with_config(DOCUMENT)
+class PlacementRejection(TypedDict):
+    """A pool visible to the tenant that a filter rejected."""
+
+    poolId: str
+    reasons: list[str]
+
+
+@with_config(DOCUMENT)
+class PreemptionVictim(TypedDict):
+    """A leased task of the tenant, of lower priority, that a preemption would displace."""
+
+    taskId: str
+    priority: int
+    members: list[PlacementMember]
+
+
+@with_config(DOCUMENT)
+class PreemptionCandidate(TypedDict):
+    """A pool where displacing ``victims`` would make room, with its score."""
+
+    poolId: str
+    score: float
+    victims: list[PreemptionVictim]
+
+
+@with_config(DOCUMENT)
+class PreemptionPreview(TypedDict):
+    """The preemption a task with `preemption: "lowerPriority"` would make now."""
+
+    poolId: Annotated[
+        str, Field(description="The pool it would take (the first member's, for a gang).")
+    ]
+    members: list[PlacementMember]
+    victims: Annotated[
+        list[PreemptionVictim], Field(description="The tasks it would displace.")
+    ]
+    candidates: Annotated[list[PreemptionCandidate], Field(
+        description="Every pool where displacing lower-priority tasks would make room, with "
+        "the victims each would need, cheapest set first."
+    )]
+
+
+@with_config(ConfigDict(
+    extra="forbid",
+    json_schema_extra={
+        "examples": [
+            {
+                "placement": _PLACEMENT_EXAMPLE,
+                "candidates": [
+                    {"poolId": "eu-gpu-1", "score": 284.3807,
+                     "components": _COMPONENTS_EXAMPLE},
+                    {"poolId": "eu-gpu-2", "score": 143.7698, "components": []},
+                ],
+                "rejected": [{"poolId": "eu-gpu-3", "reasons": ["runtime_unhealthy"]}],
+                "reason": None,
+            }
+        ]
+    },
+))
+class PlacementPreview(TypedDict):
+    """A dry-run decision on the live snapshot: nothing is reserved."""
+
+    placement: Placement | None
+    candidates: Annotated[
+        list[PlacementCandidate], Field(description="Every feasible pool, best first.")
+    ]
+    rejected: Annotated[
+        list[PlacementRejection], Field(description="Every rejected pool visible to the tenant.")
+    ]
+    reason: Annotated[
+        PendingReason | None, Field(description="Why nothing fits (null if placed).")
+    ]
+    preemption: NotRequired[Annotated[PreemptionPreview | None, Field(
+        default=None,
+        description="For a spec that may preempt and fits nowhere: the lower-priority tasks "
+        "of the tenant it would displace (null otherwise).",
+    )]]
+
+
+def component_document(component: Component) -> ScoreComponent:
     """Build a score component's document ``{"name", "value", "reason"}``."""
     return {"name": component.name, "value": round(component.value, 4), "reason": component.reason}
 
 
-def placement_document(
-    candidate: Candidate | Placement,
+def placement_stored(
+    candidate: Candidate | Placed,
     *,
     members: Iterable[tuple[str, int]],
     alternatives: Iterable[Candidate],
     walked_from: Sequence[str] = (),
-) -> dict[str, Any]:
-    """Build the stored and served placement: the chosen pool with its score and components,
-    every member's pool, the alternatives, and ``walkedFrom`` only when the reservation walked
-    past better-ranked pools (those named in ``walked_from``, best first)."""
-    # Built inline (no per-item calls): the reconciler stores one per placement.
-    doc: dict[str, Any] = {
-        "poolId": candidate.pool_id,
-        "score": round(candidate.score, 4),
-        "components": [
-            {"name": c.name, "value": round(c.value, 4), "reason": c.reason}
-            for c in candidate.components
-        ],
-        "members": [{"poolId": p, "count": c} for p, c in members],
-        "alternatives": [{"poolId": a.pool_id, "score": round(a.score, 4)} for a in alternatives],
-    }
-    if walked_from:
-        doc["walkedFrom"] = list(walked_from)
-    return doc
-
-
-def ranked_document(ranked: Ranked) -> dict[str, Any]:
-    """Build the placement document of a lean placement (:class:`Ranked`): the same document
-    as :func:`placement_document` of its :meth:`~Ranked.result`, from the plain values."""
-    ids = ranked.pool_ids
-    scores = ranked.scores
-    pool = ids[0]
-    # The alternatives are the ranked pools after the first, at most top_k - 1 of them.
-    return {
-        "poolId": pool,
-        "score": _rounded(scores[0]),
-        "components": [
-            {"name": n, "value": _rounded(v), "reason": r} for n, v, r in ranked.components
-        ],
-        "members": [{"poolId": pool, "count": 1}],
-        "alternatives": [
-            {"poolId": ids[i], "score": _rounded(scores[i])}
-            for i in range(1, min(len(ids), ranked.top_k))
-        ],
-    }
-
-
-def _rounded(x: float | None) -> float | None:
-    # None: an inf or nan that orjson wrote as null in a stored placement (a document
-    # writes them as null too).
-    return None if x is None else round(x, 4)
-
-
-#: The first element of a stored lean placement (:func:`ranked_stored`): its form's version.
-STORED_RANKED = 1
+) -> str:
+    """Return the stored text of a placement: the chosen pool with its score and components,
+    every member's pool, the alternatives, and the better-ranked pools the reservation walked
+    past (``walked_from``, best first; empty when it did not walk)."""
+    alternatives = tuple(alternatives)
+    return _stored(
+        [candidate.pool_id, *(a.pool_id for a in alternatives)],
+        [candidate.score, *(a.score for a in alternatives)],
+        [(c.name, c.value, c.reason) for c in candidate.components],
+        tuple(members),
+        walked_from,
+    )
 
 
 def ranked_stored(ranked: Ranked) -> str:
-    """Return a lean placement as the text the reconciler stores: the JSON array
-    ``[1, pool ids, scores, components]`` of its best ``top_k`` pools (the chosen one first),
-    their scores and its ``(name, value, reason)`` components, numbers unrounded.
-
-    :func:`placement_read` renders it as :func:`ranked_document` of the same placement, key for
-    key and number for number (orjson writes a float's shortest text, which reads back as the
-    same float, and rounds nothing). One C call: about 8k instructions per placement, against
-    40k for the document text that was stored before (the bench mix, callgrind).
-    """
+    """Return the stored text of a lean placement: its best ``top_k`` pools (the chosen one
+    first) with their scores, and its components, on one member."""
     ids = ranked.pool_ids
     n = max(min(len(ids), ranked.top_k), 1)
-    return orjson.dumps((STORED_RANKED, ids[:n], ranked.scores[:n], ranked.components)).decode()
+    return _stored(ids[:n], ranked.scores[:n], ranked.components, ((ids[0], 1),), ())
 
 
-def placement_read(text: str) -> dict[str, Any]:
-    """Return the placement document of a stored placement text: a document as stored, or the
-    :func:`ranked_document` of a lean placement stored by :func:`ranked_stored`."""
-    value = orjson.loads(text)
-    if type(value) is not list:
-        return value
-    _, ids, scores, components = value
-    return ranked_document(Ranked(ids, scores, components, len(ids), {}))
+#: The version of the stored placement format: the first element of every stored placement.
+PLACEMENT_FORMAT = 2
 
 
-def no_placement_document(reason: NoPlacement) -> dict[str, Any]:
+def _stored(
+    pools: Sequence[str],
+    scores: Sequence[float],
+    components: Sequence[tuple[str, float, str]],
+    members: Sequence[tuple[str, int]],
+    walked_from: Sequence[str],
+) -> str:
+    # orjson writes a float's shortest text, which reads back as the same float.
+    return orjson.dumps(
+        (PLACEMENT_FORMAT, pools, scores, components, members, walked_from)
+    ).decode()
+
+
+class PlacementFormatUnknown(ValueError):
+    """A stored placement is not in the format this version of Berth reads."""
+
+
+def placement_document(text: str, *, hidden: Collection[str] = ()) -> Placement:
+    """Return the served document of a stored placement ``{"poolId", "score", "components",
+    "members", "alternatives"}``, numbers rounded to 4 places, without the alternatives named
+    in ``hidden`` (pools the tenant can no longer see)."""
+    stored = orjson.loads(text)
+    if type(stored) is not list or stored[0] != PLACEMENT_FORMAT:
+        raise PlacementFormatUnknown(f"stored placement is not format {PLACEMENT_FORMAT}")
+    _, pools, scores, components, members, _walked_from = stored
+    return {
+        "poolId": pools[0],
+        "score": _rounded(scores[0]),
+        "components": [
+            {"name": n, "value": _rounded(v), "reason": r} for n, v, r in components
+        ],
+        "members": [{"poolId": p, "count": c} for p, c in members],
+        "alternatives": [
+            {"poolId": pools[i], "score": _rounded(scores[i])}
+            for i in range(1, len(pools))
+            if pools[i] not in hidden
+        ],
+    }
+
+
+def _rounded(x: float | None) -> float:
+    # None: an inf or nan, which orjson writes as null (and writes nan as null again).
+    return math.nan if x is None else float(round(x, 4))
+
+
+def no_placement_document(reason: NoPlacement) -> PendingReason:
     """Build the pending reason ``{"code", "message", "rejections"}`` of a task that fits
     nowhere (rejections: pools per reason code)."""
     return {
@@ -141,7 +347,7 @@ def no_placement_document(reason: NoPlacement) -> dict[str, Any]:
     }
 
 
-def candidate_document(candidate: Candidate) -> dict[str, Any]:
+def candidate_document(candidate: Candidate) -> PlacementCandidate:
     """Build a ranked candidate's document ``{"poolId", "score", "components"}``."""
     return {
         "poolId": candidate.pool_id,
@@ -150,12 +356,12 @@ def candidate_document(candidate: Candidate) -> dict[str, Any]:
     }
 
 
-def rejection_document(rejection: Rejection) -> dict[str, Any]:
+def rejection_document(rejection: Rejection) -> PlacementRejection:
     """Build a rejected pool's document ``{"poolId", "reasons"}``."""
     return {"poolId": rejection.pool_id, "reasons": list(rejection.reasons)}
 
 
-def _victim_document(victim: Victim) -> dict[str, Any]:
+def _victim_document(victim: Victim) -> PreemptionVictim:
     return {
         "taskId": victim.task_id,
         "priority": victim.priority,
@@ -163,7 +369,7 @@ def _victim_document(victim: Victim) -> dict[str, Any]:
     }
 
 
-def preemption_document(preemption: Preemption) -> dict[str, Any]:
+def preemption_document(preemption: Preemption) -> PreemptionPreview:
     """Build a planned preemption: the pool and members it would take, the victims it would
     displace there, and every candidate pool with the victims it would need, cheapest first."""
     return {
@@ -178,16 +384,18 @@ def preemption_document(preemption: Preemption) -> dict[str, Any]:
     }
 
 
-def preview_document(result: Result, preemption: Preemption | None = None) -> dict[str, Any]:
+def preview_document(
+    result: Result, preemption: Preemption | None = None
+) -> PlacementPreview:
     """Build the placement preview ``{"placement", "candidates", "rejected", "reason",
     "preemption"}`` of a whole result (and of the preemption a preemptor would make)."""
     placement = result.placement
     return {
         "placement": None
         if placement is None
-        else placement_document(
+        else placement_document(placement_stored(
             placement, members=placement.members, alternatives=placement.alternatives
-        ),
+        )),
         "candidates": [candidate_document(c) for c in result.candidates],
         "rejected": [rejection_document(r) for r in result.rejected],
         "reason": None if result.reason is None else no_placement_document(result.reason),

@@ -111,6 +111,25 @@ class Snapshot:
         "_memo",
     )
 
+    #: The runtime instance of each pool (by id), what a lease names.
+    instance_of: dict[str, str]
+    #: Pool ids, sorted; a pool's row in every array is its index here.
+    ids: tuple[str, ...]
+    #: The row of each pool id.
+    pos: dict[str, int]
+    #: Number of pools.
+    n: int
+    #: ``spread`` or ``binpack``.
+    strategy: str
+    #: Capacity (cpu, memory, llm) per pool; zeros for a pool without a ledger.
+    cap: np.ndarray
+    #: Whether each pool has a ledger (a registered capacity).
+    has_ledger: np.ndarray
+    #: Reserved (cpu, memory, llm) per pool.
+    reserved: np.ndarray
+    #: Whether each pool's runtime heartbeat is fresh.
+    fresh: np.ndarray
+
     @classmethod
     def build(
         cls,
@@ -126,7 +145,6 @@ class Snapshot:
         ps = tuple(sorted(pools, key=lambda p: p.id))
         self._pools = ps
         self.ids = tuple(p.id for p in ps)
-        #: The runtime instance of each pool (by id), what a lease names.
         self.instance_of = {p.id: p.runtime_instance_id for p in ps}
         self.pos = {pid: i for i, pid in enumerate(self.ids)}
         if len(self.pos) != len(ps):

@@ -7,7 +7,6 @@ JSON with the same model. :func:`compile_spec` turns a valid spec into a frozen,
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
@@ -347,12 +346,10 @@ def compile_spec(spec: TaskSpec, *, tenant_id: str, task_id: str | None = None) 
     )
 
 
-_RESOURCES = Resources.__pydantic_validator__
-# The adapter's own validator: TypeAdapter.validate_python adds a Python-level wrapper.
-_LABELS = TypeAdapter(
+_LABELS: TypeAdapter[dict[str, str]] = TypeAdapter(
     Annotated[dict[LabelKey, LabelValue], Field(max_length=MAX_LABELS)],
     config=ConfigDict(strict=True),
-).validator
+)
 
 
 class StoredSpecs:
@@ -415,114 +412,51 @@ class StoredSpecs:
         return compiled
 
 
-#: The JSON names of :class:`Resources` and their upper bounds (its fields' ``le``).
-_REQUEST_BOUNDS = {
-    f.alias: next(m.le for m in f.metadata if hasattr(m, "le"))
-    for f in Resources.model_fields.values()
-}
-#: What a label key must match (:data:`LabelKey`'s pattern, anchored as the validator anchors).
-_LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
-
-
-#: The JSON names of :class:`Resources`.
-_REQUEST_KEYS = frozenset(_REQUEST_BOUNDS)
-_CPU_MAX = _REQUEST_BOUNDS["cpuMillis"]
-_MEMORY_MAX = _REQUEST_BOUNDS["memoryMiB"]
-_LLM_MAX = _REQUEST_BOUNDS["llmSlots"]
 _NO_LABELS: Items = frozenset()
 
 
 def _requests(requests: object) -> tuple[int, int, int] | None:
-    """Return validated ``requests`` as a tuple, or None when :class:`Resources` refuses them.
-
-    Plain values (a dict of ints within the fields' bounds, by their JSON names) are read
-    directly; anything else is left to the model's validator, which decides.
-    """
-    if type(requests) is dict and requests.keys() <= _REQUEST_KEYS:
-        cpu = requests.get("cpuMillis", 0)
-        memory = requests.get("memoryMiB", 0)
-        llm = requests.get("llmSlots", 0)
-        if (type(cpu) is int and type(memory) is int and type(llm) is int
-                and 0 <= cpu <= _CPU_MAX and 0 <= memory <= _MEMORY_MAX
-                and 0 <= llm <= _LLM_MAX):
-            return (cpu, memory, llm)
+    """Return ``requests`` as :class:`Resources` validates them, as a tuple, or None when it
+    refuses them."""
     try:
-        return _RESOURCES.validate_python(requests).as_tuple()
+        return Resources.model_validate(requests).as_tuple()
     except ValidationError:
         return None
 
 
-#: Label sets :func:`_labels` accepted (a few hundred distinct ones in a busy queue): one
-#: set lookup instead of matching every key again.
-_LABELS_VALID: set[Items] = set()
-
-
 def _labels(labels: object) -> Items | None:
-    """Return validated ``labels`` as items, or None when :data:`LabelKey` and
-    :data:`LabelValue` refuse them (plain ones read directly, as :func:`_requests`)."""
-    if type(labels) is dict:
-        if not labels:
-            return _NO_LABELS
-        try:
-            items = frozenset(labels.items())
-        except TypeError:  # a value that is a list or an object
-            items = _NO_LABELS
-        # Only sets of str values are kept: no other value equals one of theirs.
-        if items in _LABELS_VALID:
-            return items
-        if len(labels) <= MAX_LABELS and all(
-            len(k) <= 128 and _LABEL_KEY.fullmatch(k) and type(v) is str and len(v) <= 256
-            for k, v in labels.items()
-        ):
-            if len(_LABELS_VALID) >= 4096:
-                _LABELS_VALID.clear()
-            _LABELS_VALID.add(items)
-            return items
+    """Return ``labels`` as :data:`LabelKey` and :data:`LabelValue` validate them, as items,
+    or None when they refuse them."""
     try:
         return frozenset(_LABELS.validate_python(labels).items())
     except ValidationError:
         return None
 
 
-class _Binding:
-    """A :class:`CompiledSpec` being bound: the same slots, not frozen.
-
-    :func:`_bind` builds one per claimed task. The frozen dataclass's ``__init__`` sets each
-    field through ``object.__setattr__`` (which looks the slot up through the type, and costs
-    twice the rest of a bind); here the slots are set as plain attributes, then the object
-    becomes a :class:`CompiledSpec` (Python allows the ``__class__`` change only between
-    classes of the same layout: the same slots in the same order), frozen from then on.
-    """
-
-    __slots__ = CompiledSpec.__slots__
-
-
 def _bind(
     shape: CompiledSpec, tenant_id: str, requests: tuple[int, int, int], labels: Items
 ) -> CompiledSpec:
     """Return ``shape`` (a compiled spec of the same class) for this tenant, with these
-    requests and labels: equal to ``CompiledSpec(...)`` of those values (built as a
-    :class:`_Binding`: every slot set, checked by the tests against :func:`compile_spec`)."""
+    requests and labels."""
     fp = shape.fingerprint
-    spec = _Binding()
-    spec.tenant_id = tenant_id
-    spec.task_id = None
-    spec.runtime_class = shape.runtime_class
-    spec.requests = requests
-    spec.regions = shape.regions
-    spec.data_residency = shape.data_residency
-    spec.artifact_region = shape.artifact_region
-    spec.pool_selector = shape.pool_selector
-    spec.required = shape.required
-    spec.preferred = shape.preferred
-    spec.labels = labels
-    spec.members = shape.members
-    spec.min_pools = shape.min_pools
-    spec.max_per_pool = shape.max_per_pool
-    spec.priority = shape.priority
-    spec.may_preempt = shape.may_preempt
     own = labels if shape.required else _NO_LABELS
-    spec.fingerprint = (tenant_id, fp[1], requests, fp[3], fp[4], fp[5], fp[6], own, fp[8])
-    spec.placement_class = shape.placement_class
-    spec.__class__ = CompiledSpec  # type: ignore[assignment]
-    return spec
+    return CompiledSpec(
+        tenant_id,
+        None,
+        shape.runtime_class,
+        requests,
+        shape.regions,
+        shape.data_residency,
+        shape.artifact_region,
+        shape.pool_selector,
+        shape.required,
+        shape.preferred,
+        labels,
+        shape.members,
+        shape.min_pools,
+        shape.max_per_pool,
+        shape.priority,
+        shape.may_preempt,
+        (tenant_id, fp[1], requests, fp[3], fp[4], fp[5], fp[6], own, fp[8]),
+        shape.placement_class,
+    )

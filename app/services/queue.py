@@ -24,7 +24,10 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import ConfigDict, Field, with_config
+from typing_extensions import TypedDict
 
 from app.auth import ADMIN, OPERATOR, Principal
 from app.config import Settings
@@ -45,6 +48,44 @@ __all__ = ["QueueCache", "duration_words", "queue_get", "task_queue"]
 
 #: Most recent completions one ETA read counts (the rate is then taken over their span).
 COMPLETIONS_COUNTED = 1000
+#: Most class queues cached at once.
+QUEUE_CACHE_SIZE = 1024
+
+
+@with_config(ConfigDict(
+    extra="forbid",
+    json_schema_extra={
+        "examples": [
+            {
+                "position": 13,
+                "competing": 40,
+                "exact": True,
+                "policy": "fifo",
+                "estimatedStartAt": "2026-12-01T12:03:15Z",
+                "estimate": "about 3 minutes: 12 tasks ahead; leases on its 3 candidate "
+                "pools completed at 4.0 per minute over the last 15 minutes (each "
+                "completion is assumed to free room for one waiting task)",
+            }
+        ]
+    },
+))
+class TaskQueue(TypedDict):
+    """Where an admitted task stands under the active policy, and when it may start."""
+
+    position: Annotated[
+        int, Field(ge=1, description="1 + the competing tasks ahead under the policy.")
+    ]
+    competing: Annotated[int, Field(
+        ge=0, description="Waiting tasks of the runtime class that released capacity could help."
+    )]
+    exact: Annotated[
+        bool, Field(description="False: a count reached the read bound (lower bounds).")
+    ]
+    policy: Annotated[str, Field(description="The policy the position is counted under.")]
+    estimatedStartAt: Annotated[datetime | None, Field(
+        description="Only when capacity is the only blocker and completions were observed."
+    )]
+    estimate: Annotated[str, Field(description="How the estimate was made, or why there is none.")]
 
 
 class QueueCache:
@@ -59,6 +100,15 @@ class QueueCache:
         self.max_age_seconds = max_age_seconds
         self._entries: dict[tuple[str, int, float], tuple[float, ClassQueue]] = {}
         self._reading: dict[tuple[str, int, float], asyncio.Future[ClassQueue]] = {}
+
+    def _put(self, key: tuple[str, int, float], now: float, queue: ClassQueue) -> None:
+        """Keep ``queue`` under ``key``; when full, forget the entry read longest ago
+        (entries are kept in the order they were read)."""
+        entries = self._entries
+        entries.pop(key, None)
+        if len(entries) >= QUEUE_CACHE_SIZE:
+            del entries[next(iter(entries))]
+        entries[key] = (now, queue)
 
     async def get(
         self, conn: Connection, *, runtime_class: str, limit: int, aging_seconds: float
@@ -87,9 +137,7 @@ class QueueCache:
                 aging_seconds=aging_seconds,
                 pool_tenants=columns.pool_tenants,
             )
-            if len(self._entries) >= 1024:
-                self._entries.clear()
-            self._entries[key] = (now, queue)
+            self._put(key, now, queue)
             reading.set_result(queue)
             return queue
         except asyncio.CancelledError:
@@ -136,7 +184,7 @@ async def task_queue(
     settings: Settings,
     now: datetime,
     cache: QueueCache | None = None,
-) -> dict[str, Any]:
+) -> TaskQueue:
     """Return the ``queue`` document of an ADMITTED task (position, competing, ETA); without
     a ``cache`` the class queue is read afresh."""
     assert row.admitted_at is not None
@@ -148,7 +196,7 @@ async def task_queue(
         seq=row.seq, tenant_id=row.tenant_id, priority=row.priority,
         admitted_at=row.admitted_at, policy=str(settings.policy),
     )
-    doc: dict[str, Any] = {
+    doc: TaskQueue = {
         "position": pos.ahead + 1,
         "competing": pos.competing,
         "exact": pos.exact,
@@ -211,9 +259,41 @@ async def task_queue(
     return doc
 
 
+@with_config(ConfigDict(extra="forbid"))
+class QueueItem(TypedDict):
+    """Waiting tasks of one runtime class pending for one reason code."""
+
+    runtimeClass: str
+    code: Annotated[str, Field(
+        description="The pending reason's code (closest miss), `unexamined` before the first "
+        "pass, or `reservation_conflict` after lost races."
+    )]
+    pending: Annotated[int, Field(ge=0, description="Waiting tasks (ADMITTED or CLAIMED).")]
+    parked: Annotated[
+        int, Field(ge=0, description="Of those, parked until a wakeup could help them.")
+    ]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class QueueSummary(TypedDict):
+    """What is pending for the caller, by reason code and runtime class."""
+
+    pending: Annotated[int, Field(ge=0)]
+    parked: Annotated[int, Field(ge=0)]
+    byReason: dict[str, int]
+    byRuntimeClass: dict[str, int]
+    items: list[QueueItem]
+    oldestPendingAt: Annotated[datetime | None, Field(
+        description="Admission time of the oldest waiting task in scope."
+    )]
+    oldestPendingSeconds: Annotated[
+        float | None, Field(description="Its age now, in seconds.")
+    ]
+
+
 async def queue_get(
     db: Database, *, principal: Principal, tenant: str | None, now: datetime | None = None
-) -> dict[str, Any]:
+) -> QueueSummary:
     """Return what is pending for the caller: a tenant its own tasks, an operator the demand
     its pools could serve, an admin everything; by runtime class and pending code."""
     at = now or datetime.now(UTC)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from typing import Any
 
 from app.auth import Principal
 from app.config import Settings
@@ -21,7 +20,7 @@ from app.ledger.leases import task_cancel as ledger_task_cancel
 from app.ledger.tasks import TaskEventRow, TaskNotFound, TaskRow
 from app.scheduling.spec import TaskSpec
 from app.services.idempotency import request_hash
-from app.services.queue import QueueCache, task_queue
+from app.services.queue import QueueCache, TaskQueue, task_queue
 from app.services.tenancy import tenant_acting, tenants_reading
 from app.services.wakeups import submitted
 
@@ -70,7 +69,7 @@ async def task_get(
     task_id: uuid.UUID,
     settings: Settings | None = None,
     queue_cache: QueueCache | None = None,
-) -> tuple[TaskRow, dict[str, Any] | None]:
+) -> tuple[TaskRow, TaskQueue | None]:
     """Return a task of the tenants the key reads for, with its queue position and ETA while
     ADMITTED (when ``settings`` are given), or raise TaskNotFound."""
     tenants = tenants_reading(principal, tenant)

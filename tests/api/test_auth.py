@@ -7,6 +7,7 @@ import uuid
 import httpx
 import pytest
 
+from app import auth
 from app.db import Database
 from app.ledger.keys import api_key_create
 from tests.api.conftest import RUNTIME_1, Keys, PoolMaker, assert_problem, pool_body
@@ -112,3 +113,18 @@ async def test_keys_are_stored_hashed(keys: Keys, db: Database) -> None:
     assert len(stored) == len(keys.raw)
     for raw in keys.raw.values():
         assert raw not in dumped
+
+
+def test_a_full_key_cache_forgets_the_key_that_expires_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(auth, "KEY_CACHE_SIZE", 3)
+    cache = auth.KeyCache(ttl_seconds=10)
+    principals = {
+        d: auth.Principal(d, "tenant", frozenset({"t"}), frozenset()) for d in "abcd"
+    }
+    for now, digest in enumerate("abc"):
+        cache.put(digest, principals[digest], float(now))
+    cache.put("a", principals["a"], 3.0)  # put again: now the last to expire
+    cache.put("d", principals["d"], 4.0)  # full: "b" expires first
+    assert [d for d in "abcd" if cache.get(d, 5.0) is not None] == ["a", "c", "d"]

@@ -7,9 +7,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from pydantic import TypeAdapter
 
-from app.api.task_schemas import PlacementPreview
 from app.db import Database
+from app.scheduling.explain import PlacementPreview
 from app.shards import shard_of
 
 SPEC: dict[str, Any] = {
@@ -63,7 +64,7 @@ async def test_preview_ranks_visible_pools_and_reserves_nothing(client, keys, po
     r = await client.post("/v1/placements/preview", json=SPEC, headers=keys.tenant_a)
     assert r.status_code == 200, r.text
     preview = r.json()
-    PlacementPreview.model_validate(preview)
+    TypeAdapter(PlacementPreview).validate_python(preview)
     assert preview["reason"] is None
     placement = preview["placement"]
     # Spread: the big pool is least loaded after the request.
@@ -170,7 +171,7 @@ async def test_preview_of_a_preemptor_shows_the_victims_each_candidate_would_nee
     r = await client.post("/v1/placements/preview", json=body, headers=keys.tenant_a)
     assert r.status_code == 200, r.text
     doc = r.json()
-    PlacementPreview.model_validate(doc)
+    TypeAdapter(PlacementPreview).validate_python(doc)
     assert doc["placement"] is None and doc["reason"]["code"] == "insufficient_cpu"
     preemption = doc["preemption"]
     # The priority-0 task is the cheaper victim, wherever it runs.

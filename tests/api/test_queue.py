@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import httpx
+from pydantic import TypeAdapter
 
+from app.services.queue import QueueSummary
 from tests.api.conftest import Keys, PoolMaker, assert_problem
 
 
@@ -14,6 +16,7 @@ def _spec(runtime_class: str) -> dict:
 async def _queue(client: httpx.AsyncClient, headers: dict[str, str]) -> dict:
     response = await client.get("/v1/queue", headers=headers)
     assert response.status_code == 200, response.text
+    TypeAdapter(QueueSummary).validate_python(response.json())
     return response.json()
 
 

@@ -9,6 +9,7 @@ import httpx
 import orjson
 import pytest
 from fastapi import FastAPI, Header, Path
+from pydantic import TypeAdapter
 
 from app.api.bodies import StrictRoute
 from app.api.task_schemas import Task, TaskEvent
@@ -42,7 +43,7 @@ async def test_submit_stores_an_admitted_task_with_location(client, keys, db: Da
     r = await client.post("/v1/tasks", json=spec(priority=7, maxAttempts=5), headers=keys.tenant_a)
     assert r.status_code == 201, r.text
     task = r.json()
-    Task.model_validate(task)
+    TypeAdapter(Task).validate_python(task)
     assert r.headers["location"] == f"/v1/tasks/{task['id']}"
     assert task["state"] == "ADMITTED"
     assert task["tenantId"] == "tenant-a"
@@ -77,7 +78,7 @@ async def test_submit_records_the_admitted_event(client, keys):
     page = r.json()
     assert page["nextCursor"] is None
     [event] = page["items"]
-    TaskEvent.model_validate(event)
+    TypeAdapter(TaskEvent).validate_python(event)
     assert (event["fromState"], event["toState"]) == (None, "ADMITTED")
     assert event["reason"] == "submitted"
 

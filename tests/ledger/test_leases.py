@@ -28,6 +28,7 @@ from tests.factories import (
     NOW,
     heartbeat_add,
     ledger_violations,
+    placement_on,
     pool_add,
     spec_make,
     task_get,
@@ -265,7 +266,7 @@ async def test_cancel_waits_for_the_pass_placing_the_task_then_cancels_it(
         assert not cancel.done()  # waiting for the pass's lock
         await tasks_lease(
             conn, now=NOW, lease_ttl_seconds=TTL,
-            grants=[Grant(task_id, {"poolId": "p1"}, (("p1", 1, "rt-p1"),), (500, 0, 0))],
+            grants=[Grant(task_id, placement_on("p1"), (("p1", 1, "rt-p1"),), (500, 0, 0))],
         )
         await ledger_reserve_many(conn, amounts={"p1": (500, 0, 0)}, now=NOW)
     assert await cancel == "CANCELLED"
@@ -322,7 +323,7 @@ async def test_lease_ids_are_distinct_uuid7_of_the_pass_millisecond(db: Database
             assert sorted(c.id for c in claimed) == sorted(half)
             members = (("p1", 1, "rt-p1"), ("p2", 1, "rt-p2"))
             await tasks_lease(conn, now=NOW, lease_ttl_seconds=TTL, grants=[
-                Grant(c.id, {"poolId": "p1"}, members, (100, 0, 0)) for c in claimed
+                Grant(c.id, placement_on("p1"), members, (100, 0, 0)) for c in claimed
             ])
     async with db.connection() as conn:
         leases = [r[0] for r in await conn.fetch("SELECT id FROM leases")]

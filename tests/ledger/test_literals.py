@@ -8,10 +8,10 @@ import orjson
 
 from app.db import Database
 from app.ledger.literals import (
-    documents_joined,
     ids_joined,
     ints_joined,
     json_joined,
+    texts_joined,
     uuids_joined,
 )
 
@@ -41,12 +41,12 @@ async def test_columns_round_trip_through_the_server(db: Database) -> None:
         assert [orjson.loads(d) for d in docs] == DOCS
 
 
-async def test_documents_joined_takes_texts_as_they_are(db: Database) -> None:
+async def test_texts_joined_takes_texts_as_they_are(db: Database) -> None:
     texts = ['{"poolId":"p-1","score":1.5}', "[]", '"\\u001e"']
     async with db.connection() as conn:
         docs = await conn.fetchval(
             "SELECT array_agg(d::jsonb::text ORDER BY n) FROM "
             "unnest(string_to_array($1::text, E'\\x1e')) WITH ORDINALITY AS x(d, n)",
-            documents_joined([*texts, {"a": "x\x1ey"}]),
+            texts_joined([*texts, orjson.dumps({"a": "x\x1ey"}).decode()]),
         )
     assert [orjson.loads(d) for d in docs] == [*map(orjson.loads, texts), {"a": "x\x1ey"}]

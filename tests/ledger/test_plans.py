@@ -11,7 +11,15 @@ from app.config import SHARD_SLOTS
 from app.db import Connection, Database
 from app.ledger.claims import tasks_claim
 from app.ledger.plans import Grant, Plan, Unclaim, grants_settle, plan_apply
-from tests.factories import NOW, ledger_violations, pool_add, spec_make, task_get, tasks_add
+from tests.factories import (
+    NOW,
+    ledger_violations,
+    placement_on,
+    pool_add,
+    spec_make,
+    task_get,
+    tasks_add,
+)
 
 ALL = frozenset(range(SHARD_SLOTS))
 REASON = {"code": "insufficient_cpu", "message": "no room", "rejections": {}}
@@ -33,7 +41,7 @@ async def _pass(db: Database, count: int) -> AsyncIterator[tuple[Connection, lis
 
 
 def _grant(task_id, pool_id: str, cpu: int = 400) -> Grant:
-    return Grant(task_id, {"poolId": pool_id}, ((pool_id, 1, f"rt-{pool_id}"),), (cpu, 0, 0))
+    return Grant(task_id, placement_on(pool_id), ((pool_id, 1, f"rt-{pool_id}"),), (cpu, 0, 0))
 
 
 async def _written(db: Database) -> tuple:
@@ -60,7 +68,7 @@ async def test_a_plan_is_applied_whole(db: Database) -> None:
     async with db.connection() as conn:
         lease = await conn.fetchrow("SELECT runtime_instance_id, epoch, expires_at "
                                     "FROM leases WHERE task_id = $1", a)
-        assert (await task_get(conn, a))["placement"] == {"poolId": "p1"}
+        assert (await task_get(conn, a))["placement"]["poolId"] == "p1"
         assert (await task_get(conn, c))["pending_reason"] == REASON
         events = await conn.fetch("SELECT from_state, to_state, reason FROM task_events "
                                   "WHERE task_id = $1", a)
@@ -92,7 +100,7 @@ async def test_a_refused_pool_undoes_only_the_grants_on_it(db: Database) -> None
         reserved = dict(await conn.fetch("SELECT pool_id, cpu_reserved FROM ledgers"))
         leased_events = await conn.fetchval(
             "SELECT count(*) FROM task_events WHERE reason = 'leased'")
-        assert (await task_get(conn, b))["placement"] == {"poolId": "p1"}
+        assert (await task_get(conn, b))["placement"]["poolId"] == "p1"
     assert reserved == {"p1": 800, "p2": 900}
     assert leased_events == 3  # the undone grants' events went with them
     async with db.connection() as conn:  # the rival's 700 on p2 has no reservation behind it

@@ -13,6 +13,7 @@ import uuid
 from datetime import datetime
 
 import asyncpg
+import orjson
 
 from app.config import SHARD_SLOTS
 from app.db import Database, plain_url
@@ -21,7 +22,7 @@ from app.ledger.snapshot import LedgerRow
 from app.reconciler import Reconciler, ReconcilerConfig
 from app.reconciler.passes import PassContext, pass_run
 from app.reconciler.walk import Decision, decisions_walk
-from app.scheduling.explain import placement_read
+from app.scheduling.explain import placement_document
 from app.scheduling.framework import select
 from tests.factories import (
     NOW,
@@ -90,7 +91,7 @@ async def test_lost_race_walks_to_the_next_candidate(db: Database, database_url:
         reserved = {r[0]: r[1] for r in await conn.fetch(
             "SELECT pool_id, cpu_reserved FROM ledgers")}
     assert task["placement"]["poolId"] == "p2"
-    assert task["placement"]["walkedFrom"] == ["p1"]
+    assert task["walked_from"] == ["p1"]
     assert reserved == {"p1": 0, "p2": 500}
     assert await ledger_violations(db) == []
 
@@ -177,6 +178,11 @@ def _three_pools():
     ])
 
 
+def walked_from(d: Decision) -> list[str]:
+    """Return the pools the stored placement of ``d`` walked past."""
+    return orjson.loads(d.placement_text())[5]
+
+
 def test_a_decision_that_still_fits_the_fresh_ledger_stays() -> None:
     snap = _three_pools()
     d = _decision(snap, core_spec())
@@ -185,7 +191,7 @@ def test_a_decision_that_still_fits_the_fresh_ledger_stays() -> None:
     kept, released = decisions_walk([d], fresh=fresh, snapshot=snap, walk_limit=3)
     assert (kept, released) == ([d], [])
     assert (d.walks, d.cursor) == (0, 0)
-    assert "walkedFrom" not in d.placement_json()
+    assert walked_from(d) == []
 
 
 def test_a_decision_that_no_longer_fits_walks_to_the_next_candidate() -> None:
@@ -195,8 +201,9 @@ def test_a_decision_that_no_longer_fits_walks_to_the_next_candidate() -> None:
     kept, released = decisions_walk([d], fresh=fresh, snapshot=snap, walk_limit=3)
     assert (kept, released) == ([d], [])
     assert d.members == (("b", 1),) and (d.walks, d.cursor) == (1, 1)
-    placement = d.placement_json()
-    assert placement["poolId"] == "b" and placement["walkedFrom"] == ["a"]
+    placement = placement_document(d.placement_text())
+    assert placement["poolId"] == "b"
+    assert walked_from(d) == ["a"]
     assert placement["members"] == [{"poolId": "b", "count": 1}]
     assert [c["poolId"] for c in placement["alternatives"]] == ["c"]
 
@@ -284,7 +291,7 @@ async def test_a_later_round_skips_a_pool_another_transaction_holds(
         stayed = await task_get(conn, first)
     # Refused by the shrunk pool, then by the held one; placed where the first task is.
     assert moved["placement"]["poolId"] == plan[first]
-    assert moved["placement"]["walkedFrom"][0] == plan[second]
+    assert moved["walked_from"][0] == plan[second]
     assert stayed["placement"]["poolId"] == plan[first]
     assert result.commit_rounds >= 3
     assert await ledger_violations(db) == []
@@ -304,4 +311,4 @@ async def _run_dry(db: Database) -> dict:
             rows = await conn.fetch("SELECT id, placement FROM tasks")
         finally:
             await tx.rollback()
-    return {r[0]: placement_read(r[1])["poolId"] for r in rows if r[1] is not None}
+    return {r[0]: placement_document(r[1])["poolId"] for r in rows if r[1] is not None}

@@ -1,4 +1,4 @@
-"""The stored and served documents: one builder per shape, the exact SPEC §6 fields."""
+"""The stored and served documents: one builder per shape, the exact fields served."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.scheduling.explain import (
+    PLACEMENT_FORMAT,
+    PlacementFormatUnknown,
     no_placement_document,
     placement_document,
-    placement_read,
+    placement_stored,
     preview_document,
-    ranked_document,
     ranked_stored,
 )
 from app.scheduling.framework import select
@@ -28,7 +29,9 @@ NEXT = [Candidate("p2", 80.000049), Candidate("p3", 12.5)]
 
 
 def test_placement_document_rounds_and_names_every_field():
-    doc = placement_document(HEAD, members=[("p1", 2), ("p2", 1)], alternatives=NEXT)
+    doc = placement_document(
+        placement_stored(HEAD, members=[("p1", 2), ("p2", 1)], alternatives=NEXT)
+    )
     assert doc == {
         "poolId": "p1",
         "score": 87.6543,
@@ -43,17 +46,46 @@ def test_placement_document_rounds_and_names_every_field():
 @pytest.mark.parametrize(
     ("walked_from", "want"),
     [
-        pytest.param((), None, id="not-walked"),
+        pytest.param((), [], id="not-walked"),
         pytest.param(["p0"], ["p0"], id="walked-one"),
         pytest.param(("p0", "p9"), ["p0", "p9"], id="walked-two"),
     ],
 )
-def test_walked_from_appears_only_when_the_reservation_walked(walked_from, want):
-    doc = placement_document(
-        HEAD, members=[("p1", 1)], alternatives=(), walked_from=walked_from
-    )
-    assert doc.get("walkedFrom") == want
-    assert ("walkedFrom" in doc) == bool(want)
+def test_walked_from_is_stored_and_not_served(walked_from, want):
+    stored = placement_stored(HEAD, members=[("p1", 1)], alternatives=(), walked_from=walked_from)
+    assert orjson.loads(stored)[5] == want
+    assert "walkedFrom" not in placement_document(stored)
+
+
+def test_a_stored_placement_carries_its_format_version():
+    stored = orjson.loads(placement_stored(HEAD, members=[("p1", 1)], alternatives=NEXT))
+    assert stored == [
+        PLACEMENT_FORMAT,
+        ["p1", "p2", "p3"],
+        [87.654321, 80.000049, 12.5],
+        [["least_loaded", 50.123456, "projected utilization 10%"]],
+        [["p1", 1]],
+        [],
+    ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param('[1,["p1"],[1.0],[]]', id="lean-array-v1"),
+        pytest.param('{"poolId":"p1","score":1.0}', id="document-v1"),
+        pytest.param('[3,["p1"],[1.0],[],[["p1",1]],[],{}]', id="a-later-version"),
+    ],
+)
+def test_a_placement_in_another_format_is_refused(text):
+    with pytest.raises(PlacementFormatUnknown):
+        placement_document(text)
+
+
+def test_hidden_alternatives_are_left_out():
+    stored = placement_stored(HEAD, members=[("p1", 1)], alternatives=NEXT)
+    doc = placement_document(stored, hidden=frozenset({"p2"}))
+    assert doc["alternatives"] == [{"poolId": "p3", "score": 12.5}]
 
 
 def test_no_placement_document_renders_codes_as_strings():
@@ -70,9 +102,9 @@ def test_preview_document_holds_the_placement_document_of_the_result():
     result = select(spec(), snapshot(pools), explain=True)
     doc = preview_document(result)
     placement = result.placement
-    assert doc["placement"] == placement_document(
+    assert doc["placement"] == placement_document(placement_stored(
         placement, members=placement.members, alternatives=placement.alternatives
-    )
+    ))
     assert [c["poolId"] for c in doc["candidates"]] == ["a", "b"]
     assert doc["rejected"] == [{"poolId": "c", "reasons": ["pool_not_active"]}]
     assert doc["reason"] is None
@@ -99,22 +131,17 @@ TEXTS = st.text(min_size=0, max_size=20)
                                   TEXTS), max_size=4),
     top_k=st.integers(0, 8),
 )
-def test_a_stored_lean_placement_reads_back_as_its_document_byte_for_byte(
+def test_a_lean_placement_renders_as_the_same_placement_stored_from_candidates(
     pools, scores, components, top_k
 ):
     ranked = Ranked(pools, scores[: len(pools)], tuple(components), top_k, {})
-    stored = ranked_stored(ranked)
-    assert orjson.dumps(placement_read(stored)) == orjson.dumps(ranked_document(ranked))
-    # Smaller than the document it stands for.
-    assert len(stored) < len(orjson.dumps(ranked_document(ranked)))
-
-
-def test_a_stored_document_reads_back_as_it_is():
-    ranked = Ranked(["p-1", "p-2", "p-3"], [3.25, 2.5, 1.0], (("cost", 1.0, "why"),), 2, {})
-    doc = placement_document(HEAD, members=[("p1", 2)], alternatives=NEXT, walked_from=["p0"])
-    assert placement_read(orjson.dumps(doc).decode()) == doc
-    assert placement_read(orjson.dumps(ranked_document(ranked)).decode()) == ranked_document(ranked)
-    assert placement_read(ranked_stored(ranked)) == ranked_document(ranked)
-    assert ranked_stored(ranked).startswith("[1,")
-
-
+    n = max(min(len(pools), top_k), 1)
+    head = Candidate(pools[0], scores[0], tuple(ScoreComponent(*c) for c in components))
+    full = placement_stored(
+        head,
+        members=[(pools[0], 1)],
+        alternatives=[Candidate(p, x) for p, x in zip(pools[1:n], scores[1:n], strict=True)],
+    )
+    assert orjson.dumps(placement_document(ranked_stored(ranked))) == orjson.dumps(
+        placement_document(full)
+    )
