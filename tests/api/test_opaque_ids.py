@@ -33,9 +33,14 @@ async def _page(client: httpx.AsyncClient, url: str, headers: dict[str, str],
 
 
 def _carries(token: str, number: int) -> bool:
-    """Return whether ``token`` shows ``number`` to anyone who decodes it."""
+    """Return whether ``token`` shows ``number`` to anyone who decodes it.
+
+    Its decimal digits are looked for only when there are at least three of them: a random
+    byte of a sealed token is an ASCII digit one time in 26, so a one-digit number would be
+    "found" in most tokens by chance."""
     raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-    return (str(number).encode() in raw or number.to_bytes(8, "big") in raw
+    digits = str(number).encode()
+    return ((len(digits) >= 3 and digits in raw) or number.to_bytes(8, "big") in raw
             or number.to_bytes(8, "little") in raw)
 
 
