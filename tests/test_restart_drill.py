@@ -85,6 +85,8 @@ class Drill:
         self.created: list[str] = []
         self.resets: list[str] = []
         self.bad: list[str] = []
+        #: (status, detail) of every /readyz answer
+        self.readiness: list[tuple[int, str]] = []
 
     async def submit(self) -> None:
         async with httpx.AsyncClient(base_url=self.base, timeout=30) as http:
@@ -110,6 +112,18 @@ class Drill:
                 except httpx.TransportError as exc:
                     self.resets.append(repr(exc))
                 await asyncio.sleep(1.0)
+
+    async def ready(self) -> None:
+        async with httpx.AsyncClient(base_url=self.base, timeout=30) as http:
+            while not self.stop.is_set():
+                try:
+                    answer = await http.get("/readyz")
+                except httpx.TransportError as exc:
+                    self.resets.append(repr(exc))
+                    continue
+                detail = answer.json().get("detail", "") if answer.status_code == 503 else ""
+                self.readiness.append((answer.status_code, detail))
+                await asyncio.sleep(0.05)
 
     async def placed_after(self, http: httpx.AsyncClient, since: float) -> float:
         """Submit a probe task (retrying 503s) and return the seconds from ``since`` until it
@@ -150,6 +164,7 @@ async def test_twenty_restarts_under_load_answer_no_500_and_lose_no_task(tmp_pat
             assert put.status_code == 200, put.text
             load = [asyncio.create_task(drill.submit()) for _ in range(CLIENTS)]
             load.append(asyncio.create_task(drill.heartbeat()))
+            load.append(asyncio.create_task(drill.ready()))
             await drill.placed_after(http, time.monotonic())  # placing before the first
             figures = []
             for _ in range(RESTARTS):
@@ -173,6 +188,12 @@ async def test_twenty_restarts_under_load_answer_no_500_and_lose_no_task(tmp_pat
             assert not drill.resets, drill.resets[:5]
             assert not drill.bad, drill.bad[:5]
             assert statuses[500] == 0
+            # /readyz said why while the database was away, and was ready again after.
+            unready = [detail for status, detail in drill.readiness if status == 503]
+            assert unready, Counter(status for status, _ in drill.readiness)
+            assert all(d.startswith("database unreachable") for d in unready), unready[:5]
+            assert {status for status, _ in drill.readiness} == {200, 503}
+            assert drill.readiness[-1][0] == 200
             assert len(drill.created) > RESTARTS
             for task_id in drill.created:
                 got = await http.get(f"/v1/tasks/{task_id}", headers=drill.tenant)
