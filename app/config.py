@@ -52,6 +52,13 @@ class Settings(BaseSettings):
         default=20, ge=1, description="Most database connections one process opens (asyncpg pool)."
     )
     db_connect_timeout_seconds: float = Field(default=5.0, gt=0)
+    db_pool_wait_seconds: float = Field(
+        default=0.5,
+        gt=0,
+        description="Longest an API request waits for a database connection while all are "
+        "busy; then it, and every request after it until one is free again, is answered 503 "
+        "with Retry-After at once.",
+    )
 
     # --- HTTP -----------------------------------------------------------------------------
     host: str = Field(default="127.0.0.1", description="Address `berth serve` listens on.")

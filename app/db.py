@@ -30,7 +30,7 @@ import orjson
 
 from app.errors import ConfigurationError
 
-__all__ = ["Connection", "Database", "async_url", "describe_url", "plain_url"]
+__all__ = ["Connection", "Database", "PoolBusy", "async_url", "describe_url", "plain_url"]
 
 #: The connection type ledger functions take.
 Connection: TypeAlias = asyncpg.Connection
@@ -127,8 +127,19 @@ async def _no_reset(conn: asyncpg.Connection) -> None:
     dedicated connections from :meth:`Database.connect`)."""
 
 
+class PoolBusy(TimeoutError):
+    """Every connection of the pool is busy and none came back in time; retry shortly."""
+
+
 class Database:
-    """An asyncpg pool on one PostgreSQL database, opened on first use."""
+    """An asyncpg pool on one PostgreSQL database, opened on first use.
+
+    ``pool_wait_seconds`` bounds how long a caller waits for a connection while every
+    connection of the pool is busy, and once a caller has waited that long in vain, the
+    callers after it are refused at once (:class:`PoolBusy`) until a connection is free
+    again: a pool that is not keeping up sheds at once instead of queueing callers for
+    seconds. None (the default) waits up to the connect timeout and never refuses early.
+    """
 
     def __init__(
         self,
@@ -136,13 +147,18 @@ class Database:
         *,
         max_size: int = 10,
         connect_timeout_seconds: float = 5.0,
+        pool_wait_seconds: float | None = None,
         application_name: str = "berth",
     ) -> None:
         self.url = plain_url(url)
         self.max_size = max_size
         self.connect_timeout_seconds = connect_timeout_seconds
+        self.pool_wait_seconds = pool_wait_seconds
         self.application_name = application_name
         self._pool: asyncpg.Pool | None = None
+        # Set when a caller waited pool_wait_seconds for a busy pool in vain; cleared when a
+        # connection is free or given out again.
+        self._saturated = False
         # Two first requests at once must not both create a pool (one would leak).
         self._opening = asyncio.Lock()
 
@@ -170,24 +186,42 @@ class Database:
             pool, self._pool = self._pool, None
             await pool.close()
 
-    def _acquire_timeout(self, pool: asyncpg.Pool) -> float | None:
-        """Return the bound on waiting for a connection: none while one is free.
+    def _free(self, pool: asyncpg.Pool) -> bool:
+        """Return whether the pool has a free connection (or a free slot for a new one).
 
         Taking a free connection never waits (a holder still without its connection opens
-        one within the connect timeout); the bound matters only when every connection is in
-        use, and asyncpg's ``wait_for`` around an acquire costs about a tenth of a hot
-        request's CPU. (``_queue`` holds the pool's free holders.)
+        one within the connect timeout), so it is taken without a timeout: asyncpg's
+        ``wait_for`` around an acquire costs about a tenth of a hot request's CPU. (``_queue``
+        holds the pool's free holders.)
         """
         free = getattr(pool, "_queue", None)
-        if free is not None and not free.empty():
-            return None
-        return self.connect_timeout_seconds
+        return free is not None and not free.empty()
 
     async def _acquire(self) -> asyncpg.Connection:
         if self._pool is None:
             await self.open()
         assert self._pool is not None
-        return await self._pool.acquire(timeout=self._acquire_timeout(self._pool))
+        if self._free(self._pool):
+            self._saturated = False
+            return await self._pool.acquire()
+        return await self._acquire_busy(self._pool)
+
+    async def _acquire_busy(self, pool: asyncpg.Pool) -> asyncpg.Connection:
+        """Wait for a connection of a pool whose every connection is in use, or shed."""
+        wait = self.pool_wait_seconds
+        if wait is None:
+            return await pool.acquire(timeout=self.connect_timeout_seconds)
+        if self._saturated:
+            raise PoolBusy(f"all {self.max_size} database connections are busy")
+        try:
+            conn = await pool.acquire(timeout=wait)
+        except TimeoutError:
+            self._saturated = True
+            raise PoolBusy(
+                f"all {self.max_size} database connections stayed busy for {wait:g} s"
+            ) from None
+        self._saturated = False
+        return conn
 
     async def _release(self, conn: asyncpg.Connection) -> None:
         assert self._pool is not None
@@ -211,13 +245,14 @@ class Database:
         """Return a context giving a connection in autocommit: each statement commits on its
         own."""
         pool = self._pool
-        if pool is not None:
+        if pool is not None and self._free(pool):
             # The pool's own acquire context: no generator wrapper on the hot read path.
-            return pool.acquire(timeout=self._acquire_timeout(pool))  # type: ignore[return-value]
-        return self._connection_opening()
+            self._saturated = False
+            return pool.acquire()  # type: ignore[return-value]
+        return self._connection_waiting()
 
     @asynccontextmanager
-    async def _connection_opening(self) -> AsyncIterator[Connection]:
+    async def _connection_waiting(self) -> AsyncIterator[Connection]:
         conn = await self._acquire()
         try:
             yield conn

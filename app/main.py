@@ -84,6 +84,7 @@ def create_app(
             settings.database_url or "",
             max_size=settings.db_pool_size,
             connect_timeout_seconds=settings.db_connect_timeout_seconds,
+            pool_wait_seconds=settings.db_pool_wait_seconds,
             application_name="berth-api",
         )
         app.state.settings = settings

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import asyncpg
+from asyncpg.exceptions import InternalClientError
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -145,6 +146,8 @@ def database_unavailable(exc: BaseException) -> bool:
             sqlstate.startswith("08") or sqlstate in _UNAVAILABLE_SQLSTATES
         ):
             return True
+        if isinstance(current, InternalClientError):
+            return True
         if type(current).__module__.startswith("asyncpg") and type(current).__name__ in {
             "ConnectionDoesNotExistError",
             "InterfaceError",
@@ -220,6 +223,10 @@ def problems_install(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(asyncpg.PostgresError, _database_error)
     app.add_exception_handler(asyncpg.InterfaceError, _database_error)
+    # asyncpg's own client-side errors: a connection the server ended while it sat idle in
+    # the pool (a restart sends 57P01, then closes) fails its next statement with "cannot
+    # switch to state …; another operation (2) is in progress". asyncpg has discarded it.
+    app.add_exception_handler(InternalClientError, _database_error)
     # A refused, reset or timed-out connection to PostgreSQL is an OSError or TimeoutError.
     # Handled here, inside the middleware stack, the 503 is the app's answer; left to the
     # catch-all (Starlette's outermost middleware) it would also be re-raised to the server,

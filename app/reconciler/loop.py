@@ -429,6 +429,9 @@ class Reconciler:
                     log.exception("reconcile pass failed; its claims will expire",
                                   extra={"owner": self.owner_id})
                     await self._pause(stop, FAILURE_PAUSE_SECONDS)
+                    # The database may have restarted: reconnect the LISTEN and ownership
+                    # sessions now rather than at the next rebalance.
+                    next_rebalance = clock()
                     continue
                 if full or self._wake.is_set():
                     continue

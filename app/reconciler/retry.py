@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import asyncpg
+from asyncpg.exceptions import InternalClientError
 
 from app.metrics import TRANSIENT_RETRIES
 
@@ -48,7 +49,8 @@ def transient_kind(exc: BaseException) -> str | None:
     asyncpg raises the server's errors with their SQLSTATE (``sqlstate``): 40001, 40P01,
     class 08 (connection exceptions, such as ``ConnectionDoesNotExistError``) and 57P01-03
     (server shutdown); a connection asyncpg already knows is closed raises
-    ``InterfaceError``; a socket that failed raises ``OSError``, and a timed-out connect or
+    ``InterfaceError``, and one the server ended while it was idle ``InternalClientError`` at
+    its next statement; a socket that failed raises ``OSError``, and a timed-out connect or
     pool acquire ``TimeoutError``. The errors an error was raised from count too.
     """
     for e in _chain(exc):
@@ -61,6 +63,8 @@ def transient_kind(exc: BaseException) -> str | None:
         if isinstance(e, asyncpg.PostgresConnectionError | asyncpg.CannotConnectNowError):
             return "connection"
         if isinstance(e, asyncpg.InterfaceError) and "closed" in str(e):
+            return "connection"
+        if isinstance(e, InternalClientError):  # a connection the server ended while idle
             return "connection"
         if isinstance(e, OSError | TimeoutError):
             return "connection"

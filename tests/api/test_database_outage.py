@@ -34,7 +34,12 @@ SPEC = {"runtimeClass": "gpu-small", "requests": {"cpuMillis": 10}}
 
 class Proxy:
     """A TCP proxy to PostgreSQL that the test can cut: ``refuse`` (nothing listens),
-    ``drop`` (connections are accepted and closed at once) or ``up``."""
+    ``drop`` (connections are accepted and closed at once) or ``up``.
+
+    With ``hold_closes`` set, a connection the server closes stays open towards the client
+    (``server_closed`` is set): what the server sent before closing arrives, its end does
+    not, as when the two reach a busy client in separate reads.
+    """
 
     def __init__(self, host: str, port: int, socket: str | None = None) -> None:
         #: Upstream: TCP ``host:port``, or the Unix socket file ``socket`` (the embedded
@@ -44,6 +49,9 @@ class Proxy:
         self.listen_port = 0
         self._server: asyncio.Server | None = None
         self._links: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self.hold_closes = False
+        self.server_closed = asyncio.Event()
+        self._held: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> None:
         """Listen (again, on the same port once it has one)."""
@@ -58,6 +66,9 @@ class Proxy:
         for down, up in list(self._links):
             down.transport.abort()
             up.transport.abort()
+        for down in self._held:
+            down.transport.abort()
+        self._held.clear()
         if mode == "refuse" and self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -96,6 +107,10 @@ class Proxy:
                 while data := await source.read(65536):
                     sink.write(data)
                     await sink.drain()
+            if source is up_reader and self.hold_closes:
+                self.server_closed.set()
+                self._held.add(sink)
+                return  # the client's side stays open until the proxy closes
             sink.transport.abort()
 
         try:
