@@ -39,6 +39,7 @@ class Load:
     acknowledged: set[str] = field(default_factory=set)
     leases_seen: dict[str, float] = field(default_factory=dict)  # lease id -> first seen
     completed: set[str] = field(default_factory=set)
+    readiness: list[tuple[float, int | None, str]] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task] = field(default_factory=list)
 
@@ -47,6 +48,7 @@ class Load:
         self._tasks = [asyncio.ensure_future(self._client()) for _ in range(self.clients)]
         self._tasks += [asyncio.ensure_future(self._runtime(rt, key))
                         for rt, key in self.runtime_keys.items()]
+        self._tasks.append(asyncio.ensure_future(self._probe()))
 
     async def stop(self) -> None:
         """Stop every client and runtime after its current request."""
@@ -102,6 +104,18 @@ class Load:
                     if done is not None and done.status_code == 200:
                         self.completed.add(lease["id"])
                 await asyncio.sleep(0.2)
+
+    async def _probe(self) -> None:
+        """Ask /readyz twice a second, as a Kubernetes readiness probe would."""
+        async with httpx.AsyncClient(base_url=self.base, timeout=10) as http:
+            while not self._stop.is_set():
+                try:
+                    r = await http.get("/readyz")
+                    detail = r.json().get("detail", "") if r.status_code != 200 else ""
+                    self.readiness.append((time.time(), r.status_code, detail))
+                except httpx.HTTPError as exc:
+                    self.readiness.append((time.time(), None, type(exc).__name__))
+                await asyncio.sleep(0.5)
 
     # --- what it saw ----------------------------------------------------------------------
 

@@ -66,12 +66,14 @@ class Figures:
     placements_after: float  # from the event's start to the first lease granted after it
     placements_after_promotion: float
     reconciler_cpu: float  # CPU seconds per second of both reconcilers while no primary
+    reconnected_after_promotion: float  # every reconciler LISTENs and every slot is owned
 
     def line(self) -> str:
         return (f"{self.event}: 503 for {self.unavailable:.1f} s; writable after "
                 f"{self.writable_after:.1f} s; placements after {self.placements_after:.1f} s "
                 f"({self.placements_after_promotion:.1f} s after promotion); reconcilers "
-                f"{self.reconciler_cpu:.2f} CPU s/s meanwhile")
+                f"{self.reconciler_cpu:.2f} CPU s/s meanwhile, all reconnected "
+                f"{self.reconnected_after_promotion:.1f} s after promotion")
 
 
 def _key(url: str, workdir: Path, *args: str) -> str:
@@ -138,6 +140,42 @@ async def _first_grant_after(node_url: str, since: float, deadline: float) -> fl
     raise AssertionError("no placement since the event")
 
 
+#: Reconciler sessions on the new primary once every process has reconnected: each of the
+#: two reconcilers LISTENs, holds its member lock, and between them they own all 64 slots
+#: and one of them the recovery leadership (app/reconciler/ownership.py's lock keys).
+_RECONNECTED = """
+    SELECT (SELECT count(*) FROM pg_stat_activity
+             WHERE application_name = 'berth-listen' AND datname = current_database()) = 2
+       AND (SELECT count(DISTINCT objid) FROM pg_locks
+             WHERE locktype = 'advisory' AND granted AND classid::bigint = $1
+               AND objid::bigint < 64) = 64
+       AND (SELECT count(*) FROM pg_locks
+             WHERE locktype = 'advisory' AND granted AND classid::bigint = $1
+               AND objid::bigint >= 2000000) = 2
+       AND (SELECT count(*) FROM pg_locks
+             WHERE locktype = 'advisory' AND granted AND classid::bigint = $1
+               AND objid::bigint = 1000000) = 1
+"""
+
+
+async def _reconnected_at(node_url: str, deadline: float) -> float:
+    """Poll until both reconcilers LISTEN and own every slot and the leadership there."""
+    from app.ledger.ownership import NAMESPACE
+
+    while time.monotonic() < deadline:
+        try:
+            conn = await asyncpg.connect(node_url, timeout=2)
+            try:
+                if await conn.fetchval(_RECONNECTED, NAMESPACE):
+                    return time.time()
+            finally:
+                await conn.close()
+        except (OSError, asyncpg.PostgresError, TimeoutError):
+            pass
+        await asyncio.sleep(0.2)
+    raise AssertionError("the reconcilers never re-took their slots on the new primary")
+
+
 def _cpu(procs: list[subprocess.Popen]) -> float:
     total = 0.0
     for proc in procs:
@@ -163,12 +201,13 @@ async def _event(
     cpu_outage = (_cpu(reconcilers) - cpu_before) / max(writable - start, 0.1)
     await acting
     placed = await _first_grant_after(formation.node_url(new_primary), writable, deadline)
+    reconnected = await _reconnected_at(formation.node_url(new_primary), deadline)
     # Keep the load going on the new primary for a few seconds more.
     await asyncio.sleep(5)
     window = load.unavailable_window(start)
     unavailable = 0.0 if window is None else window[1] - window[0]
     return Figures(name, unavailable, writable - start, placed - start, placed - writable,
-                   cpu_outage)
+                   cpu_outage, reconnected - writable)
 
 
 async def _check_ledger(
@@ -257,6 +296,10 @@ async def _drill(workdir: Path) -> list[Figures]:
               f"({len(leases_before)} before the kill), completed {len(load.completed)}")
         assert statuses.get("500", 0) == 0, (statuses, serve.err.read_text()[-3000:])
         assert not {s for s in statuses if not s.isdigit()}, statuses  # no reset connection
+        # /readyz said why while there was no primary, and is ready again.
+        down = [d for _, code, d in load.readiness if code == 503]
+        assert down and all(d.startswith(("database unreachable", "no host")) for d in down), down
+        assert load.readiness[-1][1] == 200, load.readiness[-3:]
         assert acked_before > 0 and len(load.acknowledged) > acked_before
         await _check_ledger(formation, "node1", load, leases_before)
         for event in (planned, failover):
