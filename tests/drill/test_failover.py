@@ -232,6 +232,10 @@ async def _check_ledger(
 
 
 async def _drill(workdir: Path) -> list[Figures]:
+    assert pg_autoctl_path(), (
+        "CI is set but pg_autoctl is not installed: .ci/run installs it "
+        "(Debian: apt-get install postgresql-15-auto-failover)"
+    )
     formation = await asyncio.to_thread(Formation.create)
     procs: list[subprocess.Popen] = []
     serve: Serve | None = None
