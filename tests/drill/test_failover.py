@@ -26,6 +26,7 @@ import psutil
 import pytest
 
 from app.bench.dataset import ledger_check
+from app.ledger.ownership import NAMESPACE
 from tests.api.conftest import pool_body
 from tests.drill.formation import Formation, pg_autoctl_path
 from tests.drill.load import Load
@@ -102,49 +103,37 @@ async def _monitor_tune(formation: Formation) -> None:
         await conn.close()
 
 
-async def _writable_at(node_url: str, deadline: float) -> float:
-    """Poll ``node_url`` until it accepts a write; return when (wall clock)."""
+async def _poll(node_url: str, sql: str, *args: object, deadline: float, what: str) -> object:
+    """Run ``sql`` on ``node_url`` (a new connection each time, as the node may be down)
+    until it returns something truthy; return that."""
     while time.monotonic() < deadline:
         try:
             conn = await asyncpg.connect(node_url, timeout=1)
             try:
-                if await conn.fetchval(
-                    "SELECT NOT pg_is_in_recovery() "
-                    "AND current_setting('default_transaction_read_only') = 'off'"
-                ):
-                    return time.time()
+                value = await conn.fetchval(sql, *args)
             finally:
                 await conn.close()
+            if value:
+                return value
         except (OSError, asyncpg.PostgresError, TimeoutError):
             pass
         await asyncio.sleep(0.1)
-    raise AssertionError(f"{node_url} never accepted writes")
+    raise AssertionError(f"{what}: never on {node_url}")
 
 
-async def _first_grant_after(node_url: str, since: float, deadline: float) -> float:
-    while time.monotonic() < deadline:
-        try:
-            conn = await asyncpg.connect(node_url, timeout=2)
-            try:
-                at = await conn.fetchval(
-                    "SELECT extract(epoch FROM min(granted_at))::float8 FROM leases "
-                    "WHERE granted_at > to_timestamp($1)", since,
-                )
-            finally:
-                await conn.close()
-            if at is not None:
-                return at
-        except (OSError, asyncpg.PostgresError, TimeoutError):
-            pass
-        await asyncio.sleep(0.2)
-    raise AssertionError("no placement since the event")
-
-
-#: Reconciler sessions on the new primary once every process has reconnected: each of the
-#: two reconcilers LISTENs, holds its member lock, and between them they own all 64 slots
-#: and one of them the recovery leadership (app/reconciler/ownership.py's lock keys).
+#: The wall-clock time, once the node accepts writes.
+_WRITABLE = ("SELECT extract(epoch FROM clock_timestamp())::float8 WHERE NOT pg_is_in_recovery() "
+             "AND current_setting('default_transaction_read_only') = 'off'")
+#: The first lease granted after $1 (epoch seconds).
+_FIRST_GRANT = ("SELECT extract(epoch FROM min(granted_at))::float8 FROM leases "
+                "WHERE granted_at > to_timestamp($1)")
+#: The wall-clock time, once every process has reconnected: each of the two reconcilers
+#: LISTENs and holds its member lock, between them they own all 64 slots, and one of them the
+#: recovery leadership ($1: the first key of Berth's advisory locks; the others are
+#: app/reconciler/ownership.py's).
 _RECONNECTED = """
-    SELECT (SELECT count(*) FROM pg_stat_activity
+    SELECT extract(epoch FROM clock_timestamp())::float8
+     WHERE (SELECT count(*) FROM pg_stat_activity
              WHERE application_name = 'berth-listen' AND datname = current_database()) = 2
        AND (SELECT count(DISTINCT objid) FROM pg_locks
              WHERE locktype = 'advisory' AND granted AND classid::bigint = $1
@@ -156,24 +145,6 @@ _RECONNECTED = """
              WHERE locktype = 'advisory' AND granted AND classid::bigint = $1
                AND objid::bigint = 1000000) = 1
 """
-
-
-async def _reconnected_at(node_url: str, deadline: float) -> float:
-    """Poll until both reconcilers LISTEN and own every slot and the leadership there."""
-    from app.ledger.ownership import NAMESPACE
-
-    while time.monotonic() < deadline:
-        try:
-            conn = await asyncpg.connect(node_url, timeout=2)
-            try:
-                if await conn.fetchval(_RECONNECTED, NAMESPACE):
-                    return time.time()
-            finally:
-                await conn.close()
-        except (OSError, asyncpg.PostgresError, TimeoutError):
-            pass
-        await asyncio.sleep(0.2)
-    raise AssertionError("the reconcilers never re-took their slots on the new primary")
 
 
 def _cpu(procs: list[subprocess.Popen]) -> float:
@@ -197,17 +168,23 @@ async def _event(
     deadline = time.monotonic() + 300
     cpu_before = _cpu(reconcilers)
     acting = asyncio.ensure_future(asyncio.to_thread(act))
-    writable = await _writable_at(formation.node_url(new_primary), deadline)
+    node = formation.node_url(new_primary)
+    writable = float(await _poll(node, _WRITABLE, deadline=deadline, what="writes"))  # type: ignore[arg-type]
     cpu_outage = (_cpu(reconcilers) - cpu_before) / max(writable - start, 0.1)
+    # Both from the promotion on (a switchover command returns only once the old primary is
+    # a standby again, seconds later).
+    placed, reconnected = await asyncio.gather(
+        _poll(node, _FIRST_GRANT, writable, deadline=deadline, what="a placement"),
+        _poll(node, _RECONNECTED, NAMESPACE, deadline=deadline, what="every reconciler back"),
+    )
     await acting
-    placed = await _first_grant_after(formation.node_url(new_primary), writable, deadline)
-    reconnected = await _reconnected_at(formation.node_url(new_primary), deadline)
     # Keep the load going on the new primary for a few seconds more.
     await asyncio.sleep(5)
     window = load.unavailable_window(start)
     unavailable = 0.0 if window is None else window[1] - window[0]
-    return Figures(name, unavailable, writable - start, placed - start, placed - writable,
-                   cpu_outage, reconnected - writable)
+    placed_at, reconnected_at = float(placed), float(reconnected)  # type: ignore[arg-type]
+    return Figures(name, unavailable, writable - start, placed_at - start, placed_at - writable,
+                   cpu_outage, reconnected_at - writable)
 
 
 async def _check_ledger(
