@@ -41,8 +41,9 @@ class Settings(BaseSettings):
     # --- database -------------------------------------------------------------------------
     database_url: str | None = Field(
         default=None,
-        description="PostgreSQL URL (postgresql://user:pass@host:port/db). Unset: an embedded "
-        "PostgreSQL is started in data_dir.",
+        description="PostgreSQL URL (postgresql://user:pass@host:port/db), or several hosts "
+        "(postgresql://user:pass@h1:5432,h2:5432/db?target_session_attrs=read-write). Unset: "
+        "an embedded PostgreSQL is started in data_dir.",
     )
     data_dir: Path = Field(
         default=Path(".berth"),

@@ -28,6 +28,7 @@ from typing import Any, TypeAlias
 import asyncpg
 import orjson
 
+from app.dburl import MultiHostUrl, multi_host_parse
 from app.errors import ConfigurationError
 
 __all__ = ["Connection", "Database", "PoolBusy", "async_url", "describe_url", "plain_url"]
@@ -69,9 +70,9 @@ def _url(url: str):  # type: ignore[no-untyped-def]
 
     try:
         parsed = make_url(url)
-    except ArgumentError:
+    except (ArgumentError, ValueError):
         raise ConfigurationError(
-            f"BERTH_DATABASE_URL is not a database URL ({url!r}); "
+            f"BERTH_DATABASE_URL is not a database URL ({MultiHostUrl.hide(url)!r}); "
             "use postgresql://user:password@host:5432/dbname"
         ) from None
     if parsed.get_backend_name() not in ("postgresql", "postgres"):
@@ -87,6 +88,9 @@ def plain_url(url: str) -> str:
     plain = _plain(url, "postgresql", hide_password=False)
     if plain is not None:
         return plain
+    multi = multi_host_parse(url)
+    if multi is not None:
+        return multi.libpq()
     return _url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
@@ -95,6 +99,9 @@ def async_url(url: str) -> str:
     plain = _plain(url, "postgresql+asyncpg", hide_password=False)
     if plain is not None:
         return plain
+    multi = multi_host_parse(url)
+    if multi is not None:
+        return multi.sqlalchemy("postgresql+asyncpg")
     return _url(url).set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
 
 
@@ -103,9 +110,18 @@ def describe_url(url: str) -> str:
     plain = _plain(url, None, hide_password=True)
     if plain is not None:
         return plain
+    try:
+        multi = multi_host_parse(url)
+    except ConfigurationError:
+        return MultiHostUrl.hide(url)
+    if multi is not None:
+        return multi.libpq(hide_password=True)
     from sqlalchemy.engine import make_url
 
-    return make_url(url).render_as_string(hide_password=True)
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return MultiHostUrl.hide(url)
 
 
 def _json_encode(value: Any) -> str:

@@ -48,6 +48,9 @@ async def readiness(db: Database) -> str | None:
         async with db.connection() as conn:
             current = await schema_current(conn)
     except Exception as exc:
+        if type(exc).__name__ == "TargetServerAttributeNotMatched":
+            return ("no host of the database URL is what its target_session_attrs asks for "
+                    "(read-write: a primary; none during a failover)")
         return f"database unreachable: {type(exc).__name__}"
     head = schema_head()
     if current != head:

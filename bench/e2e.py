@@ -52,6 +52,7 @@ import orjson
 import psutil
 
 from app.config import Settings
+from app.ledger.invariants import ledger_check
 from bench.database import (
     SERVER_HELP,
     database_name,
@@ -66,7 +67,6 @@ from bench.dataset import (
     dataset_admit,
     dataset_generate,
     dataset_load,
-    ledger_check,
     runtimes_heartbeat,
 )
 from bench.floor import FLOOR_BATCH, floor_prepare, floor_run

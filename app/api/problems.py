@@ -153,6 +153,8 @@ def database_unavailable(exc: BaseException) -> bool:
             "InterfaceError",
             "CannotConnectNowError",
             "TooManyConnectionsError",
+            # A multi-host URL whose every answering host is a standby (a failover).
+            "TargetServerAttributeNotMatched",
         }:
             return True
         current = current.__cause__ or current.__context__

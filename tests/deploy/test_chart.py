@@ -98,6 +98,14 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     },
 }
 
+#: The example values files shipped with the chart (deploy/helm/berth/examples), each a value
+#: set of its own: every test below holds for them too.
+EXAMPLES = CHART / "examples"
+VALUE_SETS.update({
+    f"example-{path.stem}": yaml.safe_load(path.read_text())
+    for path in sorted(EXAMPLES.glob("*-values.yaml"))
+})
+
 SETS = pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
 
 
@@ -520,3 +528,22 @@ def test_chart_tests_skip_only_where_helm_has_no_native_library(
     expected = pytest.skip.Exception if outcome == "skip" else AssertionError
     with pytest.raises(expected, match="helm-python-sdk"):
         helm()
+
+
+def test_the_examples_are_the_multi_host_url_and_cloudnativepg() -> None:
+    assert {"example-multi-host-values", "example-cloudnativepg-values"} <= set(VALUE_SETS)
+
+
+@pytest.mark.parametrize("kubernetes_version", KUBERNETES_VERSIONS)
+def test_the_multi_host_secret_example_is_a_secret_berth_reads(kubernetes_version: str) -> None:
+    from app.db import describe_url, plain_url
+
+    secret = yaml.safe_load((EXAMPLES / "multi-host-secret.yaml").read_text())
+    manifest_validate(secret, kubernetes_version)
+    values = merged("example-multi-host-values")
+    assert secret["metadata"]["name"] == values["database"]["secretName"]
+    url = secret["stringData"][values["database"]["secretKey"]]
+    hosts = url.split("@", 1)[1].split("/", 1)[0].split(",")
+    assert len(hosts) == 3
+    assert "target_session_attrs=read-write" in plain_url(url)
+    assert "CHANGE-ME" not in describe_url(url)
