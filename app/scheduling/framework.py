@@ -29,7 +29,7 @@ from app.scheduling.assumed import Assumed
 from app.scheduling.cycle import Cycle
 from app.scheduling.gangs import place_gang
 from app.scheduling.plugins import names
-from app.scheduling.plugins.base import PLACEMENT_CLASS, ScorePlugin
+from app.scheduling.plugins.base import ScorePlugin
 from app.scheduling.plugins.registry import profile
 from app.scheduling.prefilter import ClassState, class_state
 from app.scheduling.reasons import CODE, PASS, REASONS, Reason
@@ -236,13 +236,10 @@ def _score(
     whole = pools is state.pools
     applied = []
     total = None
-    for plugin, weight in state.scores:
-        if plugin.SCOPE == PLACEMENT_CLASS:
-            if whole:
-                values = state.class_values[plugin.NAME]
-            else:
-                values = plugin.normalize(cycle, plugin.score_many(cycle, pools))
-        elif plugin.applies(cycle):
+    for plugin, weight, class_values in state.scores:
+        if class_values is not None and whole:
+            values = class_values
+        elif class_values is not None or plugin.applies(cycle):
             values = plugin.normalize(cycle, plugin.score_many(cycle, pools))
         else:
             continue

@@ -55,10 +55,9 @@ class ClassState:
     #: The filters the pipeline runs per task, in profile order.
     task_filters: tuple[FilterPlugin, ...]
     #: The score plugins with their weights, in profile order: the class-scope ones that
-    #: apply, and every task-scope one (asked per task whether it applies).
-    scores: tuple[tuple[ScorePlugin, int], ...]
-    #: The normalized values of the class-scope scores over ``pools``, by plugin name.
-    class_values: dict[str, np.ndarray]
+    #: apply, with their normalized values over ``pools``, and every task-scope one (asked
+    #: per task whether it applies), with None.
+    scores: tuple[tuple[ScorePlugin, int, np.ndarray | None], ...]
     #: The capacity rows of ``pools``, and the snapshot array they were read from.
     capacity: np.ndarray
     capacity_of: np.ndarray
@@ -132,16 +131,14 @@ def _build(prof: Profile, spec: CompiledSpec, snapshot: Snapshot) -> ClassState:
         counts += np.bincount(out[bad], minlength=N_REASONS)
         codes[np.searchsorted(visible, pools[bad])] = out[bad]
         pools = pools[~bad]
-    scores = []
-    class_values = {}
+    scores: list[tuple[ScorePlugin, int, np.ndarray | None]] = []
     for plugin, weight in prof.scores:
         if plugin.SCOPE == TASK:
-            scores.append((plugin, weight))
+            scores.append((plugin, weight, None))
         elif plugin.applies(cycle):
-            scores.append((plugin, weight))
             values = plugin.normalize(cycle, plugin.score_many(cycle, pools))
             values.flags.writeable = False
-            class_values[plugin.NAME] = values
+            scores.append((plugin, weight, values))
     return ClassState(
         visible=visible,
         codes=codes,
@@ -151,7 +148,6 @@ def _build(prof: Profile, spec: CompiledSpec, snapshot: Snapshot) -> ClassState:
         rejections=counts_map(counts),
         task_filters=filters[at:],
         scores=tuple(scores),
-        class_values=class_values,
         capacity=snapshot.cap.take(pools, axis=0),
         capacity_of=snapshot.cap,
         prescore={},
