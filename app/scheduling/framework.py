@@ -71,7 +71,7 @@ def select(
     """Decide where ``spec`` goes on ``snapshot`` (plus ``assumed``), without side effects;
     :func:`decide` says what the result holds."""
     out = decide(spec, snapshot, assumed=assumed, explain=explain, top_k=top_k, holds=holds)
-    return out.result() if type(out) is Ranked else out
+    return out.result() if isinstance(out, Ranked) else out
 
 
 def decide(
@@ -122,7 +122,7 @@ def decide(
 
     def candidate(pos: int, detail: bool) -> Candidate:
         i = int(pools[pos])
-        comps = ()
+        comps: tuple[ScoreComponent, ...] = ()
         if detail:
             comps = tuple(
                 ScoreComponent(p.NAME, v.item(pos) * w, p.describe(cycle, i, v.item(pos)))
