@@ -27,6 +27,8 @@ async def sign_in(page: Page, server: str, key: str, role: str) -> None:
     await page.keyboard.type(key)
     await page.keyboard.press("Enter")
     await expect(page.locator("#who")).to_contain_text(f"Signed in as {role}")
+    # The first page is in (it takes the focus: wait for it before pressing keys).
+    await expect(page.locator("#view h1")).to_be_visible()
 
 
 class Api:
