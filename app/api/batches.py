@@ -218,7 +218,7 @@ async def create_task_batch(request: Request) -> Response:
     if raw:
         media_type_check(request.headers.get("content-type"))
         body = json_decode(raw)
-    principal = role_check(await principal_from_request(request), TENANT)
+    principal = role_check(principal_from_request(request), TENANT)
     errors: list[dict[str, Any]] = []
     tenant = string_read(request.headers.get(TENANT_HEADER), ("header", TENANT_HEADER), errors,
                          max_length=TENANT_HEADER_MAX)

@@ -56,7 +56,7 @@ class HeadTooLarge(BerthError):
 # --- the body: ASGI middleware --------------------------------------------------------------
 
 
-def _has_body(scope: Scope) -> bool:
+def body_announced(scope: Scope) -> bool:
     """Return whether the request announces a body (HTTP/1.1: Content-Length other than 0,
     or Transfer-Encoding); a request without one has nothing to wait for."""
     for name, value in scope["headers"]:
@@ -110,7 +110,7 @@ class BodyReadTimeout:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Pass the request on with a ``receive()`` bounded until its body is complete."""
-        if scope["type"] != "http" or not _has_body(scope):
+        if scope["type"] != "http" or not body_announced(scope):
             await self.app(scope, receive, send)
             return
         deadline = asyncio.get_running_loop().time() + self.timeout_seconds
