@@ -32,7 +32,7 @@ import orjson
 from fastapi import APIRouter, Request, Response
 from pydantic import Field, TypeAdapter, ValidationError, WithJsonSchema
 
-from app.api.bodies import StrictRoute, json_decode, media_type_check
+from app.api.bodies import StrictRoute, json_body_read
 from app.api.common import CamelModel, RequestModel, problems
 from app.api.direct_routes import header_parameter, string_read, validation_raise
 from app.api.problems import problem_json, validation_problem_json
@@ -216,8 +216,7 @@ async def create_task_batch(request: Request) -> Response:
     raw = await request.body()
     body = None
     if raw:
-        media_type_check(request.headers.get("content-type"))
-        body = json_decode(raw)
+        body = await json_body_read(raw, request.headers.get("content-type"))
     principal = role_check(principal_from_request(request), TENANT)
     errors: list[dict[str, Any]] = []
     tenant = string_read(request.headers.get(TENANT_HEADER), ("header", TENANT_HEADER), errors,
