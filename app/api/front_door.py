@@ -15,8 +15,10 @@ can make the process do is bounded by its headers alone:
    costs a database query, so two bounds keep clients with invalid keys from buying many:
 
    * each client address may have ``BERTH_INVALID_KEYS_PER_SECOND`` (bursts of
-     ``BERTH_INVALID_KEY_BURST_REQUESTS``) keys fail verification; past that, a key this
-     process has not verified before is answered 429 with ``Retry-After`` without a query.
+     ``BERTH_INVALID_KEY_BURST_REQUESTS``) keys fail verification: a look-up of a key this
+     process has not verified before takes a token of the address's bucket first (given
+     back when the key is valid), and with none left the key is answered 429 with
+     ``Retry-After`` without a query.
      A key verified here before (cached, even expired) is looked up again regardless, so a
      flood from a shared address does not lock out the clients whose keys are known;
    * at most ``BERTH_MAX_UNAUTHENTICATED_REQUESTS`` look-ups run at once; past that, 503.
@@ -213,7 +215,9 @@ class FrontDoor:
         known = cache.known(digest)
         address = _address(scope)
         if not known:
-            wait = self.invalid_keys.wait(address, now=now)
+            # The token is taken before the look-up, so concurrent look-ups cannot overdraw
+            # the budget; it is given back when the key turns out valid.
+            wait = self.invalid_keys.take(address, now=now)
             if wait > 0:
                 REQUESTS_SHED.labels("invalid_key_limit").inc()
                 seconds = max(1, math.ceil(wait))
@@ -225,6 +229,8 @@ class FrontDoor:
                 )
         if self.verifying >= self.max_unauthenticated:
             REQUESTS_SHED.labels("unauthenticated_limit").inc()
+            if not known:
+                self.invalid_keys.give_back(address)
             return Overloaded(
                 f"Berth is verifying {self.max_unauthenticated} API keys, its limit per process "
                 "(BERTH_MAX_UNAUTHENTICATED_REQUESTS); retry in a second",
@@ -241,6 +247,8 @@ class FrontDoor:
             lookup.cancel()  # the requests waiting on it are answered 503 (retry)
             raise
         except Exception as exc:
+            if not known:
+                self.invalid_keys.give_back(address)
             lookup.set_exception(exc)
             lookup.exception()  # retrieved here, whether or not another request waits on it
             raise
@@ -252,9 +260,9 @@ class FrontDoor:
         if principal is None:
             REQUESTS_UNAUTHENTICATED.labels("invalid_key").inc()
             self.refusals.put(digest, now)
-            if not known:
-                self.invalid_keys.take(address, now=now)
             return _invalid_key()
+        if not known:
+            self.invalid_keys.give_back(address)
         return principal
 
     async def _refuse(self, error: BerthError, scope: Scope, receive: Receive, send: Send) -> None:

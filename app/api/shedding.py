@@ -94,12 +94,11 @@ class TokenBuckets:
     def __len__(self) -> int:
         return len(self._buckets)
 
-    def wait(self, key: bytes, *, now: float) -> float:
-        """Return 0.0 when ``key``'s bucket holds a token, else the seconds until it does
-        (taking nothing)."""
-        tokens, counted_at = self._buckets.get(key, (self.burst, now))
-        tokens = min(self.burst, tokens + max(0.0, now - counted_at) * self.rate)
-        return 0.0 if tokens >= 1.0 else (1.0 - tokens) / self.rate
+    def give_back(self, key: bytes) -> None:
+        """Return one token taken from ``key``'s bucket (what it paid for turned out free)."""
+        entry = self._buckets.get(key)
+        if entry is not None:
+            self._buckets[key] = (min(self.burst, entry[0] + 1.0), entry[1])
 
     def take(self, key: bytes, *, now: float) -> float:
         """Take one token of ``key``'s bucket: return 0.0, or the seconds until one is there."""
