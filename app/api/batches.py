@@ -18,7 +18,8 @@ field of a new task is a constant), and the rest of the answer by orjson: per it
 decoded spec and no dictionary to serialize.
 
 The endpoint reads its request itself, like the direct routes
-(:mod:`app.api.direct_routes`): the body strictly (415, 400) before the key (401, 403), then
+(:mod:`app.api.direct_routes`): after the front door verified the key (401), the body
+strictly (415, 400), then the role (403), then
 the header and the envelope (422). Its body limit is ``BERTH_MAX_BATCH_BODY_BYTES`` instead
 of ``BERTH_MAX_BODY_BYTES`` (:mod:`app.api.limits`).
 """

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import secrets
 import threading
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -29,6 +28,7 @@ from tests.api.conftest import (
     assert_problem,
     settings_for_tests,
 )
+from tests.api.test_shedding import StalledBody
 
 SPEC = {"runtimeClass": "gpu-small", "requests": {"cpuMillis": 500, "memoryMiB": 256}}
 WITHIN_SECONDS = 10  # generous: every refusal here is immediate, a held slot never answers
@@ -41,20 +41,6 @@ def shed(reason: str) -> float:
 def unauthenticated(reason: str) -> float:
     return REGISTRY.get_sample_value(
         "berth_http_requests_unauthenticated_total", {"reason": reason}) or 0.0
-
-
-class StalledBody:
-    """A request body that sends one byte, then waits until released (a slow client)."""
-
-    def __init__(self) -> None:
-        self.reading = asyncio.Event()
-        self.release = asyncio.Event()
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        self.reading.set()
-        yield b"{"
-        await self.release.wait()
-        yield b"}"
 
 
 class Lookups:
