@@ -40,6 +40,7 @@ import time
 from typing import Any
 
 from starlette.requests import Request
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.api.problems import database_error, error_response
@@ -173,7 +174,7 @@ class FrontDoor:
         scope[PRINCIPAL_SCOPE_KEY] = outcome
         await self.app(scope, receive, send)
 
-    async def _authenticate(self, scope: Scope) -> Any:
+    async def _authenticate(self, scope: Scope) -> Principal | BerthError | JSONResponse:
         """Return the request's principal, or the error (or response) refusing it."""
         authorization = _header(scope, _AUTHORIZATION)
         key = bearer_key(authorization.decode("ascii")) if authorization else None
