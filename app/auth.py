@@ -30,7 +30,7 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from app.db import Connection, Database
+from app.db import Database
 from app.errors import Forbidden, Unauthorized
 from app.ledger.keys import LAST_USED_PRECISION, ApiKeyRecord, api_key_get, api_key_used
 
@@ -202,29 +202,34 @@ def principal_from_request(request: Request) -> Principal:
 
 async def principal_verify(
     db: Database, cache: KeyCache, *, key: str, digest: str, now: float
-) -> Principal | None:
+) -> tuple[Principal, ApiKeyRecord] | None:
     """Look ``key`` (whose hash is ``digest``) up in the database: return its principal,
-    cached from ``now``, or None when it is not a live key."""
+    cached from ``now``, and its record; or None when it is not a live key.
+
+    The key's last use is not recorded here (see :func:`key_use_record`), so that what
+    waits on the answer does not wait on that write.
+    """
     async with db.connection() as conn:
         record = await api_key_get(conn, key=key)
-        if record is None:
-            return None
-        await _last_use_record(conn, record)
+    if record is None:
+        return None
     principal = Principal.from_record(record)
     cache.put(digest, principal, now)
-    return principal
+    return principal, record
 
 
-async def _last_use_record(conn: Connection, record: ApiKeyRecord) -> None:
+async def key_use_record(db: Database, record: ApiKeyRecord) -> None:
     """Record the key's use when the recorded one is older than LAST_USED_PRECISION.
 
-    Bookkeeping only: a failure is logged and the request goes on.
+    Bookkeeping only: a failure (a busy pool, a database away) is logged and the request
+    goes on.
     """
     at = datetime.now(UTC)
     if record.last_used_at is not None and at - record.last_used_at < LAST_USED_PRECISION:
         return
     try:
-        await api_key_used(conn, key_id=record.id, now=at)
+        async with db.connection() as conn:
+            await api_key_used(conn, key_id=record.id, now=at)
     except Exception as exc:
         log.warning("could not record a key's last use",
                     extra={"key_id": str(record.id), "error": type(exc).__name__})

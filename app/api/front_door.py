@@ -52,6 +52,7 @@ from app.auth import (
     KeyRefusals,
     Principal,
     bearer_key,
+    key_use_record,
     principal_verify,
 )
 from app.errors import BerthError, Unauthorized
@@ -241,9 +242,10 @@ class FrontDoor:
         self._lookups[digest] = lookup
         self.verifying += 1
         try:
-            principal = await principal_verify(
+            verified = await principal_verify(
                 state["db"], cache, key=key, digest=digest, now=now
             )
+            principal = verified[0] if verified is not None else None
         except asyncio.CancelledError:
             lookup.cancel()  # the requests waiting on it are answered 503 (retry)
             raise
@@ -264,6 +266,10 @@ class FrontDoor:
             return _invalid_key()
         if not known:
             self.invalid_keys.give_back(address)
+        # After the answer was shared: a write that waits (a synchronous standby away) holds
+        # up this request only, never the others of the key.
+        assert verified is not None
+        await key_use_record(state["db"], verified[1])
         return principal
 
     async def _refuse(self, error: BerthError, scope: Scope, receive: Receive, send: Send) -> None:
