@@ -6,8 +6,14 @@ prefix, then their hashes are compared in constant time. Verified keys are cache
 memory for :data:`KEY_CACHE_SECONDS` so that the hot API path does not pay a query per
 request: a key revoked through another process (or with SQL) keeps working in a process that
 cached it for at most that long; the process that revokes it forgets it at once
-(:meth:`KeyCache.forget`). A key's last use is recorded on a cache miss, at most once a minute
-(:func:`app.ledger.keys.api_key_used`), and never fails the request.
+(:meth:`KeyCache.forget`). Keys that failed verification are remembered as long
+(:class:`KeyRefusals`), so a client repeating a bad key costs no query either. A key's last
+use is recorded on a cache miss, at most once a minute (:func:`app.ledger.keys.api_key_used`),
+and never fails the request.
+
+Every ``/v1/`` request is authenticated once, from its headers, by the front door
+(:mod:`app.api.front_door`, through :func:`principal_verify`) before any of its body is
+read; the routes take the principal it verified (:func:`principal_from_request`).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -23,9 +30,9 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from app.db import Connection
+from app.db import Database
 from app.errors import Forbidden, Unauthorized
-from app.ledger.keys import LAST_USED_PRECISION, ApiKeyRecord, api_key_get, api_key_used, key_hash
+from app.ledger.keys import LAST_USED_PRECISION, ApiKeyRecord, api_key_get, api_key_used
 
 ADMIN, OPERATOR, TENANT, RUNTIME = "admin", "operator", "tenant", "runtime"
 
@@ -36,6 +43,10 @@ bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: B
 KEY_CACHE_SECONDS = 5.0
 #: Most keys cached at once.
 KEY_CACHE_SIZE = 10_000
+#: Most refused key hashes remembered at once.
+KEY_REFUSALS_SIZE = 10_000
+#: Where the front door leaves the verified principal in the ASGI scope.
+PRINCIPAL_SCOPE_KEY = "berth.principal"
 
 log = logging.getLogger("berth.auth")
 
@@ -94,6 +105,14 @@ class KeyCache:
             return None
         return entry[1]
 
+    def known(self, digest: str) -> bool:
+        """Return whether ``digest`` was verified here and is still held, fresh or not.
+
+        An expired entry stays until it is evicted or forgotten: a key this process verified
+        before is checked again without spending its client's invalid-key budget.
+        """
+        return digest in self._entries
+
     def put(self, digest: str, principal: Principal, now: float) -> None:
         """Cache ``principal`` under ``digest``; when full, forget the entry that expires
         first (entries are kept in the order they were put, and all live as long)."""
@@ -108,6 +127,30 @@ class KeyCache:
         for digest, (_, principal) in list(self._entries.items()):
             if principal.key_id == key_id:
                 del self._entries[digest]
+
+
+class KeyRefusals:
+    """Hashes of keys that failed verification, each for ``ttl_seconds``; at most
+    :data:`KEY_REFUSALS_SIZE` (the oldest go first)."""
+
+    def __init__(self, ttl_seconds: float = KEY_CACHE_SECONDS) -> None:
+        self.ttl = ttl_seconds
+        self._until: OrderedDict[str, float] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._until)
+
+    def refused(self, digest: str, now: float) -> bool:
+        """Return whether ``digest`` failed verification less than the TTL ago."""
+        until = self._until.get(digest)
+        return until is not None and until >= now
+
+    def put(self, digest: str, now: float) -> None:
+        """Remember that ``digest`` failed verification at ``now``."""
+        self._until.pop(digest, None)
+        self._until[digest] = now + self.ttl
+        if len(self._until) > KEY_REFUSALS_SIZE:
+            self._until.popitem(last=False)
 
 
 def header_get(request: Request, name: bytes) -> str | None:
@@ -145,44 +188,48 @@ def app_state(request: Request) -> dict[str, Any]:
     return request.app.state._state  # type: ignore[no-any-return]
 
 
-async def principal_from_request(request: Request) -> Principal:
-    """Return the caller's principal (cached for a few seconds), or raise 401.
+def principal_from_request(request: Request) -> Principal:
+    """Return the caller's principal, as the front door verified it, or raise 401.
 
-    The one place a request's key is read and verified: the ``Depends`` routes reach it
-    through :func:`principal_get`, the lean hot routes call it themselves.
+    The ``Depends`` routes reach it through :func:`principal_get`, the lean hot routes call
+    it themselves.
     """
-    key = bearer_key(header_get(request, b"authorization"))
-    if key is None:
+    principal: Principal | None = request.scope.get(PRINCIPAL_SCOPE_KEY)
+    if principal is None:
         raise Unauthorized(extra={"headers": {"WWW-Authenticate": "Bearer"}})
-    digest = key_hash(key)
-    state = app_state(request)
-    cache: KeyCache = state["key_cache"]
-    now = cache.clock()
-    principal = cache.get(digest, now)
-    if principal is not None:
-        return principal
-    async with state["db"].connection() as conn:
-        record = await api_key_get(conn, key=key)
-        if record is None:
-            raise Unauthorized(
-                "the API key is not valid", extra={"headers": {"WWW-Authenticate": "Bearer"}}
-            )
-        await _last_use_record(conn, record)
-    principal = Principal.from_record(record)
-    cache.put(digest, principal, now)
     return principal
 
 
-async def _last_use_record(conn: Connection, record: ApiKeyRecord) -> None:
+async def principal_verify(
+    db: Database, cache: KeyCache, *, key: str, digest: str, now: float
+) -> tuple[Principal, ApiKeyRecord] | None:
+    """Look ``key`` (whose hash is ``digest``) up in the database: return its principal,
+    cached from ``now``, and its record; or None when it is not a live key.
+
+    The key's last use is not recorded here (see :func:`key_use_record`), so that what
+    waits on the answer does not wait on that write.
+    """
+    async with db.connection() as conn:
+        record = await api_key_get(conn, key=key)
+    if record is None:
+        return None
+    principal = Principal.from_record(record)
+    cache.put(digest, principal, now)
+    return principal, record
+
+
+async def key_use_record(db: Database, record: ApiKeyRecord) -> None:
     """Record the key's use when the recorded one is older than LAST_USED_PRECISION.
 
-    Bookkeeping only: a failure is logged and the request goes on.
+    Bookkeeping only: a failure (a busy pool, a database away) is logged and the request
+    goes on.
     """
     at = datetime.now(UTC)
     if record.last_used_at is not None and at - record.last_used_at < LAST_USED_PRECISION:
         return
     try:
-        await api_key_used(conn, key_id=record.id, now=at)
+        async with db.connection() as conn:
+            await api_key_used(conn, key_id=record.id, now=at)
     except Exception as exc:
         log.warning("could not record a key's last use",
                     extra={"key_id": str(record.id), "error": type(exc).__name__})
@@ -202,9 +249,9 @@ async def principal_get(
     """Return the caller's principal, or raise 401 for a missing or unknown key.
 
     ``credentials`` only declares the bearer scheme in the OpenAPI document; the header is
-    read by :func:`principal_from_request`.
+    read by the front door.
     """
-    return await principal_from_request(request)
+    return principal_from_request(request)
 
 
 PrincipalDep = Annotated[Principal, Depends(principal_get)]

@@ -88,6 +88,26 @@ class Settings(BaseSettings):
         description="Token bucket size: requests a key may send at once above the sustained "
         "rate (only with rate_limit_requests_per_second).",
     )
+    max_unauthenticated_requests: int = Field(
+        default=16,
+        ge=1,
+        description="API keys one process looks up in the database at once (requests not yet "
+        "authenticated); past it a request whose key is not cached is answered 503 with "
+        "Retry-After at once.",
+    )
+    invalid_keys_per_second: float = Field(
+        default=5.0,
+        gt=0,
+        description="Sustained API keys per second that may fail verification from one client "
+        "address (a token bucket); past it, keys this process has not verified before are "
+        "answered 429 with Retry-After without a database look-up.",
+    )
+    invalid_key_burst_requests: int = Field(
+        default=50,
+        ge=1,
+        description="Token bucket size: invalid API keys one client address may send at once "
+        "above invalid_keys_per_second.",
+    )
     request_header_timeout_seconds: float = Field(
         default=10.0,
         gt=0,

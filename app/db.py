@@ -172,6 +172,9 @@ class Database:
         self.pool_wait_seconds = pool_wait_seconds
         self.application_name = application_name
         self._pool: asyncpg.Pool | None = None
+        # The pool being closed: connections still out (a background wakeup's) go back to it,
+        # which is what its close() waits for.
+        self._closing: asyncpg.Pool | None = None
         # Set when a caller waited pool_wait_seconds for a busy pool in vain; cleared when a
         # connection is free or given out again.
         self._saturated = False
@@ -200,7 +203,11 @@ class Database:
         """Close every connection of the pool."""
         if self._pool is not None:
             pool, self._pool = self._pool, None
-            await pool.close()
+            self._closing = pool
+            try:
+                await pool.close()
+            finally:
+                self._closing = None
 
     def _free(self, pool: asyncpg.Pool) -> bool:
         """Return whether the pool has a free connection (or a free slot for a new one).
@@ -240,8 +247,9 @@ class Database:
         return conn
 
     async def _release(self, conn: asyncpg.Connection) -> None:
-        assert self._pool is not None
-        await self._pool.release(conn)
+        pool = self._pool or self._closing
+        assert pool is not None
+        await pool.release(conn)
 
     @asynccontextmanager
     async def transaction(self, *, isolation: str | None = None) -> AsyncIterator[Connection]:

@@ -18,12 +18,13 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from app import __version__
 from app.api import batches
+from app.api.front_door import FrontDoor
 from app.api.http_metrics import http_metrics_install
 from app.api.limits import BodySizeLimit
 from app.api.openapi import openapi_install
 from app.api.problems import problem_response, problems_install
 from app.api.router import api_routes
-from app.api.shedding import InFlightLimit, KeyRateLimit
+from app.api.shedding import InFlightLimit
 from app.api.timeouts import BodyReadTimeout
 from app.auth import KeyCache
 from app.config import Settings, get_settings
@@ -152,17 +153,20 @@ def create_app(
             )
         return JSONResponse({"status": "ready"})
 
-    # Load shedding and the body deadline (docs/operations.md#limits). Each added middleware
-    # wraps the ones before it, so a request meets them bottom-up: the key's rate limit, the
-    # in-flight bound, the body deadline, then the body size limit.
+    # The front door, load shedding and the body deadline (docs/operations.md#limits). Each
+    # added middleware wraps the ones before it, so a request meets them bottom-up: the front
+    # door (headers, key, the key's rate limit), the in-flight bound, the body deadline, then
+    # the body size limit.
     app.add_middleware(BodyReadTimeout, timeout_seconds=settings.request_body_timeout_seconds)
     app.add_middleware(InFlightLimit, max_in_flight=settings.max_in_flight_requests)
-    if settings.rate_limit_requests_per_second > 0:
-        app.add_middleware(
-            KeyRateLimit,
-            rate_per_second=settings.rate_limit_requests_per_second,
-            burst=settings.rate_limit_burst_requests,
-        )
+    app.add_middleware(
+        FrontDoor,
+        max_unauthenticated=settings.max_unauthenticated_requests,
+        invalid_keys_per_second=settings.invalid_keys_per_second,
+        invalid_key_burst=settings.invalid_key_burst_requests,
+        rate_per_second=settings.rate_limit_requests_per_second,
+        rate_burst=settings.rate_limit_burst_requests,
+    )
 
     # HTTP metrics live in a registry of this app (a second app in one process, as in tests,
     # would otherwise record nothing); /metrics serves it together with Berth's own metrics.

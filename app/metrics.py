@@ -96,7 +96,7 @@ TASKS_REEXAMINED = Counter(
 #: Why a request was refused before Berth worked on it (see app/api/shedding.py and
 #: app/api/timeouts.py); every reason is counted from zero so that rates read well.
 SHED_REASONS = ("in_flight_limit", "rate_limit", "header_timeout", "header_too_large",
-                "body_timeout")
+                "body_timeout", "invalid_key_limit", "unauthenticated_limit")
 REQUESTS_SHED = Counter(
     "berth_http_requests_shed_total",
     "HTTP requests refused to protect the process, by reason.",
@@ -130,3 +130,14 @@ for _resource in RESOURCES:
     for _status in POOL_STATUSES:
         POOL_CAPACITY.labels(_resource, _status)
         POOL_RESERVED.labels(_resource, _status)
+
+#: Why the front door answered 401 (app/api/front_door.py): no bearer key, a key the database
+#: did not know, or a key that failed verification moments before (answered without a query).
+UNAUTHENTICATED_REASONS = ("no_key", "invalid_key", "refused_key")
+REQUESTS_UNAUTHENTICATED = Counter(
+    "berth_http_requests_unauthenticated_total",
+    "HTTP requests answered 401 before their body was read, by reason.",
+    ["reason"],
+)
+for _reason in UNAUTHENTICATED_REASONS:
+    REQUESTS_UNAUTHENTICATED.labels(_reason)

@@ -14,6 +14,8 @@ TARGETS = {
     "e2e": "reconcilers placing a generated dataset on a fresh database, with the naive "
            "baseline, the SQL floor and the peer queue in the same run",
     "api": "HTTP throughput of task submission and reads over loopback",
+    "hostile": "an authenticated client's latency under a flood of invalid keys and under "
+               "slow bodies without a key, against berth serve",
 }
 
 
@@ -27,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--help' lists a target's options; docs/benchmarks.md gives the figures and how to "
         "reproduce them.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="targets:\n" + "\n".join(f"  {k:<5} {v}" for k, v in TARGETS.items()),
+        epilog="targets:\n" + "\n".join(f"  {k:<7} {v}" for k, v in TARGETS.items()),
     )
     p.add_argument("target", choices=list(TARGETS), help="what to measure")
     p.add_argument("args", nargs=argparse.REMAINDER, help="options of that target")

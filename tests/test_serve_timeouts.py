@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import signal
@@ -13,6 +14,8 @@ import httpx
 import psutil
 import pytest
 
+from app.db import Database
+from app.ledger.keys import api_key_create
 from tests.test_serve import Serve
 
 pytestmark = pytest.mark.slow
@@ -126,7 +129,68 @@ def test_a_head_past_64_kib_is_answered_431_and_closed(serve: Serve) -> None:
     assert "larger than 65536 bytes" in problem_of(answer, 431)["detail"]
 
 
+def key_create(database_url: str) -> str:
+    """Return a new tenant key (tenant-a) stored in the test database."""
+
+    async def create() -> str:
+        db = Database(database_url, max_size=1)
+        try:
+            async with db.transaction() as conn:
+                return await api_key_create(conn, role="tenant", subject="hostile-test",
+                                            tenant_ids=["tenant-a"])
+        finally:
+            await db.close()
+
+    return asyncio.run(create())
+
+
+def test_a_head_past_64_kib_in_one_packet_is_answered_431_before_the_app(serve: Serve) -> None:
+    head = b"GET /healthz HTTP/1.1\r\nHost: berth\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n"
+    with connect(serve.port) as sock:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(head)
+        answer = read_to_close(sock)
+
+    assert "larger than 65536 bytes" in problem_of(answer, 431)["detail"]
+
+
+def test_a_large_head_after_a_first_request_on_a_kept_alive_connection_is_431(
+    serve: Serve,
+) -> None:
+    first = b"GET /healthz HTTP/1.1\r\nHost: berth\r\n\r\n"
+    big = (b"GET /healthz HTTP/1.1\r\nHost: berth\r\n"
+           + b"".join(b"X-H%d: %s\r\n" % (i, b"b" * 1000) for i in range(130)) + b"\r\n")
+    with connect(serve.port) as sock:
+        sock.sendall(first)
+        received = b""
+        while b'"ok"' not in received:
+            received += sock.recv(65536)
+        assert received.startswith(b"HTTP/1.1 200 "), received
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(big)
+        answer = read_to_close(sock)
+
+    assert "larger than 65536 bytes" in problem_of(answer, 431)["detail"]
+
+
 def test_a_body_that_announces_100_bytes_and_sends_10_is_answered_408_and_closed(
+    serve: Serve, database_url: str
+) -> None:
+    key = key_create(database_url)
+    with connect(serve.port) as sock:
+        sock.sendall(
+            b"POST /v1/tasks HTTP/1.1\r\nHost: berth\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + key.encode() + b"\r\nContent-Length: 100\r\n\r\n"
+            b'{"runtime'
+        )
+        answer = read_to_close(sock)
+
+    problem = problem_of(answer, 408)
+    assert problem["type"].endswith("/request-timeout")
+    assert "BERTH_REQUEST_BODY_TIMEOUT_SECONDS" in problem["detail"]
+
+
+def test_a_body_without_a_valid_key_is_answered_401_at_once_and_left_unread(
     serve: Serve,
 ) -> None:
     with connect(serve.port) as sock:
@@ -137,9 +201,7 @@ def test_a_body_that_announces_100_bytes_and_sends_10_is_answered_408_and_closed
         )
         answer = read_to_close(sock)
 
-    problem = problem_of(answer, 408)
-    assert problem["type"].endswith("/request-timeout")
-    assert "BERTH_REQUEST_BODY_TIMEOUT_SECONDS" in problem["detail"]
+    assert problem_of(answer, 401)["type"].endswith("/unauthorized")
 
 
 def test_keep_alive_requests_in_time_are_served_on_one_connection(serve: Serve) -> None:

@@ -18,7 +18,8 @@ field of a new task is a constant), and the rest of the answer by orjson: per it
 decoded spec and no dictionary to serialize.
 
 The endpoint reads its request itself, like the direct routes
-(:mod:`app.api.direct_routes`): the body strictly (415, 400) before the key (401, 403), then
+(:mod:`app.api.direct_routes`): after the front door verified the key (401), the body
+strictly (415, 400), then the role (403), then
 the header and the envelope (422). Its body limit is ``BERTH_MAX_BATCH_BODY_BYTES`` instead
 of ``BERTH_MAX_BODY_BYTES`` (:mod:`app.api.limits`).
 """
@@ -32,7 +33,7 @@ import orjson
 from fastapi import APIRouter, Request, Response
 from pydantic import Field, TypeAdapter, ValidationError, WithJsonSchema
 
-from app.api.bodies import StrictRoute, json_decode, media_type_check
+from app.api.bodies import StrictRoute, json_body_read
 from app.api.common import CamelModel, RequestModel, problems
 from app.api.direct_routes import header_parameter, string_read, validation_raise
 from app.api.problems import problem_json, validation_problem_json
@@ -216,9 +217,8 @@ async def create_task_batch(request: Request) -> Response:
     raw = await request.body()
     body = None
     if raw:
-        media_type_check(request.headers.get("content-type"))
-        body = json_decode(raw)
-    principal = role_check(await principal_from_request(request), TENANT)
+        body = await json_body_read(raw, request.headers.get("content-type"))
+    principal = role_check(principal_from_request(request), TENANT)
     errors: list[dict[str, Any]] = []
     tenant = string_read(request.headers.get(TENANT_HEADER), ("header", TENANT_HEADER), errors,
                          max_length=TENANT_HEADER_MAX)

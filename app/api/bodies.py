@@ -10,8 +10,14 @@ A request body reaches a model only as one well-formed JSON document in UTF-8, s
   that are not UTF-8 (or a lone UTF-16 surrogate escape, which no UTF-8 text can hold),
   ``NaN``/``Infinity`` (not JSON), an object that repeats a key (RFC 8259 leaves the
   meaning of a repeat open; Berth refuses to guess which one counts), nesting deeper than
-  :data:`DEPTH_MAX`, or an integer of more digits than Python converts (4,300);
+  :data:`DEPTH_MAX`, more than :data:`VALUES_MAX` values, or an integer of more digits than
+  Python converts (4,300);
 * what is left is a schema question, answered by the strict request models with **422**.
+
+The depth and the number of values are measured on the text, before it is parsed, so no
+parser (nor orjson's write-back, which stops at 255 levels) ever sees a document deeper than
+:data:`DEPTH_MAX`. A body over :data:`OFF_LOOP_BYTES` (a task batch) is parsed in a worker
+thread, so that one large body does not hold up the other requests of the process.
 
 :class:`StrictRoute` applies this to every FastAPI route that declares a body, before
 FastAPI decodes it (FastAPI then reuses the decoded value); the direct routes
@@ -20,6 +26,7 @@ FastAPI decodes it (FastAPI then reuses the decoded value); the direct routes
 
 from __future__ import annotations
 
+import asyncio
 import email.message
 import json
 import re
@@ -41,6 +48,8 @@ __all__ = [
     "MalformedBody",
     "StrictRoute",
     "UnsupportedMediaType",
+    "OFF_LOOP_BYTES",
+    "VALUES_MAX",
     "json_body_read",
     "json_decode",
     "media_type_check",
@@ -50,6 +59,17 @@ JSON = "application/json"
 
 #: Deepest nesting of arrays and objects a body may have (a task spec needs 5).
 DEPTH_MAX = 64
+#: Most values (array items, object members and containers) a body may hold: a batch of
+#: 1,000 task specs each with every list and map at its largest holds about 350,000.
+VALUES_MAX = 500_000
+#: Bodies larger than this are parsed in a worker thread, off the event loop.
+OFF_LOOP_BYTES = 64 * 1024
+
+#: A JSON string (its escapes included): what the structure of a text is measured without.
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+#: Every byte but the brackets deleted, and ``{}`` read as ``[]`` (depth is the same).
+_BRACKETS_TABLE = bytes.maketrans(b"{}", b"[]")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 #: A ``\\uD800``-``\\uDFFF`` escape: the only way a JSON text can smuggle a lone surrogate.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abAB]|\\u[dD][c-fC-F]")
@@ -110,21 +130,23 @@ def _constant(name: str) -> Any:
 _DECODER = json.JSONDecoder(object_pairs_hook=_object, parse_constant=_constant)
 
 
-def _depth(value: Any, limit: int) -> bool:
-    """Return whether ``value`` nests no deeper than ``limit``."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        if depth > limit:
-            return False
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
-    return True
+def _structure_check(raw: bytes) -> None:
+    """Raise 400 when ``raw`` holds more than VALUES_MAX values or nests deeper than
+    DEPTH_MAX, both counted outside its strings (exact for a JSON text)."""
+    # Without a backslash no quote is escaped, and every other piece between quotes is
+    # outside the strings; with one, the strings are matched whole.
+    bare = b"".join(raw.split(b'"')[::2]) if b"\\" not in raw else _STRING.sub(b"", raw)
+    brackets = bare.translate(_BRACKETS_TABLE, _NOT_BRACKETS)
+    if bare.count(b",") + len(brackets) // 2 > VALUES_MAX:
+        raise MalformedBody(f"the JSON holds more than {VALUES_MAX} values")
+    # Each round removes the innermost (empty) arrays: a text nested d levels deep is empty
+    # after d rounds.
+    for _ in range(DEPTH_MAX):
+        if not brackets:
+            return
+        brackets = brackets.replace(b"[]", b"")
+    if brackets:
+        raise MalformedBody(f"the JSON nests deeper than {DEPTH_MAX} levels")
 
 
 def _strings_encodable(value: Any) -> bool:
@@ -156,14 +178,10 @@ def _strict_decode(raw: bytes) -> Any:
         raise MalformedBody(
             f"the body is not JSON: {e.msg} at line {e.lineno} column {e.colno}"
         ) from None
-    except RecursionError:
+    except RecursionError:  # an invalid text that the structure check could not measure
         raise MalformedBody(f"the JSON nests deeper than {DEPTH_MAX} levels") from None
     except ValueError as e:  # Python's bound on the digits of an integer
         raise MalformedBody(f"the body is not usable JSON: {e}") from None
-    # The spec fits in a handful of levels: one cheap pass keeps deep documents out of the
-    # validators (the decoder itself stops only at the interpreter's recursion limit).
-    if text.count("[") + text.count("{") > DEPTH_MAX and not _depth(value, DEPTH_MAX):
-        raise MalformedBody(f"the JSON nests deeper than {DEPTH_MAX} levels")
     if _SURROGATE_ESCAPE.search(text) and not _strings_encodable(value):
         raise MalformedBody("the JSON holds a lone UTF-16 surrogate (\\uD800-\\uDFFF)")
     return value
@@ -175,50 +193,51 @@ _DIGITS_AS_ZEROS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256)
 #: A run of 19 digits: an integer orjson would read as a float (past 64 bits), or a long
 #: mantissa; either is left to the strict reader.
 _LONG_DIGITS = b"0" * 19
-#: A line nested as deep as a member of a container at depth DEPTH_MAX in orjson's
-#: two-space indented output (conservative: a scalar member there is fine, but such a
-#: document is simply left to the strict reader).
-_DEEP_LINE = b"\n" + b" " * (2 * DEPTH_MAX)
 
 
 def json_decode(raw: bytes) -> Any:
     """Return the JSON value of ``raw``, or raise 400 :class:`MalformedBody` saying why.
 
+    A text with more brackets than :data:`DEPTH_MAX`, or more commas and brackets than
+    :data:`VALUES_MAX`, has its structure measured first (:func:`_structure_check`). Then
     orjson reads the usual body, in C. It refuses everything the strict reader refuses
-    except three things, which are checked or sent to the strict reader instead:
+    except two things, which are checked or sent to the strict reader instead:
 
     * **a repeated key** (orjson keeps the last): every key of the text is followed by a
       colon, and so is every key orjson kept when written back, colons inside strings
       being the same on both sides; so with as many colons written back as read, no key
       was dropped. (``\\u003a``, an escaped colon, would break the count: such a text is
       left to the strict reader.)
-    * **nesting deeper than** :data:`DEPTH_MAX`: a text with more brackets than that (a
-      batch of specs) is written back indented by orjson (the text whose colons are
-      counted), and any line indented as deep as a member of a container at that depth
-      sends it to the strict reader, which measures it;
     * **integers past 64 bits** (read as floats): a text with a run of 19 digits goes to
       the strict reader.
 
     Anything orjson refuses is read again by the strict reader, which says why (or accepts
     what only Python reads, such as ``1e400``), so the answers are the strict reader's.
     """
+    containers = raw.count(b"[") + raw.count(b"{")
+    if containers > DEPTH_MAX or containers + raw.count(b",") > VALUES_MAX:
+        _structure_check(raw)
     if b"\\u003" not in raw and _LONG_DIGITS not in raw.translate(_DIGITS_AS_ZEROS):
         try:
             value = orjson.loads(raw)
         except orjson.JSONDecodeError:
             pass
         else:
-            # One text written back serves both checks: indentation adds no colon.
-            shallow = raw.count(b"[") + raw.count(b"{") <= DEPTH_MAX
-            back = orjson.dumps(value, option=0 if shallow else orjson.OPT_INDENT_2)
-            if back.count(b":") == raw.count(b":") and (shallow or _DEEP_LINE not in back):
+            if orjson.dumps(value).count(b":") == raw.count(b":"):
                 return value
     return _strict_decode(raw)
 
 
-def json_body_read(raw: bytes, content_type: str | None, accepted: Sequence[str] = (JSON,)) -> Any:
-    """Return the JSON value of a non-empty body: 415 for its media type, else 400 for it."""
+async def json_body_read(
+    raw: bytes, content_type: str | None, accepted: Sequence[str] = (JSON,)
+) -> Any:
+    """Return the JSON value of a non-empty body: 415 for its media type, else 400 for it.
+
+    A body over :data:`OFF_LOOP_BYTES` is decoded in a worker thread.
+    """
     media_type_check(content_type, accepted)
+    if len(raw) > OFF_LOOP_BYTES:
+        return await asyncio.to_thread(json_decode, raw)
     return json_decode(raw)
 
 
@@ -275,7 +294,9 @@ class StrictRoute(APIRoute):
             if accepted is not None:
                 raw = await request.body()
                 if raw:
-                    value = json_body_read(raw, request.headers.get("content-type"), accepted)
+                    value = await json_body_read(
+                        raw, request.headers.get("content-type"), accepted
+                    )
                     # Starlette's Request caches its decoded JSON here; FastAPI reads the
                     # body through request.json() and so validates this value, decoded once.
                     request._json = value

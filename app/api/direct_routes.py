@@ -5,10 +5,12 @@ role, each header and the body), which is most of the work of a task submit or r
 take only the ``Request`` and use these functions instead. They give the same answers, in
 the same order, as the ``Depends`` routes would:
 
-1. the body is read strictly, as every route with a body reads it (:mod:`app.api.bodies`):
-   another media type is 415 and a body that is not JSON 400, before anything else;
-2. the key and role are checked (:func:`app.auth.principal_from_request`: 401, 403);
-3. path and header parameters, then the body, are validated; every error is reported in one
+1. the key was verified by the front door (:mod:`app.api.front_door`: 401) before any of
+   the body was read;
+2. the body is read strictly, as every route with a body reads it (:mod:`app.api.bodies`):
+   another media type is 415 and a body that is not JSON 400;
+3. the role is checked (:func:`app.auth.role_check`: 403);
+4. path and header parameters, then the body, are validated; every error is reported in one
    422, with FastAPI's ``loc`` and messages.
 
 The plain case pays one JSON decode, one strict ``model_validate`` and a few header lookups.
@@ -94,12 +96,13 @@ async def body_read(request: Request, model: type[M]) -> Body:
     """Read the body strictly (:mod:`app.api.bodies`) and validate it as ``model``.
 
     Raises the 415 of a body that is not ``application/json`` and the 400 of one that is not
-    JSON, before the key is checked (FastAPI's order); schema errors wait in the ``Body``.
+    JSON (the key was verified before, by the front door); schema errors wait in the
+    ``Body``.
     """
     raw = await _body_receive(request)
     if not raw:
         return Body(None)
-    value = json_body_read(raw, header_get(request, b"content-type"))
+    value = await json_body_read(raw, header_get(request, b"content-type"))
     try:
         return Body(model.model_validate(value))
     except ValidationError:

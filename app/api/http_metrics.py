@@ -18,6 +18,7 @@ a value the code defines. The instrumentator still serves ``/metrics``.
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from timeit import default_timer
 
@@ -34,6 +35,8 @@ UNMATCHED = "none"
 #: The ``method`` of every request whose method is not in :data:`METHODS`.
 OTHER_METHOD = "other"
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+#: Most paths whose route template is remembered (see ``HttpMetrics._handler``).
+ROUTE_NAMES_MAX = 1024
 
 #: Not counted: a scrape would otherwise count itself.
 EXCLUDED = ("^/metrics$",)
@@ -85,6 +88,10 @@ class HttpMetrics:
         self.app = app
         self._templates = templates
         self._known: frozenset[str] | None = None
+        # The route template of a path that never reached the router (a request refused by
+        # the front door or a limit), by path: matching every route again for each refusal
+        # of a flood would cost more than the refusal. Bounded; the oldest go first.
+        self._names: OrderedDict[str, str | None] = OrderedDict()
         self._excluded = [re.compile(pattern) for pattern in EXCLUDED]
         self._should_include_root_path = should_include_root_path
         self._total = Counter(
@@ -153,9 +160,16 @@ class HttpMetrics:
         route = scope.get("route")
         name = getattr(route, "path", None) if route is not None else None
         if name is None or (self._should_include_root_path and scope.get("root_path")):
-            name = get_route_name(
-                Request(scope), should_include_root_path=self._should_include_root_path
-            )
+            path = scope.get("root_path", "") + scope["path"]
+            if path in self._names:
+                name = self._names[path]
+            else:
+                name = get_route_name(
+                    Request(scope), should_include_root_path=self._should_include_root_path
+                )
+                self._names[path] = name
+                if len(self._names) > ROUTE_NAMES_MAX:
+                    self._names.popitem(last=False)
         return name if name is not None else scope["path"]
 
     def _record(self, scope: Scope, status_code: int, response_length: int,

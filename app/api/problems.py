@@ -176,7 +176,9 @@ def _unavailable(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
-async def _database_error(request: Request, exc: Exception) -> JSONResponse:
+async def database_error(request: Request, exc: Exception) -> JSONResponse:
+    """Return the answer to a database error: 503 when unavailable or busy, 409 for a
+    refused constraint, 422 for a NUL in text, else the logged 500."""
     if database_unavailable(exc):
         return _unavailable(request, exc)
     sqlstate = getattr(exc, "sqlstate", None)
@@ -225,12 +227,12 @@ def problems_install(app: FastAPI) -> None:
     app.add_exception_handler(BerthError, _berth_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(asyncpg.PostgresError, _database_error)
-    app.add_exception_handler(asyncpg.InterfaceError, _database_error)
+    app.add_exception_handler(asyncpg.PostgresError, database_error)
+    app.add_exception_handler(asyncpg.InterfaceError, database_error)
     # asyncpg's own client-side errors: a connection the server ended while it sat idle in
     # the pool (a restart sends 57P01, then closes) fails its next statement with "cannot
     # switch to state …; another operation (2) is in progress". asyncpg has discarded it.
-    app.add_exception_handler(InternalClientError, _database_error)
+    app.add_exception_handler(InternalClientError, database_error)
     # A refused, reset or timed-out connection to PostgreSQL is an OSError or TimeoutError.
     # Handled here, inside the middleware stack, the 503 is the app's answer; left to the
     # catch-all (Starlette's outermost middleware) it would also be re-raised to the server,

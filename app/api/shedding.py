@@ -1,30 +1,23 @@
-"""Load shedding: a bound on the requests one process works on, and a rate limit per API key.
+"""Load shedding: a bound on the requests one process works on, and token buckets.
 
-Both are pure ASGI middleware that answer before routing, body parsing or any database work,
-so a refused request costs the process almost nothing:
+* :class:`InFlightLimit` — pure ASGI middleware: past ``BERTH_MAX_IN_FLIGHT_REQUESTS``
+  requests in progress, a new one is answered 503 with ``Retry-After`` at once instead of
+  queueing behind the others for a database connection. It sits behind the front door
+  (:mod:`app.api.front_door`), so it counts only requests whose key was verified: clients
+  without a valid key cannot take its slots. The probes and the scrape (``/healthz``,
+  ``/readyz``, ``/metrics``) are exempt: an overloaded process is alive, and its metrics are
+  what shows the overload.
+* :class:`TokenBuckets` — the rate limits the front door applies: per verified API key
+  (``BERTH_RATE_LIMIT_*``, off by default) and, for keys that fail verification, per client
+  address (``BERTH_INVALID_KEY*``). At most :data:`BUCKETS_MAX` buckets are kept (the least
+  recently used go first).
 
-* :class:`InFlightLimit` — past ``BERTH_MAX_IN_FLIGHT_REQUESTS`` requests in progress, a new
-  one is answered 503 with ``Retry-After`` at once instead of queueing behind the others for
-  a database connection. The probes and the scrape (``/healthz``, ``/readyz``, ``/metrics``)
-  are exempt: an overloaded process is alive, and its metrics are what shows the overload.
-* :class:`KeyRateLimit` — a token bucket per API key (``BERTH_RATE_LIMIT_*``, off by
-  default): a key that spends its bucket gets 429 with ``Retry-After`` saying when the next
-  token arrives. Buckets are keyed by a sha256 digest of the ``Authorization`` header, never
-  the key itself, and at most :data:`BUCKETS_MAX` are kept (the least recently used go
-  first), so neither memory nor a dump of it holds a secret. Requests without a key are not
-  limited here: they are refused with 401 by the routes, and limiting clients by address is
-  the reverse proxy's job (docs/operations.md).
-
-Both limits are per process: N API replicas admit N times as much.
+Every limit is per process: N API replicas admit N times as much.
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
-import time
 from collections import OrderedDict
-from collections.abc import Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -38,8 +31,6 @@ EXEMPT_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 #: Most token buckets kept at once (a few hundred bytes each: a few MB at most).
 BUCKETS_MAX = 10_000
 
-_AUTHORIZATION = b"authorization"
-
 
 class Overloaded(BerthError):
     """Berth is working on as many requests as it may at once; retry shortly."""
@@ -50,7 +41,7 @@ class Overloaded(BerthError):
 
 
 class RateLimited(BerthError):
-    """This API key sent more requests than its rate limit allows; retry later."""
+    """This client sent more requests than its rate limit allows; retry later."""
 
     status = 429
     title = "Too Many Requests"
@@ -103,6 +94,12 @@ class TokenBuckets:
     def __len__(self) -> int:
         return len(self._buckets)
 
+    def give_back(self, key: bytes) -> None:
+        """Return one token taken from ``key``'s bucket (what it paid for turned out free)."""
+        entry = self._buckets.get(key)
+        if entry is not None:
+            self._buckets[key] = (min(self.burst, entry[0] + 1.0), entry[1])
+
     def take(self, key: bytes, *, now: float) -> float:
         """Take one token of ``key``'s bucket: return 0.0, or the seconds until one is there."""
         tokens, counted_at = self._buckets.pop(key, (self.burst, now))
@@ -117,42 +114,3 @@ class TokenBuckets:
             # A forgotten bucket comes back full: that only ever favours its key.
             self._buckets.popitem(last=False)
         return wait
-
-
-class KeyRateLimit:
-    """ASGI middleware answering 429 to an API key that has spent its token bucket."""
-
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        rate_per_second: float,
-        burst: int,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.app = app
-        self.buckets = TokenBuckets(rate_per_second=rate_per_second, burst=burst)
-        self.clock = clock
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Pass the request on, or answer 429 when its key has no token left."""
-        if scope["type"] != "http" or scope["path"] in EXEMPT_PATHS:
-            await self.app(scope, receive, send)
-            return
-        authorization = next(
-            (value for name, value in scope["headers"] if name == _AUTHORIZATION), None
-        )
-        if authorization:
-            digest = hashlib.sha256(authorization).digest()
-            wait = self.buckets.take(digest, now=self.clock())
-            if wait > 0:
-                REQUESTS_SHED.labels("rate_limit").inc()
-                seconds = max(1, math.ceil(wait))
-                refusal = RateLimited(
-                    f"this API key sent more than {self.buckets.rate:g} requests per second "
-                    f"(bursts of {self.buckets.burst:g}); retry in {seconds} s",
-                    extra={"headers": {"Retry-After": str(seconds)}},
-                )
-                await error_response(refusal)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)

@@ -146,7 +146,7 @@ async def create_task(request: Request) -> Response:
     tenant has as many queued tasks as `BERTH_MAX_QUEUED_TASKS_PER_TENANT` allows.
     """
     body = await body_read(request, TaskSpec)
-    principal = role_check(await principal_from_request(request), TENANT)
+    principal = role_check(principal_from_request(request), TENANT)
     errors: list[dict[str, Any]] = []
     idempotency_key = string_read(
         header_get(request, _IDEMPOTENCY_HEADER_NAME), ("header", IDEMPOTENCY_HEADER), errors,
@@ -231,7 +231,7 @@ async def list_tasks(
 async def get_task(request: Request) -> Response:
     """Return a task: state, pending reason or placement with alternatives, lease, attempts,
     and while ADMITTED its queue position and estimated start."""
-    principal = role_check(await principal_from_request(request), TENANT)
+    principal = role_check(principal_from_request(request), TENANT)
     errors: list[dict[str, Any]] = []
     tenant = _tenant_header(request, errors)
     validation_raise(errors)

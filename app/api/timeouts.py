@@ -9,8 +9,11 @@ Two stages, two places:
   answers 503 to everyone once half-open connections fill it. So :func:`head_limited_protocol`
   makes uvicorn's httptools protocol close a connection whose head is not complete
   ``BERTH_REQUEST_HEADER_TIMEOUT_SECONDS`` after the connection (or the previous response)
-  began, with a 408, and one whose head grows past :data:`HEAD_BYTES_MAX` with a 431.
-  ``berth serve`` runs uvicorn with it.
+  began, with a 408, and one whose head grows past :data:`HEAD_BYTES_MAX` with a 431 —
+  however the head arrives: its bytes are counted as they come while it is incomplete, and
+  its request line and headers as the parser reads them, so a head that arrives whole in
+  one packet (or follows another request on a kept-alive connection) is refused before the
+  app sees it. ``berth serve`` runs uvicorn with it.
 * **The request body** is read by the app, through ASGI ``receive()``. :class:`BodyReadTimeout`
   bounds the whole body to ``BERTH_REQUEST_BODY_TIMEOUT_SECONDS`` after its head: a request
   that announces 100 bytes and sends 10 is answered 408 problem+json and its connection
@@ -56,7 +59,7 @@ class HeadTooLarge(BerthError):
 # --- the body: ASGI middleware --------------------------------------------------------------
 
 
-def _has_body(scope: Scope) -> bool:
+def body_announced(scope: Scope) -> bool:
     """Return whether the request announces a body (HTTP/1.1: Content-Length other than 0,
     or Transfer-Encoding); a request without one has nothing to wait for."""
     for name, value in scope["headers"]:
@@ -110,7 +113,7 @@ class BodyReadTimeout:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Pass the request on with a ``receive()`` bounded until its body is complete."""
-        if scope["type"] != "http" or not _has_body(scope):
+        if scope["type"] != "http" or not body_announced(scope):
             await self.app(scope, receive, send)
             return
         deadline = asyncio.get_running_loop().time() + self.timeout_seconds
@@ -189,6 +192,10 @@ def _raw_problem(error: BerthError) -> bytes:
     return head.encode() + body
 
 
+class _HeadOversize(Exception):
+    """Raised from a parser callback: the head being parsed is past HEAD_BYTES_MAX."""
+
+
 class _HeadLimited(HttpToolsProtocol):
     """uvicorn's httptools protocol with a deadline and a size bound on each request head."""
 
@@ -198,6 +205,9 @@ class _HeadLimited(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_bytes = 0
+        # The request line and headers of the head being parsed, as the parser gave them.
+        self._head_parsed = 0
+        self._head_oversize = False
 
     # A head is "open" from the connection (or the first byte of a following request) until
     # its headers are complete; the timer runs exactly while one is open.
@@ -214,14 +224,39 @@ class _HeadLimited(HttpToolsProtocol):
         super().data_received(data)
         if self._head_timer is not None and self._head_bytes > HEAD_BYTES_MAX:
             REQUESTS_SHED.labels("header_too_large").inc()
-            self._head_refuse(HeadTooLarge(
-                f"the request line and headers are larger than {HEAD_BYTES_MAX} bytes"
-            ))
+            self._head_refuse(_head_too_large())
 
     def on_message_begin(self) -> None:
         """Start the deadline of a following request's head."""
         super().on_message_begin()
+        self._head_parsed = 0
         self._head_open()
+
+    def on_url(self, url: bytes) -> None:
+        """Count the request line; stop parsing a head past the bound."""
+        self._head_count(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        """Count a header; stop parsing a head past the bound."""
+        self._head_count(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def _head_count(self, size: int) -> None:
+        self._head_parsed += size
+        if self._head_parsed > HEAD_BYTES_MAX:
+            # The parser turns this into an HttpParserError, which uvicorn answers through
+            # send_400_response: the 431 is sent from there, before the app is called.
+            self._head_oversize = True
+            raise _HeadOversize
+
+    def send_400_response(self, msg: str) -> None:
+        """Answer 431 to a head stopped for its size; anything else as uvicorn does."""
+        if self._head_oversize:
+            REQUESTS_SHED.labels("header_too_large").inc()
+            self._head_refuse(_head_too_large())
+            return
+        super().send_400_response(msg)
 
     def on_headers_complete(self) -> None:
         """Stop the head's deadline: from here on the app (and its body timeout) takes over."""
@@ -263,6 +298,10 @@ class _HeadLimited(HttpToolsProtocol):
         if not self.transport.is_closing():
             self.transport.write(_raw_problem(error))
             self.transport.close()
+
+
+def _head_too_large() -> HeadTooLarge:
+    return HeadTooLarge(f"the request line and headers are larger than {HEAD_BYTES_MAX} bytes")
 
 
 def head_limited_protocol(timeout_seconds: float) -> type[HttpToolsProtocol]:

@@ -80,9 +80,9 @@ async def test_unknown_redirected_and_foreign_paths_add_no_series(
 
 
 async def test_redirected_path_is_counted_under_the_fixed_label(
-    client: httpx.AsyncClient,
+    client: httpx.AsyncClient, keys: Keys
 ) -> None:
-    redirected = await client.get(f"/v1/pools/{MARK}-secret/")
+    redirected = await client.get(f"/v1/pools/{MARK}-secret/", headers=keys.admin)
     assert redirected.status_code == 307  # what Starlette answers for a trailing slash
 
     metrics = (await client.get("/metrics")).text

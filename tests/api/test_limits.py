@@ -66,10 +66,13 @@ async def test_chunked_body_under_the_limit_is_read_whole(
     assert response.json()["id"] == "pool-x"
 
 
-async def test_oversized_body_is_refused_even_without_a_key(client: httpx.AsyncClient) -> None:
+async def test_oversized_body_without_a_key_is_401_and_left_unread(
+    client: httpx.AsyncClient,
+) -> None:
     response = await client.post(
         "/v1/tasks",
         content=b"{" + b" " * LIMIT + b"}",
         headers={"Content-Type": "application/json"},
     )
-    assert_problem(response, 413)
+    assert_problem(response, 401)
+    assert response.headers["connection"] == "close"

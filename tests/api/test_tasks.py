@@ -298,7 +298,7 @@ _TaskId = Annotated[str, Path(alias="taskId")]
 
 
 def oracle_routes(app: FastAPI) -> None:
-    """Add the regular (Depends) declarations of createTask and getTask under /oracle."""
+    """Add the regular (Depends) declarations of createTask and getTask under /v1/oracle."""
 
     async def create(
         spec: TaskSpec, principal: TenantDep, idempotency_key: _KeyHeader = None,
@@ -312,10 +312,10 @@ def oracle_routes(app: FastAPI) -> None:
         return {"read": True}
 
     app.router.add_api_route(
-        "/oracle/tasks", create, methods=["POST"], route_class_override=StrictRoute
+        "/v1/oracle/tasks", create, methods=["POST"], route_class_override=StrictRoute
     )
     app.router.add_api_route(
-        "/oracle/tasks/{taskId}", get, methods=["GET"], route_class_override=StrictRoute
+        "/v1/oracle/tasks/{taskId}", get, methods=["GET"], route_class_override=StrictRoute
     )
 
 
@@ -341,8 +341,8 @@ async def test_refusals_are_those_of_a_regular_route_and_store_nothing(
         ({**plain, "X-Berth-Tenant": "t" * 129}, orjson.dumps({**SPEC, "x": 1}), 422),
         (plain, b"", 422),
         (plain, b"{not json", 400),
-        ({"Content-Type": "application/json"}, b"{not json", 400),  # not JSON before no key
-        ({"Content-Type": "text/plain"}, body, 415),  # not JSON before no key
+        ({"Content-Type": "application/json"}, b"{not json", 401),  # no key: body unread
+        ({"Content-Type": "text/plain"}, body, 401),  # no key: body unread
         (plain, b"\xff\xfe{", 400),
         (plain, b'{"runtimeClass": "a", "runtimeClass": "b"}', 400),
         (plain, orjson.dumps({**SPEC, "unknown": 1}), 422),
@@ -353,7 +353,7 @@ async def test_refusals_are_those_of_a_regular_route_and_store_nothing(
     ]
     for headers, content, status in cases:
         answer = await client.post("/v1/tasks", content=content, headers=headers)
-        oracle = await client.post("/oracle/tasks", content=content, headers=headers)
+        oracle = await client.post("/v1/oracle/tasks", content=content, headers=headers)
         assert answer.status_code == status, (headers, content, answer.text)
         if status >= 400:
             assert_problem(answer, status)
@@ -373,7 +373,7 @@ async def test_refusals_are_those_of_a_regular_route_and_store_nothing(
         answer = await client.get(f"/v1/tasks/{task_id}", headers=headers)
         assert answer.status_code == status, (task_id, answer.text)
         if status != 404:
-            oracle = await client.get(f"/oracle/tasks/{task_id}", headers=headers)
+            oracle = await client.get(f"/v1/oracle/tasks/{task_id}", headers=headers)
             assert answer.json() == oracle.json(), task_id
     listed = await client.get("/v1/tasks", headers=keys.tenant_a)
     assert len(listed.json()["items"]) == 1, "only the one valid submission was stored"
