@@ -273,5 +273,6 @@ def _ranked(
         value = values.item(head)
         parts.append((plugin.NAME, value * weight, plugin.describe(cycle, pool, value)))
     ids = cycle.snapshot.ids
-    chosen = [ids[i] for i in pools.take(order).tolist()]
-    return Ranked(chosen, total.take(order).tolist(), tuple(parts), top_k, rejections)
+    ranked = order.tolist()
+    chosen = [ids[pools.item(p)] for p in ranked]
+    return Ranked(chosen, [total.item(p) for p in ranked], tuple(parts), top_k, rejections)
