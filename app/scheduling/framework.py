@@ -235,7 +235,6 @@ def _score(
     profile order."""
     whole = pools is state.pools
     applied = []
-    total = None
     for plugin, weight, class_values in state.scores:
         if class_values is not None and whole:
             values = class_values
@@ -244,14 +243,17 @@ def _score(
         else:
             continue
         applied.append((plugin, weight, values))
-        if total is None:
-            total = values * weight
-        elif weight == 1:
-            total += values
-        else:
-            total += values * weight
-    if total is None:
-        total = np.zeros(len(pools), dtype=np.float64)
+    if not applied:
+        return applied, np.zeros(len(pools), dtype=np.float64)
+    # A new array from the first two weighted values (a weight of 1 multiplies nothing),
+    # then the others added to it in profile order.
+    first = applied[0][2] if applied[0][1] == 1 else applied[0][2] * applied[0][1]
+    if len(applied) == 1:
+        return applied, first.copy() if first is applied[0][2] else first
+    _, weight, values = applied[1]
+    total = first + (values if weight == 1 else values * weight)
+    for _, weight, values in applied[2:]:
+        total += values if weight == 1 else values * weight
     return applied, total
 
 
