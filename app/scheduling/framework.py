@@ -111,7 +111,7 @@ def decide(
             None,
             rejected=rejected,
             rejection_counts=rejections,
-            reason=no_placement(counts, near, snapshot),
+            reason=no_placement(counts, _near(cycle, near), snapshot),
         )
 
     applied, total = _score(state, cycle, pools)
@@ -148,7 +148,9 @@ def decide(
                 rejected=rejected,
                 rejection_counts=counts_map(counts),
                 # The pools that fit a member are closer than any rejected one.
-                reason=no_placement(counts, np.concatenate((near, pools)), snapshot),
+                reason=no_placement(
+                    counts, np.concatenate((_near(cycle, near), pools)), snapshot
+                ),
             )
         head = candidate(int(order[chosen[0][0]]), True)
         members = tuple((snapshot.ids[int(pools[order[p]])], c) for p, c in chosen)
@@ -194,8 +196,8 @@ def _filter(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     """Run the per-task filters from the class state; return the feasible pools, the
     rejection counts (the class state's own array when no pool was rejected per task), the
-    pools that only capacity kept from fitting and whose totals could hold a member, and with
-    ``explain`` each pool's code (PASS or its rejection), else None."""
+    pools capacity rejected (:func:`_near` keeps those whose totals could hold a member), and
+    with ``explain`` each pool's code (PASS or its rejection), else None."""
     snapshot = cycle.snapshot
     pools = state.pools
     cycle.class_pools = (pools, state.capacity_rows(snapshot), state.prescore)
@@ -216,9 +218,7 @@ def _filter(
         bad = codes != PASS
         counts = counts + np.bincount(codes[bad], minlength=N_REASONS)
         if f.NAME == names.CAPACITY:
-            # Only pools whose totals could hold a member can be helped by released capacity.
             near = pools[bad]
-            near = near[(snapshot.cap.take(near, axis=0) >= cycle.req).all(axis=1)]
         if code_at is not None:
             code_at[pools[bad]] = codes[bad]
         keep = ~bad
@@ -226,6 +226,15 @@ def _filter(
         cycle.narrow(pools, keep, kept)
         pools = kept
     return pools, counts, near, code_at
+
+
+def _near(cycle: Cycle, rejected: np.ndarray) -> np.ndarray:
+    """Return the pools of ``rejected`` (by capacity) whose totals could hold a member: only
+    they can be helped by released capacity (asked only when the task fits nowhere)."""
+    if len(rejected) == 0:
+        return rejected
+    cap = cycle.snapshot.cap.take(rejected, axis=0)
+    return rejected[(cap >= cycle.req).all(axis=1)]
 
 
 def _score(
