@@ -111,7 +111,7 @@ def decide(
             None,
             rejected=rejected,
             rejection_counts=rejections,
-            reason=no_placement(counts, near, snapshot),
+            reason=no_placement(counts, _near(cycle, near), snapshot),
         )
 
     applied, total = _score(state, cycle, pools)
@@ -148,7 +148,9 @@ def decide(
                 rejected=rejected,
                 rejection_counts=counts_map(counts),
                 # The pools that fit a member are closer than any rejected one.
-                reason=no_placement(counts, np.concatenate((near, pools)), snapshot),
+                reason=no_placement(
+                    counts, np.concatenate((_near(cycle, near), pools)), snapshot
+                ),
             )
         head = candidate(int(order[chosen[0][0]]), True)
         members = tuple((snapshot.ids[int(pools[order[p]])], c) for p, c in chosen)
@@ -194,8 +196,8 @@ def _filter(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     """Run the per-task filters from the class state; return the feasible pools, the
     rejection counts (the class state's own array when no pool was rejected per task), the
-    pools that only capacity kept from fitting and whose totals could hold a member, and with
-    ``explain`` each pool's code (PASS or its rejection), else None."""
+    pools capacity rejected (:func:`_near` keeps those whose totals could hold a member), and
+    with ``explain`` each pool's code (PASS or its rejection), else None."""
     snapshot = cycle.snapshot
     pools = state.pools
     cycle.class_pools = (pools, state.capacity_rows(snapshot), state.prescore)
@@ -216,9 +218,7 @@ def _filter(
         bad = codes != PASS
         counts = counts + np.bincount(codes[bad], minlength=N_REASONS)
         if f.NAME == names.CAPACITY:
-            # Only pools whose totals could hold a member can be helped by released capacity.
             near = pools[bad]
-            near = near[(snapshot.cap.take(near, axis=0) >= cycle.req).all(axis=1)]
         if code_at is not None:
             code_at[pools[bad]] = codes[bad]
         keep = ~bad
@@ -228,6 +228,15 @@ def _filter(
     return pools, counts, near, code_at
 
 
+def _near(cycle: Cycle, rejected: np.ndarray) -> np.ndarray:
+    """Return the pools of ``rejected`` (by capacity) whose totals could hold a member: only
+    they can be helped by released capacity (asked only when the task fits nowhere)."""
+    if len(rejected) == 0:
+        return rejected
+    cap = cycle.snapshot.cap.take(rejected, axis=0)
+    return rejected[(cap >= cycle.req).all(axis=1)]
+
+
 def _score(
     state: ClassState, cycle: Cycle, pools: np.ndarray
 ) -> tuple[list[tuple[ScorePlugin, int, np.ndarray]], np.ndarray]:
@@ -235,7 +244,6 @@ def _score(
     profile order."""
     whole = pools is state.pools
     applied = []
-    total = None
     for plugin, weight, class_values in state.scores:
         if class_values is not None and whole:
             values = class_values
@@ -244,14 +252,17 @@ def _score(
         else:
             continue
         applied.append((plugin, weight, values))
-        if total is None:
-            total = values * weight
-        elif weight == 1:
-            total += values
-        else:
-            total += values * weight
-    if total is None:
-        total = np.zeros(len(pools), dtype=np.float64)
+    if not applied:
+        return applied, np.zeros(len(pools), dtype=np.float64)
+    # A new array from the first two weighted values (a weight of 1 multiplies nothing),
+    # then the others added to it in profile order.
+    first = applied[0][2] if applied[0][1] == 1 else applied[0][2] * applied[0][1]
+    if len(applied) == 1:
+        return applied, first.copy() if first is applied[0][2] else first
+    _, weight, values = applied[1]
+    total = first + (values if weight == 1 else values * weight)
+    for _, weight, values in applied[2:]:
+        total += values if weight == 1 else values * weight
     return applied, total
 
 
@@ -273,5 +284,6 @@ def _ranked(
         value = values.item(head)
         parts.append((plugin.NAME, value * weight, plugin.describe(cycle, pool, value)))
     ids = cycle.snapshot.ids
-    chosen = [ids[i] for i in pools.take(order).tolist()]
-    return Ranked(chosen, total.take(order).tolist(), tuple(parts), top_k, rejections)
+    ranked = order.tolist()
+    chosen = [ids[pools.item(p)] for p in ranked]
+    return Ranked(chosen, [total.item(p) for p in ranked], tuple(parts), top_k, rejections)

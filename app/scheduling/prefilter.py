@@ -46,8 +46,6 @@ class ClassState:
     codes: np.ndarray
     #: The pools past every class-wide filter (snapshot indexes, ascending).
     pools: np.ndarray
-    #: Their ids, in the same order.
-    pool_ids: list[str]
     #: Rejections per reason code by the class-wide filters.
     counts: np.ndarray
     #: ``counts`` by reason (nonzero only); one shared map for the tasks that add none.
@@ -143,7 +141,6 @@ def _build(prof: Profile, spec: CompiledSpec, snapshot: Snapshot) -> ClassState:
         visible=visible,
         codes=codes,
         pools=pools,
-        pool_ids=[snapshot.ids[i] for i in pools.tolist()],
         counts=counts,
         rejections=counts_map(counts),
         task_filters=filters[at:],

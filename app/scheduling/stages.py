@@ -24,7 +24,7 @@ NO_VISIBLE_POOL = "no pool is available to this tenant"
 WAKE_POOLS_MAX = 16
 N_REASONS = len(REASONS)
 #: Up to this many feasible pools, ranking sorts them all rather than selecting the top k.
-RANK_SORT_MAX = 128
+RANK_SORT_MAX = 200
 
 
 def rank(idx: np.ndarray, total: np.ndarray, k: int | None) -> np.ndarray:

@@ -88,10 +88,16 @@ def minmax(raw: np.ndarray, *, higher_is_better: bool, flat: float = 100.0) -> n
     """Return ``raw`` rescaled to 0..100 over its range; ``flat`` when all values are equal."""
     if len(raw) == 0:
         return raw.astype(np.float64)
-    lo = np.minimum.reduce(raw)
-    hi = np.maximum.reduce(raw)
+    # The extremes by position (argmin/argmax cost a fraction of a ufunc reduction).
+    at_lo = raw.argmin()
+    at_hi = raw.argmax()
+    lo = raw.item(at_lo)
+    hi = raw.item(at_hi)
     if hi <= lo:
         return np.full(len(raw), flat)
-    # Never below 0 (each difference is >= 0); rounding can land a hair above 100.
+    # Never below 0 (each difference is >= 0); rounding can land a hair above 100, and only
+    # at the best value's position (the scaling is monotonic).
     scaled = (raw - lo if higher_is_better else hi - raw) * (100.0 / (hi - lo))
+    if scaled.item(at_hi if higher_is_better else at_lo) <= 100.0:
+        return scaled
     return np.minimum(scaled, 100.0, out=scaled)

@@ -26,7 +26,7 @@ class Capacity(FilterPlugin):
         """Return the first lacking dimension's code per pool."""
         cap, need = cycle.capacity_and_need(idx)
         lack = need > cap
-        if not np.logical_or.reduce(lack, axis=None):
+        if not np.count_nonzero(lack):
             return None
         codes = np.full(len(idx), PASS, dtype=np.int16)
         for dim in (2, 1, 0):  # reverse, so that the first lacking dimension wins

@@ -42,6 +42,9 @@ def _utilization_text(dominant: float, mean: float, tail: str) -> str:
 
 
 def _clip100(x: np.ndarray) -> np.ndarray:
+    """Clip ``x`` to 0..100 in place (left as is when its extremes are within)."""
+    if x.item(x.argmin()) >= 0.0 and x.item(x.argmax()) <= 100.0:
+        return x
     return np.minimum(np.maximum(x, 0.0, out=x), 100.0, out=x)
 
 
@@ -83,7 +86,7 @@ def utilization(
     ``layout`` (:func:`capacity_layout` of ``cap``) computes the same values column by
     column when no utilization needs the clip.
     """
-    if layout is not None and np.minimum.reduce(need, axis=None) >= 0:
+    if layout is not None and need.item(need.argmin()) >= 0:
         columns = need.T
         util = [columns[d] / c for d, c in layout]
         dominant = util[0]
@@ -91,7 +94,7 @@ def utilization(
         for u in util[1:]:
             dominant = np.maximum(dominant, u)
             total = total + u
-        if np.maximum.reduce(dominant) <= 1.0:
+        if dominant.item(dominant.argmax()) <= 1.0:
             return dominant, total / len(util)
     offered = cap > 0
     util = np.divide(need, cap, out=np.zeros(cap.shape, dtype=np.float64), where=offered)
