@@ -38,15 +38,27 @@ PREEMPTIONS = Counter(
     "Preemptions committed: tasks that displaced lower-priority tasks of their tenant.",
 )
 #: What became of a preemption's victims: asked to stop (revoking), finished within the
-#: grace period (completed), or revoked at the deadline and requeued (revoked).
-PREEMPTION_OUTCOMES = ("revoking", "completed", "revoked")
+#: grace period (completed), given back by the runtime within it and requeued (released), or
+#: revoked at the deadline and requeued (revoked).
+PREEMPTION_OUTCOMES = ("revoking", "completed", "released", "revoked")
 PREEMPTION_VICTIMS = Counter(
     "berth_preemption_victims_total",
-    "Leased tasks displaced by preemptions, by outcome (revoking, completed, revoked).",
+    "Leased tasks displaced by preemptions, by outcome (revoking, completed, released, "
+    "revoked).",
     ["outcome"],
 )
 for _outcome in PREEMPTION_OUTCOMES:
     PREEMPTION_VICTIMS.labels(_outcome)
+#: How runtimes complete leases: the task finished (succeeded, failed) or was given back
+#: unfinished and queued again (released).
+LEASE_OUTCOMES = ("succeeded", "failed", "released")
+LEASES_COMPLETED = Counter(
+    "berth_leases_completed_total",
+    "Leases completed by their runtime, by outcome (succeeded, failed, released).",
+    ["outcome"],
+)
+for _outcome in LEASE_OUTCOMES:
+    LEASES_COMPLETED.labels(_outcome)
 WAKEUPS = Counter(
     "berth_pending_wakeups_total",
     "Wakeups of pending tasks, by source.",
