@@ -31,6 +31,9 @@ class Reason(StrEnum):
     REGION_NOT_ALLOWED = "region_not_allowed"
     RESIDENCY_MISMATCH = "residency_mismatch"
     SELECTOR_MISMATCH = "selector_mismatch"
+    #: Headline only (no filter returns it): the pools that pass every other filter are all
+    #: smaller in total than one member, so released capacity can never make it fit.
+    NEVER_FITS = "never_fits"
     INSUFFICIENT_CPU = "insufficient_cpu"
     INSUFFICIENT_MEMORY = "insufficient_memory"
     INSUFFICIENT_LLM_SLOTS = "insufficient_llm_slots"
@@ -61,6 +64,7 @@ STAGE: dict[Reason, Stage] = {
     Reason.REGION_NOT_ALLOWED: Stage.CONSTRAINTS,
     Reason.RESIDENCY_MISMATCH: Stage.CONSTRAINTS,
     Reason.SELECTOR_MISMATCH: Stage.CONSTRAINTS,
+    Reason.NEVER_FITS: Stage.CONSTRAINTS,
     Reason.INSUFFICIENT_CPU: Stage.CAPACITY,
     Reason.INSUFFICIENT_MEMORY: Stage.CAPACITY,
     Reason.INSUFFICIENT_LLM_SLOTS: Stage.CAPACITY,
@@ -121,6 +125,7 @@ _PHRASES: dict[Reason, tuple[str, str]] = {
         "does not match the pool selector",
         "do not match the pool selector",
     ),
+    Reason.NEVER_FITS: ("is too small for one member", "are too small for one member"),
     Reason.INSUFFICIENT_CPU: ("lacks cpu", "lack cpu"),
     Reason.INSUFFICIENT_MEMORY: ("lacks memory", "lack memory"),
     Reason.INSUFFICIENT_LLM_SLOTS: ("lacks llm slots", "lack llm slots"),
@@ -133,6 +138,17 @@ _PHRASES: dict[Reason, tuple[str, str]] = {
         "fits some members but no spread of the gang fits",
         "fit some members but no spread of the gang fits",
     ),
+}
+
+
+# The capacity phrases of a task that never fits: its pools are too small, not full.
+_TOO_SMALL: dict[Reason, tuple[str, str]] = {
+    Reason.INSUFFICIENT_CPU: ("has less cpu in total than it requests",
+                              "have less cpu in total than it requests"),
+    Reason.INSUFFICIENT_MEMORY: ("has less memory in total than it requests",
+                                 "have less memory in total than it requests"),
+    Reason.INSUFFICIENT_LLM_SLOTS: ("has fewer llm slots in total than it requests",
+                                    "have fewer llm slots in total than it requests"),
 }
 
 
@@ -150,11 +166,13 @@ def headline(counts: Mapping[Reason, int]) -> Reason | None:
     return min(present, key=lambda rn: _closeness(*rn))[0]
 
 
-def describe_counts(counts: Mapping[Reason, int]) -> str:
+def describe_counts(counts: Mapping[Reason, int], *, never_fits: bool = False) -> str:
     """Render rejection counts as one sentence that names no pool: none of the pools looked
     at fits (each pool is counted once, under its code), then every count, closest miss
     first and marked ``(closest)``, e.g.
-    "0/160 pools fit: 3 lack cpu (closest), 157 run another runtime class"."""
+    "0/160 pools fit: 3 lack cpu (closest), 157 run another runtime class". With
+    ``never_fits`` the capacity counts say the pools are too small, and the sentence starts
+    with "never fits"."""
     present = sorted(((r, n) for r, n in counts.items() if n > 0),
                      key=lambda rn: _closeness(*rn))
     if not present:
@@ -162,7 +180,8 @@ def describe_counts(counts: Mapping[Reason, int]) -> str:
     looked = sum(n for _, n in present)
     parts = []
     for i, (reason, n) in enumerate(present):
-        one, many = _PHRASES[reason]
+        one, many = (_TOO_SMALL if never_fits else _PHRASES).get(reason, _PHRASES[reason])
         parts.append(f"{n} {one if n == 1 else many}" + (" (closest)" if i == 0 else ""))
     noun = "pool fits" if looked == 1 else "pools fit"
-    return f"0/{looked} {noun}: " + ", ".join(parts)
+    text = f"0/{looked} {noun}: " + ", ".join(parts)
+    return f"never fits, no pool is large enough; {text}" if never_fits else text
