@@ -374,3 +374,44 @@ tenant_queue_counts = Table(
     Column("queued", BigInteger, nullable=False),
     PrimaryKeyConstraint("tenant_id", "stripe", name="pk_tenant_queue_counts"),
 )
+
+#: Resources a quota may name, by their API names.
+QUOTA_RESOURCES = ("cpuMillis", "memoryMiB", "llmSlots")
+
+# Tenants an admin configured: cohort and fair weight (revision 0017_tenant_quotas). A tenant
+# without a row has the defaults (cohort ``default``, weight 1, no quota).
+tenants = Table(
+    "tenants",
+    metadata,
+    Column("id", ID, nullable=False),
+    Column("cohort", ID, nullable=False, server_default="default"),
+    Column("fair_weight", Float, nullable=False, server_default="1"),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    PrimaryKeyConstraint("id", name="pk_tenants"),
+    CheckConstraint("fair_weight > 0", name="fair_weight_positive"),
+)
+Index("ix_tenants_cohort", tenants.c.cohort)
+
+# A tenant's quota per runtime class and resource: nominal (guaranteed), the most it may
+# borrow above it (NULL: no limit but the cohort's) and the most of its unused nominal others
+# may borrow (NULL: all of it). A resource without a row is not limited.
+tenant_quotas = Table(
+    "tenant_quotas",
+    metadata,
+    Column("tenant_id", ID, ForeignKey("tenants.id", ondelete="CASCADE"), nullable=False),
+    Column("runtime_class", ID, nullable=False),
+    Column("resource", Text, nullable=False),
+    Column("nominal", BigInteger, nullable=False),
+    Column("borrowing_limit", BigInteger),
+    Column("lending_limit", BigInteger),
+    PrimaryKeyConstraint("tenant_id", "runtime_class", "resource", name="pk_tenant_quotas"),
+    CheckConstraint(
+        "resource IN ('cpuMillis', 'memoryMiB', 'llmSlots')", name="resource_known"
+    ),
+    CheckConstraint(
+        "nominal >= 0 AND (borrowing_limit IS NULL OR borrowing_limit >= 0) "
+        "AND (lending_limit IS NULL OR lending_limit BETWEEN 0 AND nominal)",
+        name="amounts_valid",
+    ),
+)
+Index("ix_tenant_quotas_runtime_class", tenant_quotas.c.runtime_class)
