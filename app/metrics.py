@@ -1,7 +1,9 @@
 """Every Prometheus metric of the scheduler, as module-level constants.
 
 Labels only ever take values from fixed internal sets (outcomes, reason codes, plugin
-names, stages, wakeup sources) — never a tenant, task, pool or label value.
+names, stages, wakeup sources) — never a tenant, task, pool or label value. The one
+exception is the quota gauges: their ``tenant`` and ``runtime_class`` labels name only the
+tenants an admin gave a quota, a set the admin bounds.
 """
 
 from __future__ import annotations
@@ -115,3 +117,14 @@ REQUESTS_SHED = Counter(
 )
 for _reason in SHED_REASONS:
     REQUESTS_SHED.labels(_reason)
+
+#: Quota gauges, per tenant with a quota, runtime class and resource (cpuMillis, memoryMiB,
+#: llmSlots); each reconciler reports the tenants of the shard slots it owns.
+_QUOTA_LABELS = ["tenant", "runtime_class", "resource"]
+QUOTA_NOMINAL = Gauge("berth_quota_nominal", "A tenant's nominal quota.", _QUOTA_LABELS)
+QUOTA_USED = Gauge(
+    "berth_quota_used", "What a tenant's live leases use of a quota'd resource.", _QUOTA_LABELS
+)
+QUOTA_BORROWED = Gauge(
+    "berth_quota_borrowed", "What of a tenant's usage is above its nominal.", _QUOTA_LABELS
+)

@@ -213,12 +213,13 @@ async def get_tenant(tenant_id: TenantIdPath, principal: PrincipalDep, request: 
     operation_id="putTenant",
     summary="Set a tenant's cohort, fair weight and quotas",
     response_model=Tenant,
-    responses=problems(400, 401, 403, 413, 422),
+    responses=problems(400, 401, 403, 409, 413, 422),
 )
 async def put_tenant(
     tenant_id: TenantIdPath, body: TenantSettings, principal: PrincipalDep, request: Request
 ) -> Tenant:
-    """Replace the tenant's settings whole (a quota left out is removed). Admin only."""
+    """Replace the tenant's settings whole (a quota left out is removed); 409 when a new
+    quota is below what the tenant uses now. Admin only."""
     doc = await service.tenant_put(
         request.app.state.db,
         principal=principal,

@@ -415,3 +415,38 @@ tenant_quotas = Table(
     ),
 )
 Index("ix_tenant_quotas_runtime_class", tenant_quotas.c.runtime_class)
+
+# What each tenant uses of each managed (runtime class, resource) — one that some tenant's
+# quota names — with its quota copied in: ``cap`` = nominal + borrowing limit (NULL: only the
+# cohort limits it), ``lend`` = what of its unused nominal others may borrow (NULL: all).
+# Placements raise ``used`` by a conditional update in their pass's transaction, every path
+# that ends a lease lowers it in the same transaction (revision 0017_tenant_quotas).
+quota_usage = Table(
+    "quota_usage",
+    metadata,
+    Column("tenant_id", ID, nullable=False),
+    Column("runtime_class", ID, nullable=False),
+    Column("resource", Text, nullable=False),
+    Column("cohort", ID, nullable=False),
+    Column("nominal", BigInteger, nullable=False),
+    Column("cap", BigInteger),
+    Column("lend", BigInteger),
+    Column("used", BigInteger, nullable=False, server_default="0"),
+    PrimaryKeyConstraint("tenant_id", "runtime_class", "resource", name="pk_quota_usage"),
+    CheckConstraint("used >= 0 AND nominal >= 0", name="used_nonnegative"),
+    CheckConstraint("cap IS NULL OR used <= cap", name="used_within_cap"),
+)
+Index("ix_quota_usage_cohort", quota_usage.c.cohort, quota_usage.c.runtime_class)
+
+# What a cohort's tenants borrow in total per managed (runtime class, resource): the sum of
+# ``max(0, used - nominal)`` over its tenants' ``quota_usage`` rows, moved with them.
+cohort_usage = Table(
+    "cohort_usage",
+    metadata,
+    Column("cohort", ID, nullable=False),
+    Column("runtime_class", ID, nullable=False),
+    Column("resource", Text, nullable=False),
+    Column("borrowed", BigInteger, nullable=False, server_default="0"),
+    PrimaryKeyConstraint("cohort", "runtime_class", "resource", name="pk_cohort_usage"),
+    CheckConstraint("borrowed >= 0", name="borrowed_nonnegative"),
+)

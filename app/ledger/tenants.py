@@ -16,16 +16,22 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import asyncpg
+
 from app.db import Connection
-from app.errors import NotFound
+from app.errors import Conflict, NotFound
+from app.ledger.quotas import quota_usage_rebuild
 from app.ledger.tables import QUOTA_RESOURCES
+from app.ledger.wakeups import WakeSource, wakeup_notify
 
 __all__ = [
     "DEFAULT_COHORT",
     "Quota",
+    "QuotaBelowUsage",
     "TenantNotFound",
     "TenantRow",
     "tenant_put",
+    "tenants_entitlements",
     "tenants_list",
     "tenants_read",
     "tenants_usage",
@@ -34,6 +40,13 @@ __all__ = [
 DEFAULT_COHORT = "default"
 #: The ledger columns of each resource, in ``QUOTA_RESOURCES`` order.
 _COLUMNS = ("cpu", "memory", "llm")
+
+
+class QuotaBelowUsage(Conflict):
+    """A quota's nominal plus borrowing limit would be below what the tenant uses now; lower
+    it once the tenant's leases have ended."""
+
+    type_slug = "quota-below-usage"
 
 
 class TenantNotFound(NotFound):
@@ -109,6 +122,10 @@ _UPSERT = (
     "fair_weight = EXCLUDED.fair_weight, updated_at = EXCLUDED.updated_at"
 )
 _QUOTAS_DELETE = "DELETE FROM tenant_quotas WHERE tenant_id = $1"
+_CLASSES_OF = (
+    "SELECT runtime_class FROM tenant_quotas WHERE tenant_id = $1 "
+    "UNION SELECT runtime_class FROM quota_usage WHERE tenant_id = $1"
+)
 _QUOTAS_INSERT = (
     "INSERT INTO tenant_quotas (tenant_id, runtime_class, resource, nominal, borrowing_limit, "
     "lending_limit) SELECT $1, q.rc, q.resource, q.nominal, q.borrowing, q.lending "
@@ -126,7 +143,13 @@ async def tenant_put(
     quotas: Mapping[str, Mapping[str, Quota]],
     now: datetime,
 ) -> TenantRow:
-    """Replace the tenant's settings (cohort, fair weight, every quota); return them."""
+    """Replace the tenant's settings (cohort, fair weight, every quota); return them.
+
+    The quota usage rows of every runtime class the tenant had or now has a quota in, or
+    uses under quota, are computed again from the live leases (a 409 when a new quota is
+    below what the tenant uses now), and every parked task is woken.
+    """
+    before = {r[0] for r in await conn.fetch(_CLASSES_OF, tenant_id)}
     await conn.execute(_UPSERT, tenant_id, cohort, fair_weight, now)
     await conn.execute(_QUOTAS_DELETE, tenant_id)
     items = sorted(
@@ -138,7 +161,35 @@ async def tenant_put(
             [i[2].nominal for i in items], [i[2].borrowing_limit for i in items],
             [i[2].lending_limit for i in items],
         )
+    try:
+        await quota_usage_rebuild(conn, runtime_classes=before | set(quotas))
+    except asyncpg.CheckViolationError:
+        raise QuotaBelowUsage(
+            f"a quota of tenant {tenant_id} is below what it uses now (nominal + "
+            "borrowingLimit must hold its live leases); nothing was changed"
+        ) from None
+    await wakeup_notify(conn, source=WakeSource.QUOTA_CHANGED)
     return (await tenants_read(conn, tenant_ids=[tenant_id]))[tenant_id]
+
+
+# Per tenant with a quota: its nominal per resource (summed over runtime classes) times its
+# fair weight.
+_ENTITLEMENTS = (
+    "SELECT q.tenant_id, q.resource, sum(q.nominal) * coalesce(min(n.fair_weight), 1) "
+    "FROM tenant_quotas q LEFT JOIN tenants n ON n.id = q.tenant_id "
+    "WHERE q.tenant_id = ANY($1::text[]) GROUP BY 1, 2"
+)
+
+
+async def tenants_entitlements(
+    conn: Connection, *, tenant_ids: Collection[str]
+) -> dict[str, tuple[float, float, float]]:
+    """Return, per tenant of ``tenant_ids`` with a quota, nominal x fair weight per resource
+    (cpuMillis, memoryMiB, llmSlots; 0 where its quotas leave the resource out)."""
+    out: dict[str, list[float]] = {}
+    for r in await conn.fetch(_ENTITLEMENTS, sorted(set(tenant_ids))):
+        out.setdefault(r[0], [0.0, 0.0, 0.0])[QUOTA_RESOURCES.index(r[1])] = float(r[2])
+    return {t: (v[0], v[1], v[2]) for t, v in out.items()}
 
 
 # Usage by tenant in the runtime classes ``$1``: the reservations of live leases (not holds).

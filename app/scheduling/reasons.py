@@ -24,6 +24,10 @@ class Reason(StrEnum):
 
     TENANT_NOT_ALLOWED = "tenant_not_allowed"
     RUNTIME_CLASS_MISMATCH = "runtime_class_mismatch"
+    #: Quota admission (before any pool is looked at): the tenant's own limit, or its
+    #: cohort has not enough to lend.
+    QUOTA_EXCEEDED = "quota_exceeded"
+    QUOTA_BORROW_UNAVAILABLE = "quota_borrow_unavailable"
     POOL_NOT_ACTIVE = "pool_not_active"
     POOL_NOT_READY = "pool_not_ready"
     RUNTIME_UNHEALTHY = "runtime_unhealthy"
@@ -57,6 +61,8 @@ class Stage(IntEnum):
 STAGE: dict[Reason, Stage] = {
     Reason.TENANT_NOT_ALLOWED: Stage.VISIBILITY,
     Reason.RUNTIME_CLASS_MISMATCH: Stage.VISIBILITY,
+    Reason.QUOTA_EXCEEDED: Stage.VISIBILITY,
+    Reason.QUOTA_BORROW_UNAVAILABLE: Stage.VISIBILITY,
     Reason.POOL_NOT_ACTIVE: Stage.OPERATIONS,
     Reason.POOL_NOT_READY: Stage.OPERATIONS,
     Reason.RUNTIME_UNHEALTHY: Stage.OPERATIONS,
@@ -115,6 +121,10 @@ _PHRASES: dict[Reason, tuple[str, str]] = {
     Reason.RUNTIME_CLASS_MISMATCH: (
         "runs another runtime class",
         "run another runtime class",
+    ),
+    Reason.QUOTA_EXCEEDED: ("is beyond the tenant's quota", "are beyond the tenant's quota"),
+    Reason.QUOTA_BORROW_UNAVAILABLE: (
+        "needs more than the cohort can lend", "need more than the cohort can lend"
     ),
     Reason.REGION_NOT_ALLOWED: ("is in a region not allowed", "are in regions not allowed"),
     Reason.RESIDENCY_MISMATCH: (

@@ -215,6 +215,12 @@ async def task_queue(
     if stage < Stage.CAPACITY:
         # Released capacity cannot help it: it is behind no one and no one is behind it.
         doc["position"] = None
+        if code in (Reason.QUOTA_EXCEEDED, Reason.QUOTA_BORROW_UNAVAILABLE):
+            doc["estimate"] = (
+                "no estimate: the tenant's quota is the blocker; it waits for the tenant's "
+                f"usage (or its cohort's) to drop ({reason.get('message', code)})"
+            )
+            return doc
         if code == Reason.NEVER_FITS:
             totals = await pools_largest_totals(
                 conn, tenant_id=row.tenant_id, runtime_class=row.runtime_class

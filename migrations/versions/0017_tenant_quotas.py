@@ -1,5 +1,6 @@
 """Tenants and their quotas: cohort, fair weight, and per runtime class and resource the
-nominal quota, borrowing limit and lending limit.
+nominal quota, borrowing limit and lending limit; what each tenant uses of each managed
+runtime class and resource, and what each cohort borrows.
 
 Revision ID: 0017_tenant_quotas
 Revises: 0016_placement_format
@@ -54,8 +55,36 @@ def upgrade() -> None:
         ),
     )
     op.create_index("ix_tenant_quotas_runtime_class", "tenant_quotas", ["runtime_class"])
+    op.create_table(
+        "quota_usage",
+        sa.Column("tenant_id", ID, nullable=False),
+        sa.Column("runtime_class", ID, nullable=False),
+        sa.Column("resource", sa.Text(), nullable=False),
+        sa.Column("cohort", ID, nullable=False),
+        sa.Column("nominal", sa.BigInteger(), nullable=False),
+        sa.Column("cap", sa.BigInteger()),
+        sa.Column("lend", sa.BigInteger()),
+        sa.Column("used", sa.BigInteger(), nullable=False, server_default="0"),
+        sa.PrimaryKeyConstraint("tenant_id", "runtime_class", "resource",
+                                name="pk_quota_usage"),
+        sa.CheckConstraint("used >= 0 AND nominal >= 0",
+                           name="ck_quota_usage_used_nonnegative"),
+        sa.CheckConstraint("cap IS NULL OR used <= cap", name="ck_quota_usage_used_within_cap"),
+    )
+    op.create_index("ix_quota_usage_cohort", "quota_usage", ["cohort", "runtime_class"])
+    op.create_table(
+        "cohort_usage",
+        sa.Column("cohort", ID, nullable=False),
+        sa.Column("runtime_class", ID, nullable=False),
+        sa.Column("resource", sa.Text(), nullable=False),
+        sa.Column("borrowed", sa.BigInteger(), nullable=False, server_default="0"),
+        sa.PrimaryKeyConstraint("cohort", "runtime_class", "resource", name="pk_cohort_usage"),
+        sa.CheckConstraint("borrowed >= 0", name="ck_cohort_usage_borrowed_nonnegative"),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("cohort_usage")
+    op.drop_table("quota_usage")
     op.drop_table("tenant_quotas")
     op.drop_table("tenants")
