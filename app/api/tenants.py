@@ -37,7 +37,7 @@ MAX_AMOUNT = 2**53
 TenantIdPath = Annotated[
     str, Path(alias="tenantId", min_length=1, max_length=128, description="The tenant id.")
 ]
-_EXAMPLE = {
+_EXAMPLE: dict[str, Any] = {
     "cohort": "research",
     "fairWeight": 2,
     "quotas": {"gpu-small": {
