@@ -375,9 +375,6 @@ tenant_queue_counts = Table(
     PrimaryKeyConstraint("tenant_id", "stripe", name="pk_tenant_queue_counts"),
 )
 
-#: Resources a quota may name, by their API names.
-QUOTA_RESOURCES = ("cpuMillis", "memoryMiB", "llmSlots")
-
 # Tenants an admin configured: cohort and fair weight (revision 0017_tenant_quotas). A tenant
 # without a row has the defaults (cohort ``default``, weight 1, no quota).
 tenants = Table(

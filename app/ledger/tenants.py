@@ -20,8 +20,8 @@ import asyncpg
 
 from app.db import Connection
 from app.errors import Conflict, NotFound
+from app.ledger.quotas import RESOURCES as QUOTA_RESOURCES
 from app.ledger.quotas import quota_usage_rebuild
-from app.ledger.tables import QUOTA_RESOURCES
 from app.ledger.wakeups import WakeSource, wakeup_notify
 
 __all__ = [
