@@ -112,11 +112,12 @@ def gc_settle(*, full: bool = False) -> bool:
     """
     s = _settled
     blocks = sys.getallocatedblocks()
-    if s.base is None and not full:
+    base = s.base
+    if base is None and not full:
         s.base = blocks
         s.after = time.process_time() + FULL_EVERY_SECONDS
-    elif full or (grown := blocks - s.base) > max(FULL_MIN, s.base) or (
-        grown > max(FULL_MIN, s.base * FULL_RATIO) and time.process_time() >= s.after
+    elif full or base is None or (grown := blocks - base) > max(FULL_MIN, base) or (
+        grown > max(FULL_MIN, base * FULL_RATIO) and time.process_time() >= s.after
     ):
         started = time.process_time()
         gc.unfreeze()

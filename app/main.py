@@ -27,6 +27,7 @@ from app.api.shedding import InFlightLimit, KeyRateLimit
 from app.api.timeouts import BodyReadTimeout
 from app.auth import KeyCache
 from app.config import Settings, get_settings
+from app.console import console_routes
 from app.db import Database
 from app.errors import ConfigurationError
 from app.gc_tuning import gc_frozen
@@ -123,6 +124,8 @@ def create_app(
         path_limits={batches.PATH: settings.max_batch_body_bytes},
     )
     app.router.routes[0:0] = api_routes()
+    # The web console (static files; it calls the API above like any other client).
+    app.router.routes.extend(console_routes())
     openapi_install(app)
 
     @app.get("/healthz", tags=["health"], operation_id="getHealth", summary="Liveness")

@@ -1,9 +1,10 @@
 """Every Prometheus metric of the scheduler, as module-level constants.
 
 Labels only ever take values from fixed internal sets (outcomes, reason codes, plugin
-names, stages, wakeup sources) — never a tenant, task, pool or label value. The one
-exception is the quota gauges: their ``tenant`` and ``runtime_class`` labels name only the
-tenants an admin gave a quota, a set the admin bounds.
+names, stages, wakeup sources, resources, pool statuses) — never a tenant, task, pool or
+label value. The one exception is the quota gauges: their ``tenant`` and
+``runtime_class`` labels name only the tenants an admin gave a quota, a set the admin
+bounds.
 """
 
 from __future__ import annotations
@@ -117,6 +118,32 @@ REQUESTS_SHED = Counter(
 )
 for _reason in SHED_REASONS:
     REQUESTS_SHED.labels(_reason)
+
+#: Requests answered 503 because the database was unreachable or asked for a retry.
+DATABASE_UNAVAILABLE = Counter(
+    "berth_http_database_unavailable_total",
+    "HTTP requests answered 503 because the database was unavailable or busy.",
+)
+
+#: The resources of a ledger, as the capacity gauges name them, and the pool statuses.
+RESOURCES = ("cpu_millis", "memory_mib", "llm_slots")
+POOL_STATUSES = ("ACTIVE", "CORDONED", "DRAINING")
+POOL_CAPACITY = Gauge(
+    "berth_pool_capacity",
+    "Ledger totals summed over the pools in each status (every reconciler reports the "
+    "whole cluster: aggregate with max, not sum).",
+    ["resource", "status"],
+)
+POOL_RESERVED = Gauge(
+    "berth_pool_reserved",
+    "Reserved capacity summed over the pools in each status (every reconciler reports the "
+    "whole cluster: aggregate with max, not sum).",
+    ["resource", "status"],
+)
+for _resource in RESOURCES:
+    for _status in POOL_STATUSES:
+        POOL_CAPACITY.labels(_resource, _status)
+        POOL_RESERVED.labels(_resource, _status)
 
 #: Quota gauges, per tenant with a quota, runtime class and resource (cpuMillis, memoryMiB,
 #: llmSlots); each reconciler reports the tenants of the shard slots it owns.

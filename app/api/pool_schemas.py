@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import uuid
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -343,3 +344,44 @@ def if_match_versions(header: str) -> set[int] | None:
 
 class PoolPage(Page[Pool]):
     """One page of pools, in pool id order."""
+
+
+class DrainMember(CamelModel):
+    """Members of a moved task on one pool."""
+
+    pool_id: str
+    count: int
+
+
+class DrainReason(CamelModel):
+    """Why a task would not be placed now: the pending reason a pass would record."""
+
+    code: str = Field(description="The closest-miss reason code (docs/scheduling.md), or "
+                      "`attempts_exhausted` when revoking the lease would fail the task.")
+    message: str
+    rejections: dict[str, int] = Field(
+        default_factory=dict, description="How many pools each reason code rejected."
+    )
+
+
+class DrainPreviewItem(CamelModel):
+    """One live lease of the pool and where its task would go if the lease were revoked now."""
+
+    task_id: uuid.UUID
+    lease_id: uuid.UUID
+    tenant_id: str
+    pool_id: str | None = Field(
+        description="The pool the task (its first member, for a gang) would be placed on "
+        "now; null when it would wait (see reason)."
+    )
+    members: list[DrainMember] = Field(
+        description="Every member's pool and count (a gang moves as a unit); empty when it "
+        "would wait."
+    )
+    reason: DrainReason | None = Field(description="Why the task would wait; null when placed.")
+
+
+class DrainPreview(CamelModel):
+    """What draining the pool would do now: one item per live lease. Nothing is reserved."""
+
+    items: list[DrainPreviewItem]

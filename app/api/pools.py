@@ -18,6 +18,10 @@ from app.api.common import CursorQuery, LimitQuery, cursor_decode, cursor_encode
 from app.api.pool_schemas import (
     POOL_ID_RE,
     Capacity,
+    DrainMember,
+    DrainPreview,
+    DrainPreviewItem,
+    DrainReason,
     DrainRequest,
     Pool,
     PoolCreate,
@@ -30,7 +34,9 @@ from app.api.pool_schemas import (
 from app.auth import AdminDep, Principal, PrincipalDep
 from app.errors import BadRequest
 from app.ledger.pools import PoolNotFound, PoolRecord
+from app.reconciler.config import ReconcilerConfig
 from app.services import pools as service
+from app.services.drains import drain_preview
 
 router = APIRouter(prefix="/v1", route_class=StrictRoute)
 
@@ -373,3 +379,39 @@ async def activate_pool(
         principal=principal,
         idempotency_key=idempotency_key,
     )
+
+
+@router.post(
+    "/pools/{poolId}/drain-preview",
+    operation_id="previewPoolDrain",
+    summary="Preview a drain: where each of the pool's leased tasks would go now",
+    tags=["operators"],
+    response_model=DrainPreview,
+    responses=problems(401, 403, 404),
+)
+async def preview_pool_drain(
+    pool_id: PoolIdPath, principal: PrincipalDep, request: Request
+) -> DrainPreview:
+    """For each live lease of the pool, the pool its task would be placed on if the lease
+    were revoked now, or why it would wait — decided as a reconciler pass decides, with this
+    pool draining, the capacity the tasks hold elsewhere given back, and each task seeing the
+    ones decided before it. A gang moves as a unit. Reserves and changes nothing. For the
+    pool's operators (and admins)."""
+    moves = await drain_preview(
+        request.app.state.db,
+        principal=principal,
+        pool_id=pool_id,
+        config=ReconcilerConfig.from_settings(request.app.state.settings),
+        now=_now(),
+    )
+    return DrainPreview(items=[
+        DrainPreviewItem(
+            task_id=m.task_id,
+            lease_id=m.lease_id,
+            tenant_id=m.tenant_id,
+            pool_id=m.members[0][0] if m.members else None,
+            members=[DrainMember(pool_id=p, count=c) for p, c in m.members],
+            reason=DrainReason.model_validate(m.reason) if m.reason is not None else None,
+        )
+        for m in moves
+    ])

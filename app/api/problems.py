@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.errors import BerthError, Unprocessable
+from app.metrics import DATABASE_UNAVAILABLE
 
 log = logging.getLogger("berth.api")
 
@@ -162,6 +163,7 @@ def database_unavailable(exc: BaseException) -> bool:
 
 
 def _unavailable(request: Request, exc: Exception) -> JSONResponse:
+    DATABASE_UNAVAILABLE.inc()
     log.warning(
         "database unavailable",
         extra={"path": request.url.path, "method": request.method, "error": type(exc).__name__},

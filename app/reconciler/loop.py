@@ -41,6 +41,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from app.db import Connection, Database
+from app.ledger.capacity import capacity_totals_read
 from app.ledger.claims import tasks_unpark, tasks_wake
 from app.ledger.idempotency import idempotency_records_expire
 from app.ledger.leases import pool_leases_revoke
@@ -55,10 +56,14 @@ from app.metrics import (
     IDEMPOTENCY_RECORDS_EXPIRED,
     LEASES_EXPIRED,
     PENDING_EXTRA_CODES,
+    POOL_CAPACITY,
+    POOL_RESERVED,
+    POOL_STATUSES,
     PREEMPTION_VICTIMS,
     QUOTA_BORROWED,
     QUOTA_NOMINAL,
     QUOTA_USED,
+    RESOURCES,
     TASKS_PARKED,
     TASKS_PENDING,
     TASKS_PRUNED,
@@ -77,7 +82,8 @@ log = logging.getLogger("berth.reconciler")
 #: Pass results kept in ``Reconciler.results``: each holds its leased task ids and queue
 #: waits, some 150 KiB with a full batch of 1,024 (64 of them held up to 10 MiB).
 RESULTS_KEPT = 16
-#: How often a reconciler refreshes the pending and parked gauges of its owned slots.
+#: How often a reconciler refreshes the pending and parked gauges of its owned slots (and
+#: the pool capacity gauges).
 QUEUE_GAUGES_SECONDS = 15.0
 #: The fixed label set of the pending gauge.
 PENDING_LABELS = (*(str(r) for r in REASONS), *PENDING_EXTRA_CODES)
@@ -331,9 +337,16 @@ class Reconciler:
         )
 
     async def queue_gauges_refresh(self) -> None:
-        """Set the pending-by-reason and parked gauges from the owned slots' waiting tasks."""
+        """Set the pending-by-reason and parked gauges from the owned slots' waiting tasks,
+        and the pool capacity gauges from every ledger."""
         async with self.db.connection() as conn:
             rows = await queue_pending_by_code(conn, slots=self.ownership.slots)
+            totals = await capacity_totals_read(conn)
+        for status in POOL_STATUSES:
+            capacity, reserved = totals.get(status, ((0, 0, 0), (0, 0, 0)))
+            for i, resource in enumerate(RESOURCES):
+                POOL_CAPACITY.labels(resource, status).set(capacity[i])
+                POOL_RESERVED.labels(resource, status).set(reserved[i])
         counts = dict.fromkeys(PENDING_LABELS, 0)
         parked = 0
         for code, n, p in rows:

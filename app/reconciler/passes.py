@@ -308,6 +308,38 @@ def _metrics_count(result: PassResult) -> None:
         QUEUE_WAIT.observe(wait)
 
 
+def queued_task(
+    key: str, tenant_id: str, priority: int, seq: int, admitted_at: datetime, spec: CompiledSpec
+) -> QueuedTask:
+    """Return a task as the policy sees it (a gang asks for all its members' requests)."""
+    requests = spec.requests if spec.members == 1 else _scaled(spec.requests, spec.members)
+    return QueuedTask(key, tenant_id, priority, seq, admitted_at.timestamp(), requests)
+
+
+def queue_order(
+    cfg: ReconcilerConfig,
+    queued: list[QueuedTask],
+    *,
+    snapshot: Snapshot,
+    usage: Mapping[str, Vector],
+    now: datetime,
+    entitlements: Mapping[str, tuple[float, float, float]] | None = None,
+) -> list[QueuedTask]:
+    """Return ``queued`` in the order the configured policy decides them on ``snapshot``
+    (under ``fair``, tenants with ``entitlements`` are measured against nominal x weight)."""
+    options: dict[str, object] = (
+        {"aging_seconds": cfg.priority_aging_seconds} if cfg.policy == "priority" else {}
+    )
+    if cfg.policy == "fair" and entitlements:
+        options["entitlements"] = entitlements
+    policy = get_policy(cfg.policy, **options)
+    total = snapshot.cap.sum(axis=0) if snapshot.n else (0, 0, 0)
+    capacity = (int(total[0]), int(total[1]), int(total[2]))
+    return policy.order(
+        queued, now=now.timestamp(), tenant_usage=usage, cluster_capacity=capacity
+    )
+
+
 async def _pass_in(
     conn: Connection, ctx: PassContext, *, pass_id: str, now: datetime
 ) -> PassResult:
@@ -369,24 +401,17 @@ async def _pass_in(
     phases["snapshot"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    options: dict[str, object] = (
-        {"aging_seconds": cfg.priority_aging_seconds} if cfg.policy == "priority" else {}
+    entitlements = (
+        await tenants_entitlements(conn, tenant_ids=tenants)
+        if cfg.policy == "fair" and quota_rows else None
     )
-    if cfg.policy == "fair" and quota_rows:
-        # Shares are measured against nominal x fair weight where tenants have quotas.
-        options["entitlements"] = await tenants_entitlements(conn, tenant_ids=tenants)
-    policy = get_policy(cfg.policy, **options)
     # Each claimed task with a spec by its id as text, then as the policy sees it.
     by_id = {str(t.id): (t, spec) for t, spec in compiled}
-    queued = [
-        QueuedTask(key, t.tenant_id, t.priority, t.seq, t.admitted_at.timestamp(),
-                   spec.requests if spec.members == 1 else _scaled(spec.requests, spec.members))
-        for key, (t, spec) in by_id.items()
-    ]
-    total = snapshot.cap.sum(axis=0) if snapshot.n else (0, 0, 0)
-    capacity = (int(total[0]), int(total[1]), int(total[2]))
-    ordered = policy.order(
-        queued, now=now.timestamp(), tenant_usage=usage, cluster_capacity=capacity
+    ordered = queue_order(
+        cfg,
+        [queued_task(key, t.tenant_id, t.priority, t.seq, t.admitted_at, spec)
+         for key, (t, spec) in by_id.items()],
+        snapshot=snapshot, usage=usage, now=now, entitlements=entitlements,
     )
 
     assumed = Assumed(snapshot)

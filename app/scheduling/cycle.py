@@ -55,7 +55,7 @@ class Cycle:
         #: The pools of the spec's placement class, their capacity rows and the class's
         #: PreScore memo, when the pipeline knows them (see :meth:`class_memo`).
         self.class_pools: tuple[np.ndarray, np.ndarray, dict] | None = None
-        self._terms: dict[tuple, tuple[np.ndarray, int]] = {}
+        self._terms: dict[tuple, tuple[np.ndarray, np.ndarray | None, int]] = {}
         self._tenant_domains: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         #: The pools last asked for by :meth:`capacity_and_need`, with the answer.
         self._rows: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None

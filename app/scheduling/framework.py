@@ -76,7 +76,7 @@ def select(
     :func:`decide` says what the result holds."""
     out = decide(spec, snapshot, assumed=assumed, explain=explain, top_k=top_k, holds=holds,
                  quotas=quotas)
-    return out.result() if type(out) is Ranked else out
+    return out.result() if isinstance(out, Ranked) else out
 
 
 def decide(
@@ -133,7 +133,7 @@ def decide(
 
     def candidate(pos: int, detail: bool) -> Candidate:
         i = int(pools[pos])
-        comps = ()
+        comps: tuple[ScoreComponent, ...] = ()
         if detail:
             comps = tuple(
                 ScoreComponent(p.NAME, v.item(pos) * w, p.describe(cycle, i, v.item(pos)))

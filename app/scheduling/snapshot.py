@@ -129,6 +129,31 @@ class Snapshot:
     reserved: np.ndarray
     #: Whether each pool's runtime heartbeat is fresh.
     fresh: np.ndarray
+    #: Each pool's status, an index into ``STATUSES``.
+    status: np.ndarray
+    #: Whether each pool reports ready.
+    ready: np.ndarray
+    #: Code columns (int32, -1 for none) and their value -> code tables.
+    rc: np.ndarray
+    rc_table: dict[Any, int]
+    region: np.ndarray
+    region_table: dict[Any, int]
+    residency: np.ndarray
+    residency_table: dict[Any, int]
+    fd: np.ndarray
+    fd_table: dict[Any, int]
+    #: Cost weight per pool.
+    cost: np.ndarray
+    #: The pools each tenant sees (sorted indexes); tenants that see the same pools share one.
+    by_tenant: dict[str, np.ndarray]
+    #: A number per distinct set of visible pools, by tenant.
+    audience: dict[str, int]
+    _pools: tuple[PoolState, ...] | None
+    _built: tuple[tuple[PoolState, ...], np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+    _label_idx: dict[tuple[str, str], np.ndarray]
+    _artifact_idx: dict[str, np.ndarray]
+    _placed: dict[str, list[tuple[Items, np.ndarray, np.ndarray | int]]]
+    _memo: dict[Any, Any]
 
     @classmethod
     def build(
@@ -186,7 +211,7 @@ class Snapshot:
         self._label_idx = {k: np.array(v, dtype=np.intp) for k, v in label_idx.items()}
         self._artifact_idx = {k: np.array(v, dtype=np.intp) for k, v in artifact_idx.items()}
         self._placed = self._placed_index(placed)
-        self._memo: dict[Any, Any] = {}
+        self._memo = {}
         return self
 
     @property

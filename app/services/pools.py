@@ -50,6 +50,7 @@ __all__ = [
     "delete_pool",
     "get_pool",
     "list_pools",
+    "pool_operated",
     "pool_viewer",
     "put_pool_capacity",
     "update_pool",
@@ -95,6 +96,19 @@ async def _usage_scoped(
         return records
     usage = await pools_tenant_usage(conn, pool_ids=own, tenant_ids=viewer.tenant_ids)
     return [r if r.id not in usage else r.usage_own(usage[r.id]) for r in records]
+
+
+async def pool_operated(
+    conn: Connection, *, viewer: PoolViewer, pool_id: str, action: str
+) -> PoolRecord:
+    """Return the pool ``viewer`` operates; 404 when it cannot see it, 403 when it sees it but
+    is neither one of its operators nor an admin (``action`` says what it was refused)."""
+    record = await pool_get(conn, pool_id=pool_id, viewer=viewer)
+    if record is None:
+        raise PoolNotFound()
+    if not _operable(record, viewer):
+        raise Forbidden(f"only the pool's operators (or an admin) may {action} it")
+    return record
 
 
 async def create_pool(
@@ -248,13 +262,8 @@ async def change_pool_status(
         )
 
     async with db.transaction() as conn:
-        record = await pool_get(conn, pool_id=pool_id, viewer=viewer)
-        if record is None:
-            raise PoolNotFound()
-        if not _operable(record, viewer):
-            raise Forbidden(
-                f"only the pool's operators (or an admin) may {operation.removesuffix('Pool')} it"
-            )
+        await pool_operated(conn, viewer=viewer, pool_id=pool_id,
+                            action=operation.removesuffix("Pool"))
         if deadline is not None and deadline <= now:
             raise Unprocessable(
                 "deadline: a drain deadline must be in the future",

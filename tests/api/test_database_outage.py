@@ -22,6 +22,7 @@ import asyncpg
 import httpx
 import pytest
 from fastapi import FastAPI
+from prometheus_client import REGISTRY
 from sqlalchemy.engine import make_url
 
 from app.auth import KeyCache
@@ -185,6 +186,7 @@ async def test_an_outage_under_load_answers_503_with_retry_after_never_500(
 ) -> None:
     await pool_make("pool-o")
     task = (await client.post("/v1/tasks", json=SPEC, headers=keys.tenant_a)).json()
+    counted_before = REGISTRY.get_sample_value("berth_http_database_unavailable_total") or 0.0
     async with proxied_app(database_url, db_pool_size=8) as (proxy, app):
         # No key cache: every request also looks its key up, so the outage hits that path too.
         app.state.key_cache = KeyCache(ttl_seconds=0)
@@ -211,6 +213,9 @@ async def test_an_outage_under_load_answers_503_with_retry_after_never_500(
     for _, _, _, answer in answers:
         if answer.status_code == 503:
             assert_unavailable(answer)
+    # Each of them is counted (the dashboard's database 503s).
+    counted = REGISTRY.get_sample_value("berth_http_database_unavailable_total") or 0.0
+    assert counted - counted_before == statuses[503]
     # Whatever was sent and answered while the database was away is a 503 (a request sent
     # late in the outage may rightly succeed once its connection attempt meets the restore).
     during = [(what, a.status_code) for start, end, what, a in answers

@@ -44,6 +44,10 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "bootstrapAdminKey": {"secretName": "berth-bootstrap", "secretKey": "admin-key"},
     },
     "three-reconcilers": {"reconciler": {"replicas": 3}},
+    "grafana-dashboard": {
+        "grafanaDashboard": {"enabled": True, "labels": {"release": "kube-prometheus-stack"},
+                             "annotations": {"grafana_folder": "Berth"}}
+    },
     "service-monitor": {
         "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}}
     },
@@ -314,7 +318,10 @@ def test_three_reconciler_replicas() -> None:
 def test_database_url_comes_only_from_its_secret(value_set: str) -> None:
     values = merged(value_set)
     release = _render(value_set)
-    assert not release.all("Secret") and not release.all("ConfigMap")
+    # No configuration object at all: the only ConfigMap is the Grafana dashboard's.
+    configs = [m for m in release.all("ConfigMap")
+               if m["metadata"]["labels"].get("grafana_dashboard") != "1"]
+    assert not release.all("Secret") and not configs
     assert "postgresql://" not in yaml.safe_dump_all(release.manifests)
     pods = release.pod_specs()
     assert {component_of(w) for w, _ in pods} >= {"api", "migrate"}
@@ -547,3 +554,23 @@ def test_the_multi_host_secret_example_is_a_secret_berth_reads(kubernetes_versio
     assert len(hosts) == 3
     assert "target_session_attrs=read-write" in plain_url(url)
     assert "CHANGE-ME" not in describe_url(url)
+
+
+@SETS
+def test_the_grafana_dashboard_is_a_configmap_only_when_asked_for(value_set: str) -> None:
+    release = _render(value_set)
+    maps = [m for m in release.all("ConfigMap") if m["metadata"]["name"].endswith("-dashboard")]
+    if not merged(value_set)["grafanaDashboard"]["enabled"]:
+        assert maps == []
+        return
+    (dashboard,) = maps
+    labels = dashboard["metadata"]["labels"]
+    # The label the Grafana sidecar (kube-prometheus-stack's default) looks for.
+    assert labels["grafana_dashboard"] == "1"
+    for key, value in merged(value_set)["grafanaDashboard"]["labels"].items():
+        assert labels[key] == value
+    assert dashboard["metadata"].get("annotations", {}) == (
+        merged(value_set)["grafanaDashboard"]["annotations"] or {}
+    )
+    shipped = (CHART.parent.parent / "grafana" / "berth.json").read_text()
+    assert json.loads(dashboard["data"]["berth.json"]) == json.loads(shipped)

@@ -122,3 +122,30 @@ def test_reconcile_refuses_a_bad_shard_with_one_line() -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0
     assert "shard '3/2'" in proc.stderr
+
+
+async def test_the_capacity_gauges_sum_the_ledgers_by_pool_status(db: Database) -> None:
+    async with db.transaction() as conn:
+        await pool_add(conn, "p1", tenants=["t1"], capacity=(4000, 8192, 2), reserved=(1000, 0, 1))
+        await pool_add(conn, "p2", tenants=["t2"], capacity=(2000, 1024, 0), reserved=(500, 512, 0))
+        await pool_add(conn, "p3", tenants=["t1"], capacity=(8000, 100, 8), status="DRAINING",
+                       reserved=(0, 100, 8))
+        await pool_add(conn, "p4", tenants=["t1"], capacity=None)
+    reconciler = Reconciler(db, ReconcilerConfig(), owner_id="gauges", slots=ALL)
+
+    await reconciler.queue_gauges_refresh()
+
+    def gauge(name: str, resource: str, status: str) -> float:
+        return _value(name, resource=resource, status=status)
+
+    assert [gauge("berth_pool_capacity", r, "ACTIVE")
+            for r in ("cpu_millis", "memory_mib", "llm_slots")] == [6000, 9216, 2]
+    assert [gauge("berth_pool_reserved", r, "ACTIVE")
+            for r in ("cpu_millis", "memory_mib", "llm_slots")] == [1500, 512, 1]
+    assert gauge("berth_pool_capacity", "llm_slots", "DRAINING") == 8
+    assert gauge("berth_pool_reserved", "memory_mib", "DRAINING") == 100
+    assert gauge("berth_pool_capacity", "cpu_millis", "CORDONED") == 0
+    # Fixed labels only: no pool id anywhere in the family.
+    text = generate_latest(REGISTRY).decode()
+    lines = [line for line in text.splitlines() if line.startswith("berth_pool_")]
+    assert len(lines) == 18 and not any(p in line for line in lines for p in ("p1", "p2", "p3"))

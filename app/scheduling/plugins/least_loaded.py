@@ -11,6 +11,7 @@ both are absolute (not normalized) so that a score reads the same across tasks.
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import cast
 
 import numpy as np
 
@@ -55,7 +56,8 @@ def capacity_layout(cap: np.ndarray) -> tuple[tuple[int, np.ndarray], ...] | Non
     """Return, when every pool offers the same dimensions (at least one), each of them with
     its capacities as floats; else None (PreScore state of the pools' capacity rows)."""
     offered = cap > 0
-    everywhere = offered.all(axis=0)
+    # A 2-D array reduced along one axis is an array (numpy's stubs also allow a scalar).
+    everywhere = cast(np.ndarray, offered.all(axis=0))
     if not everywhere.any() or not (everywhere == offered.any(axis=0)).all():
         return None
     return tuple(

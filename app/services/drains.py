@@ -1,0 +1,183 @@
+"""Drain preview: where a pool's work would go if its leases were revoked now; writes nothing.
+
+When a drain's deadline passes, every live lease on the pool is revoked: each task gives back
+all its leases and reservations (a gang's members on other pools too) and is admitted again
+(or fails, if that was its last attempt). The preview answers, for each live lease, what the
+next pass would do with its task, by the pass's own means: the pool rows as a pass reads them
+(:func:`app.ledger.snapshot.pools_read`), with the drained pool DRAINING and the capacity the
+moving tasks hold elsewhere given back, then the moving tasks in the configured policy's order
+(:func:`app.reconciler.passes.queue_order`), each decided by the one pipeline
+(:func:`app.scheduling.framework.decide`) with the earlier ones' placements counted as assumed
+usage, as a pass counts them. Nothing is reserved and nothing is written: a drain started
+right after may still see the ledger move.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from pydantic import ValidationError
+
+from app.auth import Principal
+from app.db import Database
+from app.ledger.drains import LeaseMoving, drain_leases_read, drain_released_read
+from app.ledger.snapshot import placements_read, pools_read, tenant_usage_read
+from app.reconciler.config import ReconcilerConfig
+from app.reconciler.passes import INVALID_SPEC, SCHEDULER_ERROR, queue_order, queued_task
+from app.scheduling.assumed import Assumed
+from app.scheduling.explain import no_placement_document
+from app.scheduling.framework import decide
+from app.scheduling.reasons import Reason
+from app.scheduling.results import NoPlacement
+from app.scheduling.snapshot import PoolState, Snapshot
+from app.scheduling.spec import CompiledSpec, StoredSpecs
+from app.services.pools import pool_operated, pool_viewer
+
+__all__ = ["ATTEMPTS_EXHAUSTED", "DrainMove", "drain_preview"]
+
+log = logging.getLogger("berth.api.pools")
+
+#: Reason code of a task whose revoked lease would fail it: it has no attempt left.
+ATTEMPTS_EXHAUSTED = "attempts_exhausted"
+
+
+@dataclass(frozen=True, slots=True)
+class DrainMove:
+    """What revoking one live lease now would do: the task's new pools, or why it would wait.
+
+    ``members`` is every member's (pool, count), the first member's pool first; empty with a
+    ``reason`` ``{"code", "message", "rejections"}`` when the task would not be placed now.
+    """
+
+    lease_id: uuid.UUID
+    task_id: uuid.UUID
+    tenant_id: str
+    members: tuple[tuple[str, int], ...]
+    reason: dict[str, object] | None
+
+
+def _without(
+    pools: list[PoolState], *, pool_id: str, released: dict[str, tuple[int, int, int]]
+) -> list[PoolState]:
+    """Return ``pools`` as a pass would see them once ``pool_id`` drains and its leases'
+    tasks gave back what they hold on other pools."""
+    out = []
+    for p in pools:
+        if p.id == pool_id:
+            p = replace(p, status="DRAINING")
+        elif p.id in released:
+            r, give = p.reserved, released[p.id]
+            p = replace(p, reserved=(r[0] - give[0], r[1] - give[1], r[2] - give[2]))
+        out.append(p)
+    return out
+
+
+def _reason(code: str, message: str) -> dict[str, object]:
+    return {"code": code, "message": message, "rejections": {}}
+
+
+async def drain_preview(
+    db: Database,
+    *,
+    principal: Principal,
+    pool_id: str,
+    config: ReconcilerConfig,
+    now: datetime,
+) -> list[DrainMove]:
+    """Return, for each live lease of ``pool_id``, where its task would be placed if the
+    lease were revoked now (or why it would wait); 404 when the caller cannot see the pool,
+    403 when it may not operate it."""
+    viewer = pool_viewer(principal)
+    async with db.connection() as conn:
+        await pool_operated(conn, viewer=viewer, pool_id=pool_id, action="preview a drain of")
+        leases = await drain_leases_read(conn, pool_id=pool_id)
+        if not leases:
+            return []
+        moving = {lease.task_id for lease in leases}
+        released = await drain_released_read(conn, task_ids=moving, pool_id=pool_id)
+        pools = await pools_read(
+            conn, now=now, freshness_seconds=config.heartbeat_freshness_seconds
+        )
+        tenants = {lease.tenant_id for lease in leases}
+        placed = await placements_read(conn, tenant_ids=tenants)
+        usage = await tenant_usage_read(conn, tenant_ids=tenants) if config.policy == "fair" else {}
+
+    # The moving tasks have left their pools: affinity no longer counts them where they were.
+    moved = {str(t) for t in moving}
+    snapshot = Snapshot.build(
+        _without(pools, pool_id=pool_id, released=released),
+        [p for p in placed if p.task_id not in moved],
+        strategy=config.strategy,
+    )
+    return _decide_all(leases, snapshot, config=config, usage=usage, now=now)
+
+
+def _decide_all(
+    leases: list[LeaseMoving],
+    snapshot: Snapshot,
+    *,
+    config: ReconcilerConfig,
+    usage: dict[str, tuple[int, int, int]],
+    now: datetime,
+) -> list[DrainMove]:
+    """Decide the moving tasks in policy order, each seeing the ones before it as assumed
+    usage; return one move per lease, in the leases' order."""
+    specs = StoredSpecs(len(leases))
+    decided: dict[uuid.UUID, DrainMove] = {}
+    compiled: dict[str, tuple[LeaseMoving, CompiledSpec]] = {}
+    for lease in leases:
+        if lease.attempts + 1 >= lease.max_attempts:
+            decided[lease.lease_id] = DrainMove(
+                lease.lease_id, lease.task_id, lease.tenant_id, (), _reason(
+                    ATTEMPTS_EXHAUSTED,
+                    "revoking its lease would fail the task: it is on its last attempt "
+                    f"({lease.attempts + 1} of {lease.max_attempts})",
+                ),
+            )
+            continue
+        try:
+            compiled[str(lease.lease_id)] = (lease, specs.compile(lease.tenant_id, lease.spec_json))
+        except (ValidationError, ValueError, TypeError) as exc:
+            decided[lease.lease_id] = DrainMove(
+                lease.lease_id, lease.task_id, lease.tenant_id, (), _reason(
+                    INVALID_SPEC,
+                    f"stored spec cannot be read: {str(exc).splitlines()[0][:200]}",
+                ),
+            )
+
+    ordered = queue_order(
+        config,
+        [queued_task(key, lease.tenant_id, lease.priority, lease.seq, lease.admitted_at, spec)
+         for key, (lease, spec) in compiled.items()],
+        snapshot=snapshot, usage=usage, now=now,
+    )
+    assumed = Assumed(snapshot)
+    for q in ordered:
+        lease, spec = compiled[q.task_id]
+        try:
+            outcome = decide(spec, snapshot, assumed=assumed, top_k=config.top_k)
+        except Exception as exc:
+            log.exception("drain preview: select failed for a task",
+                          extra={"task_id": str(lease.task_id)})
+            decided[lease.lease_id] = DrainMove(
+                lease.lease_id, lease.task_id, lease.tenant_id, (), _reason(
+                    SCHEDULER_ERROR, f"the scheduler failed on this task: {type(exc).__name__}"
+                ),
+            )
+            continue
+        members = outcome.members
+        if members is not None:
+            assumed.add(spec, members, task_id=str(lease.task_id))
+            decided[lease.lease_id] = DrainMove(
+                lease.lease_id, lease.task_id, lease.tenant_id, tuple(members), None
+            )
+            continue
+        reason = outcome.reason or NoPlacement(Reason.TENANT_NOT_ALLOWED, "no pool fits")
+        decided[lease.lease_id] = DrainMove(
+            lease.lease_id, lease.task_id, lease.tenant_id, (),
+            dict(no_placement_document(reason)),
+        )
+    return [decided[lease.lease_id] for lease in leases]
