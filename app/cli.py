@@ -1,4 +1,4 @@
-"""The ``berth`` command line: serve | reconcile | migrate | keys | bench | openapi.
+"""The ``berth`` command line: serve | reconcile | migrate | keys | tenants | bench | openapi.
 
 Each subcommand imports its implementation lazily so that ``berth --help`` stays fast and a
 missing optional piece never breaks the others. Bad configuration ends with one line on
@@ -103,6 +103,37 @@ def _add_keys(sub: argparse._SubParsersAction) -> None:
     _data_dir(r, _REFUSED)
 
 
+def _add_tenants(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "tenants", help="manage tenants' cohorts and quotas",
+        description="Manage tenants' cohorts, fair weights and quotas.",
+    )
+    tsub = p.add_subparsers(dest="tenants_command", required=True)
+    ls = tsub.add_parser(
+        "list", help="list configured tenants",
+        description="List configured tenants by id: cohort, fair weight and quotas.",
+    )
+    _data_dir(ls, _REFUSED)
+    g = tsub.add_parser(
+        "get", help="print a tenant with its usage",
+        description="Print a tenant's settings and its usage per runtime class as JSON.",
+    )
+    g.add_argument("tenant_id", metavar="TENANT_ID", help="the tenant's id")
+    _data_dir(g, _REFUSED)
+    s = tsub.add_parser(
+        "set", help="set a tenant's cohort, fair weight and quotas (replaces them whole)",
+        description="Set a tenant's cohort, fair weight and quotas, replacing them whole, "
+        "as PUT /v1/tenants/{tenantId} does. A quota is "
+        "CLASS:RESOURCE=NOMINAL[:BORROWING_LIMIT[:LENDING_LIMIT]], e.g. "
+        "gpu-small:cpuMillis=8000:4000; an empty limit is no limit.",
+    )
+    s.add_argument("tenant_id", metavar="TENANT_ID", help="the tenant's id")
+    s.add_argument("--cohort", default="default", help="its cohort (default: default)")
+    s.add_argument("--fair-weight", type=float, default=1.0, help="its fair weight (> 0)")
+    s.add_argument("--quota", action="append", default=[], help="a quota (repeatable)")
+    _data_dir(s, _REFUSED)
+
+
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     # The bench package parses its own arguments, --help included.
     p = sub.add_parser(
@@ -133,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
         "'berth COMMAND --help' describes a command.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_serve, _add_reconcile, _add_migrate, _add_keys, _add_bench, _add_openapi):
+    for add in (_add_serve, _add_reconcile, _add_migrate, _add_keys, _add_tenants, _add_bench,
+                _add_openapi):
         add(sub)
     return parser
 
@@ -164,6 +196,17 @@ def _run(args: argparse.Namespace) -> int:
             tenants=args.tenant,
             runtime_instances=args.runtime_instance,
             data_dir=args.data_dir,
+        )
+    if args.command == "tenants":
+        from app import tenants_cli
+
+        if args.tenants_command == "list":
+            return tenants_cli.list_tenants(data_dir=args.data_dir)
+        if args.tenants_command == "get":
+            return tenants_cli.get_tenant(tenant_id=args.tenant_id, data_dir=args.data_dir)
+        return tenants_cli.set_tenant(
+            tenant_id=args.tenant_id, cohort=args.cohort, fair_weight=args.fair_weight,
+            quotas=args.quota, data_dir=args.data_dir,
         )
     if args.command == "openapi":
         from app.document import openapi_write

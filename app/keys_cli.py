@@ -30,7 +30,7 @@ T = TypeVar("T")
 _PAGE = 500
 
 
-def _run(settings: Settings, work: Callable[[Database], Awaitable[T]]) -> tuple[T, str]:
+def database_run(settings: Settings, work: Callable[[Database], Awaitable[T]]) -> tuple[T, str]:
     """Run ``work`` on the configured database; return its result and how the database is
     named. Errors of the key rules become one-line configuration errors."""
     url, server = database_resolve(settings, migrate=False, create=False)
@@ -85,7 +85,7 @@ def create_key(
             runtime_instance_ids=runtime_instances,
         )
 
-    (key, row), where = _run(settings, work)
+    (key, row), where = database_run(settings, work)
     acts_for = ""
     if row.tenant_ids:
         acts_for = f" for tenants {', '.join(row.tenant_ids)}"
@@ -127,7 +127,7 @@ def list_keys(*, include_revoked: bool = True, data_dir: str | Path | None = Non
             if after is None:
                 return rows
 
-    rows, _ = _run(settings, work)
+    rows, _ = database_run(settings, work)
     table = [("ID", "PREFIX", "ROLE", "SUBJECT", "SCOPE", "CREATED", "LAST USED", "REVOKED")]
     table += [
         (str(r.id), r.prefix, r.role, r.subject, _scope(r), _when(r.created_at),
@@ -155,7 +155,7 @@ def revoke_key(*, key_id: str, data_dir: str | Path | None = None) -> int:
             db, principal=None, key_id=parsed, now=datetime.now(UTC)
         )
 
-    row, where = _run(settings, work)
+    row, where = database_run(settings, work)
     print(
         f"berth: revoked {row.role} key {row.id} of {row.subject!r} on {where} at "
         f"{_when(row.revoked_at)}; running servers refuse it within {KEY_CACHE_SECONDS:g} "

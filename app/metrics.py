@@ -2,7 +2,9 @@
 
 Labels only ever take values from fixed internal sets (outcomes, reason codes, plugin
 names, stages, wakeup sources, resources, pool statuses) — never a tenant, task, pool or
-label value.
+label value. The one exception is the quota gauges: their ``tenant`` and
+``runtime_class`` labels name only the tenants an admin gave a quota, a set the admin
+bounds.
 """
 
 from __future__ import annotations
@@ -39,15 +41,27 @@ PREEMPTIONS = Counter(
     "Preemptions committed: tasks that displaced lower-priority tasks of their tenant.",
 )
 #: What became of a preemption's victims: asked to stop (revoking), finished within the
-#: grace period (completed), or revoked at the deadline and requeued (revoked).
-PREEMPTION_OUTCOMES = ("revoking", "completed", "revoked")
+#: grace period (completed), given back by the runtime within it and requeued (released), or
+#: revoked at the deadline and requeued (revoked).
+PREEMPTION_OUTCOMES = ("revoking", "completed", "released", "revoked")
 PREEMPTION_VICTIMS = Counter(
     "berth_preemption_victims_total",
-    "Leased tasks displaced by preemptions, by outcome (revoking, completed, revoked).",
+    "Leased tasks displaced by preemptions, by outcome (revoking, completed, released, "
+    "revoked).",
     ["outcome"],
 )
 for _outcome in PREEMPTION_OUTCOMES:
     PREEMPTION_VICTIMS.labels(_outcome)
+#: How runtimes complete leases: the task finished (succeeded, failed) or was given back
+#: unfinished and queued again (released).
+LEASE_OUTCOMES = ("succeeded", "failed", "released")
+LEASES_COMPLETED = Counter(
+    "berth_leases_completed_total",
+    "Leases completed by their runtime, by outcome (succeeded, failed, released).",
+    ["outcome"],
+)
+for _outcome in LEASE_OUTCOMES:
+    LEASES_COMPLETED.labels(_outcome)
 WAKEUPS = Counter(
     "berth_pending_wakeups_total",
     "Wakeups of pending tasks, by source.",
@@ -141,3 +155,14 @@ REQUESTS_UNAUTHENTICATED = Counter(
 )
 for _reason in UNAUTHENTICATED_REASONS:
     REQUESTS_UNAUTHENTICATED.labels(_reason)
+
+#: Quota gauges, per tenant with a quota, runtime class and resource (cpuMillis, memoryMiB,
+#: llmSlots); each reconciler reports the tenants of the shard slots it owns.
+_QUOTA_LABELS = ["tenant", "runtime_class", "resource"]
+QUOTA_NOMINAL = Gauge("berth_quota_nominal", "A tenant's nominal quota.", _QUOTA_LABELS)
+QUOTA_USED = Gauge(
+    "berth_quota_used", "What a tenant's live leases use of a quota'd resource.", _QUOTA_LABELS
+)
+QUOTA_BORROWED = Gauge(
+    "berth_quota_borrowed", "What of a tenant's usage is above its nominal.", _QUOTA_LABELS
+)

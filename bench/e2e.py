@@ -53,6 +53,7 @@ import psutil
 
 from app.config import Settings
 from app.ledger.invariants import ledger_check
+from app.ledger.tenants import Quota, tenant_put
 from bench.database import (
     SERVER_HELP,
     database_name,
@@ -109,6 +110,8 @@ class E2EConfig:
     peer_clients: int = 4
     mix: str = "default"
     finished: int = 0
+    #: 1: every tenant gets a quota in every runtime class it uses (:func:`_quotas_set`).
+    quotas: int = 0
 
 
 class BenchFailed(RuntimeError):
@@ -304,9 +307,36 @@ async def _latency(conn: asyncpg.Connection) -> dict[str, Any]:
     return {k: (v if k == "leased" or v is None else float(v)) for k, v in dict(row).items()}
 
 
+async def _quotas_set(url: str, ds: Dataset) -> None:
+    """Give every tenant, in one cohort, a quota in every runtime class it uses: nominal =
+    what its tasks there request in all (cpu and memory), so every task is admitted within
+    nominal and no placement waits for quota; what is measured is the accounting."""
+    demand: dict[tuple[str, str], list[int]] = {}
+    for row in ds.tasks:
+        tenant_id, rc, spec = row[2], row[5], orjson.loads(row[6])
+        members = int((spec.get("gang") or {}).get("members", 1))
+        acc = demand.setdefault((tenant_id, rc), [0, 0])
+        acc[0] += int(spec["requests"].get("cpuMillis", 0)) * members
+        acc[1] += int(spec["requests"].get("memoryMiB", 0)) * members
+    quotas: dict[str, dict[str, dict[str, Quota]]] = {}
+    for (tenant_id, rc), (cpu, memory) in demand.items():
+        quotas.setdefault(tenant_id, {})[rc] = {
+            "cpuMillis": Quota(cpu), "memoryMiB": Quota(memory)}
+    conn = await asyncpg.connect(url)
+    try:
+        async with conn.transaction():
+            for tenant_id in sorted(quotas):
+                await tenant_put(conn, tenant_id=tenant_id, cohort="bench", fair_weight=1.0,
+                                 quotas=quotas[tenant_id], now=datetime.now(UTC))
+    finally:
+        await conn.close()
+
+
 async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
                                   logdir: Path) -> dict[str, Any]:
     await dataset_load(url, ds, now=datetime.now(UTC))
+    if cfg.quotas:
+        await _quotas_set(url, ds)
     history_seconds = await history_load(url, ds, finished=cfg.finished, now=datetime.now(UTC))
     conn = await asyncpg.connect(url)
     procs = _start_reconcilers(url, cfg, logdir)
@@ -515,6 +545,7 @@ async def e2e_run(cfg: E2EConfig) -> dict[str, Any]:
         # What the reconcilers used: --batch, else their own BERTH_BATCH_SIZE/default.
         "batch": cfg.batch or Settings().batch_size,
         "tenants": ds.tenants,
+        "quotas": bool(cfg.quotas),
         "leased": lat["leased"],
         "placementsPerSec": round(rate, 1),
         "wallSeconds": round(run["wall"], 3),
@@ -598,9 +629,9 @@ def _sweep_axes(items: list[str]) -> dict[str, list[int]]:
     axes: dict[str, list[int]] = {}
     for item in items:
         key, _, values = item.partition("=")
-        if key not in ("pools", "reconcilers", "tasks") or not values:
+        if key not in ("pools", "reconcilers", "tasks", "quotas") or not values:
             raise SystemExit(f"berth bench e2e: --sweep takes KEY=V1,V2,... with KEY one of "
-                             f"pools, reconcilers, tasks; not {item!r}")
+                             f"pools, reconcilers, tasks, quotas; not {item!r}")
         try:
             axes[key] = [int(v) for v in values.split(",")]
         except ValueError:
@@ -661,9 +692,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pg-setting", action="append", default=[], metavar="NAME=VALUE",
                    help="ALTER DATABASE SET for the reconcilers' database (repeatable), "
                         "e.g. log_min_duration_statement=0 to profile the server side")
+    p.add_argument("--quotas", action="store_true",
+                   help="give every tenant a quota (nominal = its whole demand, one cohort) "
+                        "before admitting; compare with --sweep quotas=0,1")
     p.add_argument("--sweep", nargs="+", metavar="KEY=V1,V2",
                    help="run every combination, e.g. pools=1000,5000 reconcilers=1,2,4 "
-                        "(baselines skipped)")
+                        "quotas=0,1 (baselines skipped)")
     p.add_argument("--repeat", type=int, default=1,
                    help="with --sweep: runs per point; the chart shows the best (default 1)")
     p.add_argument("--chart", metavar="PATH", help="with --sweep: write a PNG chart to PATH")
@@ -733,6 +767,7 @@ def main(argv: list[str]) -> int:
             skip_floor=args.skip_floor, floor_clients=args.floor_clients,
             floor_batch=args.floor_batch, skip_peer=args.skip_peer,
             peer_clients=args.peer_clients, mix=args.mix, finished=args.finished,
+            quotas=int(args.quotas),
         )
         if args.sweep:
             return _sweep(base, args)

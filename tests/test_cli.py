@@ -216,3 +216,31 @@ def test_bad_setting_is_one_line(
 ) -> None:
     result = berth_run(*command, cwd=tmp_path, **{variable: value})
     assert_one_line(result, variable)
+
+
+@pytest.mark.slow
+async def test_tenants_set_get_and_list(db: Database, database_url: str, tmp_path: Path) -> None:
+    result = await asyncio.to_thread(
+        berth_run,
+        "tenants", "set", "acme", "--cohort", "research", "--fair-weight", "2",
+        "--quota", "gpu-small:cpuMillis=8000:4000", "--quota", "gpu-small:llmSlots=4::2",
+        cwd=tmp_path, BERTH_DATABASE_URL=database_url,
+    )
+    assert result.returncode == 0, result.stderr
+    async with db.connection() as conn:
+        rows = await conn.fetch("SELECT resource, nominal, borrowing_limit, lending_limit "
+                                "FROM tenant_quotas WHERE tenant_id = 'acme' ORDER BY 1")
+    assert [tuple(r) for r in rows] == [("cpuMillis", 8000, 4000, None), ("llmSlots", 4, None, 2)]
+    listed = await asyncio.to_thread(berth_run, "tenants", "list", cwd=tmp_path,
+                                     BERTH_DATABASE_URL=database_url)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[1].split() == [
+        "acme", "research", "2", "gpu-small:cpuMillis=8000:4000", "gpu-small:llmSlots=4::2"]
+    got = await asyncio.to_thread(berth_run, "tenants", "get", "acme", cwd=tmp_path,
+                                  BERTH_DATABASE_URL=database_url)
+    assert got.returncode == 0 and '"cohort": "research"' in got.stdout
+    bad = await asyncio.to_thread(
+        berth_run, "tenants", "set", "acme", "--quota", "gpu-small:cpuMillis=10::20",
+        cwd=tmp_path, BERTH_DATABASE_URL=database_url,
+    )
+    assert_one_line(bad, "lendingLimit 20 is above nominal 10")

@@ -57,7 +57,12 @@ class LeaseCompletion(RequestModel):
         json_schema_extra={"examples": [{"outcome": "succeeded", "epoch": 1}]}
     )
 
-    outcome: Literal["succeeded", "failed"]
+    outcome: Literal["succeeded", "failed", "released"] = Field(
+        description="`succeeded` or `failed`: the task finished. `released`: the runtime "
+        "stopped the work unfinished and the task is queued again; on a `REVOKING` lease "
+        "without using an attempt, on an `ACTIVE` lease with `attempts + 1` (past "
+        "`maxAttempts` the task fails with `lease_released`)."
+    )
     epoch: int = Field(ge=1, le=2**62, description="The epoch the lease was granted with.")
     message: str | None = Field(
         default=None, max_length=1000, description="Kept in the task's event log."
@@ -65,7 +70,8 @@ class LeaseCompletion(RequestModel):
 
 
 class LeaseCompleted(CamelModel):
-    """The task's state after its lease completed; its capacity is released."""
+    """The task's state after its lease completed; its capacity is released (or handed to
+    the task that preempted it)."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -84,8 +90,8 @@ class LeaseCompleted(CamelModel):
 
     task_id: str
     lease_id: str
-    state: Literal["SUCCEEDED", "FAILED"]
-    outcome: Literal["succeeded", "failed"]
+    state: Literal["SUCCEEDED", "FAILED", "ADMITTED"]
+    outcome: Literal["succeeded", "failed", "released"]
     epoch: int
     finished_at: datetime
 
@@ -104,8 +110,9 @@ async def complete_lease(
     request: Request,
     idempotency_key: IdempotencyKeyHeader = None,
 ) -> Response:
-    """Finish the lease's task as SUCCEEDED or FAILED and release its capacity (every pool of
-    a gang). 404 for an unknown lease or one of another instance; 409 when the epoch is stale
+    """Finish the lease's task as SUCCEEDED or FAILED, or give it back unfinished
+    (`released`: queued again as ADMITTED), and release its capacity (every pool of a gang).
+    404 for an unknown lease or one of another instance; 409 when the epoch is stale
     or the lease already ended. For runtime keys."""
     answer = await service.lease_complete(
         request.app.state.db,

@@ -62,6 +62,11 @@ TAGS: list[dict[str, str]] = [
         "description": "API keys (admin only): list, create (the secret is shown once) and "
         "revoke.",
     },
+    {
+        "name": "tenants",
+        "description": "Tenants' cohorts, fair weights and quotas (admin writes; a tenant key "
+        "reads its own), with usage per runtime class.",
+    },
     {"name": "health", "description": "Liveness and readiness probes (no key needed)."},
 ]
 

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from starlette.routing import BaseRoute
 
-from app.api import batches, keys, leases, placements, pools, queue, runtimes, tasks
+from app.api import (
+    batches,
+    keys,
+    leases,
+    placements,
+    pools,
+    queue,
+    runtimes,
+    tasks,
+    tenants,
+)
 
 
 def api_routes() -> list[BaseRoute]:
@@ -17,5 +27,5 @@ def api_routes() -> list[BaseRoute]:
     and getTask (:class:`app.api.direct_routes.DirectRoute`) come first.
     """
     routers = (tasks.direct_router, tasks.router, batches.router, pools.router, placements.router,
-               queue.router, runtimes.router, leases.router, keys.router)
+               queue.router, runtimes.router, leases.router, keys.router, tenants.router)
     return [route for router in routers for route in router.routes]

@@ -52,6 +52,7 @@ import orjson
 from app.config import SHARD_SLOTS
 from app.db import Connection
 from app.ledger.literals import ids_joined, ints_joined, texts_joined, uuids_joined
+from app.ledger.quotas import QUOTA_LOCK
 from app.ledger.retention import task_events_trim
 from app.ledger.tasks import uuid7_prefix
 
@@ -152,17 +153,20 @@ _CLAIM_FAIR = (
 # JIT compilation is off: a pass's statements are short, and one whose estimated cost passes
 # ``jit_above_cost`` (the tenant usage read of the ``fair`` policy, at 20,000 live
 # reservations) spent about 21 ms compiling per run, more than it then ran.
+# The shared quota lock orders the pass against quota rebuilds (app.ledger.quotas): the
+# quota rows the pass reads and charges cannot be rebuilt under it.
 _PASS_SETTINGS = (
     "SELECT set_config('idle_in_transaction_session_timeout', $1, true), "
-    "set_config('plan_cache_mode', 'force_custom_plan', true), set_config('jit', 'off', true)"
+    "set_config('plan_cache_mode', 'force_custom_plan', true), set_config('jit', 'off', true), "
+    f"pg_advisory_xact_lock_shared({QUOTA_LOCK})"
 )
 
 
 async def claims_settings(conn: Connection, *, idle_seconds: float) -> None:
     """Set up the caller's transaction for a pass: the server ends the session if the
     transaction (holding its claims) sits idle longer than ``idle_seconds`` — a hung
-    reconciler's claims then return to the queue — and statements are planned for the
-    arrays they get, without JIT compilation."""
+    reconciler's claims then return to the queue — statements are planned for the
+    arrays they get, without JIT compilation, and the shared quota lock is taken."""
     await conn.execute(_PASS_SETTINGS, f"{max(int(idle_seconds * 1000), 1)}ms")
 
 

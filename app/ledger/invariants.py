@@ -36,6 +36,31 @@ _CHECKS = {
     "lease_pool_without_reservation": """
         SELECT count(*) FROM leases l WHERE l.state = 'ACTIVE' AND NOT EXISTS (
             SELECT 1 FROM reservations r WHERE r.task_id = l.task_id AND r.pool_id = l.pool_id)""",
+    # Quota usage rows (app.ledger.quotas) against the live leases they count: per managed
+    # (runtime class, resource), each tenant's row equals the sum of its live reservations
+    # there, and a tenant with such usage has a row.
+    "quota_usage_not_sum_of_leases": """
+        WITH managed AS (SELECT DISTINCT runtime_class, resource FROM tenant_quotas),
+        live AS (SELECT t.tenant_id, p.runtime_class, x.resource, sum(x.amount) AS amount
+            FROM reservations r JOIN tasks t ON t.id = r.task_id
+            JOIN pools p ON p.id = r.pool_id
+            CROSS JOIN LATERAL (VALUES ('cpuMillis', r.cpu), ('memoryMiB', r.memory),
+                ('llmSlots', r.llm)) AS x(resource, amount)
+            WHERE NOT r.hold GROUP BY 1, 2, 3),
+        want AS (SELECT l.* FROM live l JOIN managed m USING (runtime_class, resource)
+            WHERE l.amount > 0)
+        SELECT count(*) FROM quota_usage q FULL JOIN want w
+            ON (q.tenant_id, q.runtime_class, q.resource)
+             = (w.tenant_id, w.runtime_class, w.resource)
+        WHERE coalesce(q.used, 0) <> coalesce(w.amount, 0)""",
+    "quota_cohort_not_sum_of_borrowed": """
+        SELECT count(*) FROM cohort_usage c FULL JOIN (
+            SELECT cohort, runtime_class, resource, sum(greatest(0, used - nominal)) AS b
+            FROM quota_usage GROUP BY 1, 2, 3) s
+            ON (c.cohort, c.runtime_class, c.resource) = (s.cohort, s.runtime_class, s.resource)
+        WHERE coalesce(c.borrowed, 0) <> coalesce(s.b, 0)""",
+    "quota_usage_over_cap": """
+        SELECT count(*) FROM quota_usage WHERE cap IS NOT NULL AND used > cap""",
 }
 
 

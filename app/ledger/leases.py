@@ -21,14 +21,21 @@ from app.db import Connection
 from app.errors import Conflict, NotFound, Unprocessable
 from app.ledger.events import task_events_add
 from app.ledger.preemption import leases_end, reservations_hand_over
-from app.ledger.recovery import RecoveryCause, leases_requeue, pool_leased_tasks
+from app.ledger.recovery import (
+    TASKS_REQUEUE,
+    RecoveryCause,
+    leases_requeue,
+    pool_leased_tasks,
+)
 from app.ledger.tasks import TaskNotFound
 from app.ledger.wakeups import WakeSource, wakeup_notify
 
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 #: Lease states a runtime may still complete (REVOKING: until its revoke deadline).
 LIVE_STATES = frozenset({"ACTIVE", "REVOKING"})
-OUTCOMES = {"succeeded": "SUCCEEDED", "failed": "FAILED"}
+OUTCOMES = {"succeeded": "SUCCEEDED", "failed": "FAILED", "released": "ADMITTED"}
+#: Event reason (and lease end reason) of a lease the runtime gave back unfinished.
+RELEASED = "lease_released"
 DEFAULT_FRESHNESS_SECONDS = 15.0
 
 
@@ -45,7 +52,7 @@ class LeaseStale(Conflict):
 
 
 class LeaseOutcomeInvalid(Unprocessable):
-    """The outcome must be `succeeded` or `failed`."""
+    """The outcome must be `succeeded`, `failed` or `released`."""
 
 
 class TaskNotCancellable(Conflict):
@@ -201,6 +208,46 @@ async def lease_check_owner(
         raise LeaseNotFound(f"lease {lease_id} does not exist")
 
 
+# A task whose revoking lease it gave back: queued again without using an attempt
+# (``preemptions + 1`` keeps the next epoch higher, so a late report of the old one is 409).
+_TASK_RETURN = (
+    "UPDATE tasks SET state = 'ADMITTED', preemptions = preemptions + 1, parked = false, "
+    "pending_reason = NULL, placement = NULL, leased_at = NULL, updated_at = $2 "
+    "WHERE id = $1 RETURNING state, attempts"
+)
+
+
+async def _task_give_back(
+    conn: Connection,
+    *,
+    task_id: uuid.UUID,
+    revoking: bool,
+    detail: dict[str, Any],
+    heir: uuid.UUID | None,
+    now: datetime,
+) -> str:
+    """Queue the task of a released lease again and write its event; return its new state.
+
+    A revoking lease (the runtime was asked to stop) costs no attempt. An active one (the
+    runtime gave the work back on its own, e.g. when shutting down) costs one, as an expiry
+    does, and the task fails with ``lease_released`` once its attempts are used up.
+    """
+    if revoking:
+        state, attempts = await conn.fetchrow(_TASK_RETURN, task_id, now)
+        if heir is not None:
+            detail["preemptorId"] = str(heir)
+    else:
+        _, state, attempts = await conn.fetchrow(TASKS_REQUEUE, [task_id], RELEASED, now)
+    detail["attempts"] = int(attempts)
+    await task_events_add(
+        conn,
+        rows=[{"task_id": task_id, "from_state": "LEASED", "to_state": state,
+               "reason": RELEASED, "detail": detail}],
+        now=now,
+    )
+    return str(state)
+
+
 async def lease_complete(
     conn: Connection,
     *,
@@ -220,7 +267,9 @@ async def lease_complete(
     """
     state = OUTCOMES.get(outcome)
     if state is None:
-        raise LeaseOutcomeInvalid(f"outcome must be 'succeeded' or 'failed', not {outcome!r}")
+        raise LeaseOutcomeInvalid(
+            f"outcome must be 'succeeded', 'failed' or 'released', not {outcome!r}"
+        )
     lease = await conn.fetchrow(_LEASE_GET, lease_id)
     if lease is None or (instance_ids is not None and lease[1] not in instance_ids):
         raise LeaseNotFound(f"lease {lease_id} does not exist")
@@ -235,28 +284,39 @@ async def lease_complete(
             f"stale epoch {epoch}: lease {lease_id} is at epoch {lease_epoch}",
             extra={"epoch": int(lease_epoch)},
         )
-    heirs = await leases_end(
-        conn, task_ids=[task_id], state="COMPLETED", reason=outcome, now=now
-    )
-    failure = None if state == "SUCCEEDED" else "runtime_reported_failure"
-    await conn.execute(_TASK_FINISH, task_id, state, now, failure)
     detail: dict[str, Any] = {"leaseId": str(lease_id), "epoch": int(lease_epoch)}
-    if task_id in heirs:
-        # Finished within its grace period: honoured, and its capacity goes to the preemptor.
-        detail["preemptorId"] = str(heirs[task_id])
     if message:
         detail["message"] = message[:1000]
-    await task_events_add(
-        conn,
-        rows=[{"task_id": task_id, "from_state": "LEASED", "to_state": state,
-               "reason": f"lease_{outcome}", "detail": detail}],
-        now=now,
-    )
+    if outcome == "released":
+        heirs = await leases_end(
+            conn, task_ids=[task_id], state="COMPLETED", reason=RELEASED, now=now
+        )
+        state = await _task_give_back(
+            conn, task_id=task_id, revoking=lease_state == "REVOKING", detail=detail,
+            heir=heirs.get(task_id), now=now,
+        )
+    else:
+        heirs = await leases_end(
+            conn, task_ids=[task_id], state="COMPLETED", reason=outcome, now=now
+        )
+        failure = None if state == "SUCCEEDED" else "runtime_reported_failure"
+        await conn.execute(_TASK_FINISH, task_id, state, now, failure)
+        if task_id in heirs:
+            # Finished within its grace period: honoured, its capacity goes to the preemptor.
+            detail["preemptorId"] = str(heirs[task_id])
+        await task_events_add(
+            conn,
+            rows=[{"task_id": task_id, "from_state": "LEASED", "to_state": state,
+                   "reason": f"lease_{outcome}", "detail": detail}],
+            now=now,
+        )
     released = await reservations_hand_over(conn, task_ids=[task_id], heirs=heirs, now=now)
     if released:
         await wakeup_notify(conn, source=WakeSource.CAPACITY_RELEASED, pools=released)
+    elif outcome == "released":
+        await wakeup_notify(conn, source=WakeSource.SUBMITTED)
     return {
-        "revoking": task_id in heirs,
+        "revoking": lease_state == "REVOKING",
         "taskId": str(task_id),
         "leaseId": str(lease_id),
         "state": state,

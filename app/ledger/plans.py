@@ -14,7 +14,11 @@ writer follows (task rows, then lease rows, then ledger rows in pool-id order, l
    queued (:func:`~app.ledger.claims.tasks_unclaim`); the parked tasks that the leased tasks
    could help (``placed:<tenant>`` wake keys) are unparked
    (:func:`~app.ledger.claims.tasks_wake`, which skips locked rows and so never waits);
-3. last, one statement adds each pool's amount only where ``reserved + amount <= total``
+3. in a runtime class where some tenant has a quota, the leased grants are charged to their
+   tenants' quota usage (:func:`~app.ledger.quotas.quota_charge`); a refused (tenant,
+   class) adds nothing, and its grants are excluded from the ledger and undone by the
+   caller (``quota_refused``);
+4. last, one statement adds each pool's amount only where ``reserved + amount <= total``
    (:func:`~app.ledger.reservations.ledger_reserve_many`), locking every row of the plan in
    pool-id order. The amount nets the grants and the new holds against the holds given back.
 
@@ -45,6 +49,7 @@ from app.ledger.claims import (
     tasks_wake,
 )
 from app.ledger.preemption import PreemptionGrant, holds_take, preemptions_apply
+from app.ledger.quotas import QuotaPlan, quota_charge
 from app.ledger.reservations import (
     Vector,
     amounts_sum,
@@ -59,6 +64,7 @@ __all__ = [
     "PreemptionGrant",
     "Unclaim",
     "grants_amounts",
+    "grants_quota",
     "grants_settle",
     "plan_apply",
 ]
@@ -92,6 +98,8 @@ class Plan:
     preemptions: tuple[PreemptionGrant, ...] = ()
     #: Tasks of the plan whose holds are given back first (placed, or handed back parked).
     holds_taken: tuple[uuid.UUID, ...] = ()
+    #: The quota charges of the grants in managed runtime classes (None: none is managed).
+    quota: QuotaPlan | None = None
 
     def amounts(self) -> dict[str, Vector]:
         """Return what the grants add to each pool's ledger."""
@@ -119,6 +127,9 @@ class ApplyResult:
     lost_preemptions: frozenset[uuid.UUID] = frozenset()
     #: Preemptors whose victims are now revoking.
     preempted: frozenset[uuid.UUID] = frozenset()
+    #: Grants leased but refused by their tenant's quota (a race another pass won): they
+    #: hold no capacity and no quota; the caller undoes their leases.
+    quota_refused: frozenset[uuid.UUID] = frozenset()
 
 
 class _Lost(Exception):
@@ -148,11 +159,17 @@ async def _apply(
     leased = await tasks_lease(
         conn, grants=plan.grants, now=now, lease_ttl_seconds=lease_ttl_seconds
     )
+    refused_quota: frozenset[uuid.UUID] = frozenset()
+    if plan.quota is not None:
+        refused_quota = await _quota_charge(conn, plan.quota, plan.grants, leased)
     unclaimed = await tasks_unclaim(conn, items=plan.unclaims, now=now)
-    keys = {k for g in plan.grants if g.task_id in leased for k in g.wakes}
+    keys = {k for g in plan.grants if g.task_id in leased and g.task_id not in refused_quota
+            for k in g.wakes}
     woken = await tasks_wake(conn, keys=keys, now=now) if keys else 0
     held = amounts_sum((p, *a) for pre in plan.preemptions for p, a in pre.amounts().items())
-    granted = grants_amounts([g for g in plan.grants if g.task_id in leased])
+    granted = grants_amounts(
+        [g for g in plan.grants if g.task_id in leased and g.task_id not in refused_quota]
+    )
     amounts = _net((1, granted), (1, held), (-1, taken))
     refused = frozenset(amounts) - await ledger_reserve_many(conn, amounts=amounts, now=now)
     holding = {
@@ -165,7 +182,26 @@ async def _apply(
         leased, frozenset(unclaimed), refused,
         taken_refused={p: a for p, a in taken.items() if p in refused},
         woken=woken, preempted=frozenset(p.task_id for p in plan.preemptions),
+        quota_refused=refused_quota,
     )
+
+
+def grants_quota(grants: Sequence[Grant]) -> list[tuple[uuid.UUID, tuple[int, int, int], int]]:
+    """Return (task id, requests, members) of ``grants``, as :class:`QuotaPlan` reads them."""
+    return [(g.task_id, g.requests, sum(c for _, c, _ in g.members)) for g in grants]
+
+
+async def _quota_charge(
+    conn: Connection, quota: QuotaPlan, grants: Sequence[Grant], leased: Mapping[uuid.UUID, int]
+) -> frozenset[uuid.UUID]:
+    """Charge the leased grants to their tenants' quotas; return the grants refused."""
+    charged = [g for g in grants if g.task_id in leased]
+    refused = await quota_charge(
+        conn, amounts=quota.amounts(grants_quota(charged)), exists=quota.rows
+    )
+    if not refused:
+        return frozenset()
+    return frozenset(g.task_id for g in charged if quota.of.get(g.task_id) in refused)
 
 
 async def plan_apply(

@@ -39,6 +39,7 @@ from typing import Any
 
 from app.db import Connection
 from app.ledger.events import task_events_add
+from app.ledger.quotas import RETURN_CTES
 from app.ledger.reservations import Vector, amounts_sum, reservations_release
 from app.ledger.wakeups import WakeSource, wakeup_notify
 from app.scheduling.preemption import Victim
@@ -247,8 +248,11 @@ _HAND_OVER = (
     "moved AS (DELETE FROM reservations r USING h WHERE r.task_id = h.victim "
     "AND EXISTS (SELECT 1 FROM reservations x WHERE x.task_id = h.heir "
     "AND x.pool_id = r.pool_id) "
-    "RETURNING h.heir, r.pool_id, r.cpu, r.memory, r.llm), "
-    "m AS (SELECT heir, pool_id, sum(cpu) AS cpu, sum(memory) AS memory, sum(llm) AS llm "
+    "RETURNING h.heir, r.task_id AS victim, r.pool_id, r.cpu, r.memory, r.llm), "
+    # The victims' leases ended: their quota usage goes back (app.ledger.quotas).
+    "gone AS (SELECT victim AS task_id, pool_id, cpu, memory, llm FROM moved), "
+    + RETURN_CTES
+    + ", m AS (SELECT heir, pool_id, sum(cpu) AS cpu, sum(memory) AS memory, sum(llm) AS llm "
     "FROM moved GROUP BY heir, pool_id) "
     "UPDATE reservations x SET cpu = x.cpu + m.cpu, memory = x.memory + m.memory, "
     "llm = x.llm + m.llm FROM m WHERE x.task_id = m.heir AND x.pool_id = m.pool_id "

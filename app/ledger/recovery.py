@@ -59,7 +59,9 @@ _TASKS_LOCK = (
     "SELECT id FROM tasks WHERE id = ANY($1::uuid[]) AND (state = 'LEASED') IS TRUE "
     "ORDER BY id FOR UPDATE SKIP LOCKED"
 )
-_TASKS_REQUEUE = (
+#: Requeue leased tasks with ``attempts + 1``, failing those that used their last attempt
+#: ($2: the failure reason).
+TASKS_REQUEUE = (
     "UPDATE tasks SET attempts = attempts + 1, "
     "state = CASE WHEN attempts + 1 >= max_attempts THEN 'FAILED' ELSE 'ADMITTED' END, "
     "failure_reason = CASE WHEN attempts + 1 >= max_attempts THEN $2::text END, "
@@ -103,7 +105,7 @@ async def leases_requeue(
         return RecoveryResult()
     lease_state, reason = _CAUSES[cause]
     heirs = await leases_end(conn, task_ids=locked, state=lease_state, reason=reason, now=now)
-    rows = await conn.fetch(_TASKS_REQUEUE, locked, reason, now)
+    rows = await conn.fetch(TASKS_REQUEUE, locked, reason, now)
     await task_events_add(
         conn,
         rows=[

@@ -17,6 +17,7 @@ from datetime import datetime
 
 from app.db import Connection
 from app.ledger.literals import ids_joined, ints_joined
+from app.ledger.quotas import RETURN_CTES
 
 Vector = tuple[int, int, int]
 
@@ -79,9 +80,14 @@ _RELEASE = (
     "AND (SELECT count(*) FROM locked) > 0"
 )
 
+# The tasks' reservations go, and with those of leases (not holds) their tenants' quota
+# usage (app.ledger.quotas), in one statement.
 _RESERVATIONS_DELETE = (
-    "DELETE FROM reservations WHERE task_id = ANY($1::uuid[]) "
-    "RETURNING pool_id, cpu, memory, llm"
+    "WITH d AS (DELETE FROM reservations WHERE task_id = ANY($1::uuid[]) "
+    "RETURNING task_id, pool_id, cpu, memory, llm, hold), "
+    "gone AS (SELECT task_id, pool_id, cpu, memory, llm FROM d WHERE NOT hold), "
+    + RETURN_CTES
+    + "SELECT pool_id, cpu, memory, llm FROM d"
 )
 
 
@@ -134,7 +140,8 @@ async def ledger_release_many(
 async def reservations_release(
     conn: Connection, *, task_ids: Iterable[uuid.UUID], now: datetime
 ) -> dict[str, Vector]:
-    """Delete the tasks' reservations and return them to their pools' ledgers.
+    """Delete the tasks' reservations and return them to their pools' ledgers (and those of
+    leases to their tenants' quota usage).
 
     Returns the released amounts by pool. The caller has locked the task rows, and nothing
     else deletes reservations of a locked task, so the ledger stays equal to the sum of its

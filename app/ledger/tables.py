@@ -374,3 +374,76 @@ tenant_queue_counts = Table(
     Column("queued", BigInteger, nullable=False),
     PrimaryKeyConstraint("tenant_id", "stripe", name="pk_tenant_queue_counts"),
 )
+
+# Tenants an admin configured: cohort and fair weight (revision 0017_tenant_quotas). A tenant
+# without a row has the defaults (cohort ``default``, weight 1, no quota).
+tenants = Table(
+    "tenants",
+    metadata,
+    Column("id", ID, nullable=False),
+    Column("cohort", ID, nullable=False, server_default="default"),
+    Column("fair_weight", Float, nullable=False, server_default="1"),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    PrimaryKeyConstraint("id", name="pk_tenants"),
+    CheckConstraint("fair_weight > 0", name="fair_weight_positive"),
+)
+Index("ix_tenants_cohort", tenants.c.cohort)
+
+# A tenant's quota per runtime class and resource: nominal (guaranteed), the most it may
+# borrow above it (NULL: no limit but the cohort's) and the most of its unused nominal others
+# may borrow (NULL: all of it). A resource without a row is not limited.
+tenant_quotas = Table(
+    "tenant_quotas",
+    metadata,
+    Column("tenant_id", ID, ForeignKey("tenants.id", ondelete="CASCADE"), nullable=False),
+    Column("runtime_class", ID, nullable=False),
+    Column("resource", Text, nullable=False),
+    Column("nominal", BigInteger, nullable=False),
+    Column("borrowing_limit", BigInteger),
+    Column("lending_limit", BigInteger),
+    PrimaryKeyConstraint("tenant_id", "runtime_class", "resource", name="pk_tenant_quotas"),
+    CheckConstraint(
+        "resource IN ('cpuMillis', 'memoryMiB', 'llmSlots')", name="resource_known"
+    ),
+    CheckConstraint(
+        "nominal >= 0 AND (borrowing_limit IS NULL OR borrowing_limit >= 0) "
+        "AND (lending_limit IS NULL OR lending_limit BETWEEN 0 AND nominal)",
+        name="amounts_valid",
+    ),
+)
+Index("ix_tenant_quotas_runtime_class", tenant_quotas.c.runtime_class)
+
+# What each tenant uses of each managed (runtime class, resource) — one that some tenant's
+# quota names — with its quota copied in: ``cap`` = nominal + borrowing limit (NULL: only the
+# cohort limits it), ``lend`` = what of its unused nominal others may borrow (NULL: all).
+# Placements raise ``used`` by a conditional update in their pass's transaction, every path
+# that ends a lease lowers it in the same transaction (revision 0017_tenant_quotas).
+quota_usage = Table(
+    "quota_usage",
+    metadata,
+    Column("tenant_id", ID, nullable=False),
+    Column("runtime_class", ID, nullable=False),
+    Column("resource", Text, nullable=False),
+    Column("cohort", ID, nullable=False),
+    Column("nominal", BigInteger, nullable=False),
+    Column("cap", BigInteger),
+    Column("lend", BigInteger),
+    Column("used", BigInteger, nullable=False, server_default="0"),
+    PrimaryKeyConstraint("tenant_id", "runtime_class", "resource", name="pk_quota_usage"),
+    CheckConstraint("used >= 0 AND nominal >= 0", name="used_nonnegative"),
+    CheckConstraint("cap IS NULL OR used <= cap", name="used_within_cap"),
+)
+Index("ix_quota_usage_cohort", quota_usage.c.cohort, quota_usage.c.runtime_class)
+
+# What a cohort's tenants borrow in total per managed (runtime class, resource): the sum of
+# ``max(0, used - nominal)`` over its tenants' ``quota_usage`` rows, moved with them.
+cohort_usage = Table(
+    "cohort_usage",
+    metadata,
+    Column("cohort", ID, nullable=False),
+    Column("runtime_class", ID, nullable=False),
+    Column("resource", Text, nullable=False),
+    Column("borrowed", BigInteger, nullable=False, server_default="0"),
+    PrimaryKeyConstraint("cohort", "runtime_class", "resource", name="pk_cohort_usage"),
+    CheckConstraint("borrowed >= 0", name="borrowed_nonnegative"),
+)

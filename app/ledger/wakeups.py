@@ -38,6 +38,8 @@ class WakeSource(StrEnum):
     #: A pass leased a labelled task: parked tasks of its tenant waiting for an affinity
     #: match are unparked in the same commit.
     TASK_PLACED = "task_placed"
+    #: An admin changed a tenant's quotas or cohort: every parked task may fit (or not) now.
+    QUOTA_CHANGED = "quota_changed"
     #: The periodic pass (claims nothing parked; re-takes expired claims).
     TICK = "tick"
     #: The slow, jittered safety sweep: every parked task of the owned slots.

@@ -47,6 +47,7 @@ from app.ledger.idempotency import idempotency_records_expire
 from app.ledger.leases import pool_leases_revoke
 from app.ledger.preemption import preemptors_unpark, victims_revoke_overdue
 from app.ledger.queue import queue_pending_by_code
+from app.ledger.quotas import quota_usage_read
 from app.ledger.recovery import leases_expired_recover, pools_drain_overdue
 from app.ledger.retention import tasks_finished_prune
 from app.ledger.snapshot import SnapshotCache
@@ -59,6 +60,9 @@ from app.metrics import (
     POOL_RESERVED,
     POOL_STATUSES,
     PREEMPTION_VICTIMS,
+    QUOTA_BORROWED,
+    QUOTA_NOMINAL,
+    QUOTA_USED,
     RESOURCES,
     TASKS_PARKED,
     TASKS_PENDING,
@@ -71,6 +75,7 @@ from app.reconciler.ownership import DynamicOwnership, StaticOwnership
 from app.reconciler.passes import COMPILED_KEPT, PassContext, PassResult, pass_run
 from app.scheduling.reasons import REASONS
 from app.scheduling.spec import StoredSpecs
+from app.shards import shard_of
 
 log = logging.getLogger("berth.reconciler")
 
@@ -350,6 +355,21 @@ class Reconciler:
         for code, n in counts.items():
             TASKS_PENDING.labels(reason=code).set(n)
         TASKS_PARKED.set(parked)
+        await self.quota_gauges_refresh()
+
+    async def quota_gauges_refresh(self) -> None:
+        """Set the quota gauges of the tenants (with a quota) of the owned slots."""
+        async with self.db.connection() as conn:
+            rows = await quota_usage_read(conn)
+        slots = self.ownership.slots
+        for gauge in (QUOTA_NOMINAL, QUOTA_USED, QUOTA_BORROWED):
+            gauge.clear()
+        for tenant, rc, resource, nominal, used in rows:
+            if shard_of(tenant) not in slots:
+                continue
+            QUOTA_NOMINAL.labels(tenant, rc, resource).set(nominal)
+            QUOTA_USED.labels(tenant, rc, resource).set(used)
+            QUOTA_BORROWED.labels(tenant, rc, resource).set(max(0, used - nominal))
 
     def wakeup(self, wakeup: Wakeup | WakeSource) -> None:
         """Count a wakeup and trigger a pass; any source but ``submitted`` first unparks the

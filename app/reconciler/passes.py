@@ -49,16 +49,24 @@ from typing import Any
 from pydantic import ValidationError
 
 from app.db import Connection, Database
-from app.ledger.claims import ClaimedTask, claims_settings, tasks_claim, tasks_unclaim
+from app.ledger.claims import (
+    ClaimedTask,
+    claims_settings,
+    tasks_claim,
+    tasks_unclaim,
+    tasks_unlease,
+)
 from app.ledger.plans import (
     ApplyResult,
     Grant,
     Plan,
     Unclaim,
+    grants_quota,
     grants_settle,
     plan_apply,
 )
 from app.ledger.preemption import PREEMPTING
+from app.ledger.quotas import QuotaPlan, QuotaRow, quota_rows_read, quota_uncharge
 from app.ledger.reservations import Vector, amounts_sum
 from app.ledger.snapshot import (
     LedgerRow,
@@ -68,6 +76,7 @@ from app.ledger.snapshot import (
     snapshot_read,
     tenant_usage_read,
 )
+from app.ledger.tenants import tenants_entitlements
 from app.metrics import (
     FILTER_REJECTIONS,
     PASS_DURATION,
@@ -88,6 +97,7 @@ from app.scheduling.assumed import Assumed
 from app.scheduling.explain import no_placement_document
 from app.scheduling.framework import decide
 from app.scheduling.parking import STAGE_NONE, key_placed, pending_stage, wake_keys
+from app.scheduling.plugins.quota import QuotaBook
 from app.scheduling.plugins.registry import reason_plugins
 from app.scheduling.policies import QueuedTask, get_policy
 from app.scheduling.reasons import Reason
@@ -313,9 +323,15 @@ def queue_order(
     snapshot: Snapshot,
     usage: Mapping[str, Vector],
     now: datetime,
+    entitlements: Mapping[str, tuple[float, float, float]] | None = None,
 ) -> list[QueuedTask]:
-    """Return ``queued`` in the order the configured policy decides them on ``snapshot``."""
-    options = {"aging_seconds": cfg.priority_aging_seconds} if cfg.policy == "priority" else {}
+    """Return ``queued`` in the order the configured policy decides them on ``snapshot``
+    (under ``fair``, tenants with ``entitlements`` are measured against nominal x weight)."""
+    options: dict[str, object] = (
+        {"aging_seconds": cfg.priority_aging_seconds} if cfg.policy == "priority" else {}
+    )
+    if cfg.policy == "fair" and entitlements:
+        options["entitlements"] = entitlements
     policy = get_policy(cfg.policy, **options)
     total = snapshot.cap.sum(axis=0) if snapshot.n else (0, 0, 0)
     capacity = (int(total[0]), int(total[1]), int(total[2]))
@@ -376,18 +392,26 @@ async def _pass_in(
         cache=ctx.snapshot_cache,
     )
     usage = await tenant_usage_read(conn, tenant_ids=tenants) if cfg.policy == "fair" else {}
+    quota_rows, cohorts = await quota_rows_read(
+        conn, runtime_classes={spec.runtime_class for _, spec in compiled}, tenant_ids=tenants
+    )
+    book = QuotaBook(quota_rows, cohorts) if quota_rows else None
     await preemption.load(conn, claimed=compiled)
     result.snapshot_rebuilt = ctx.snapshot_cache.rebuilds != rebuilds
     phases["snapshot"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
+    entitlements = (
+        await tenants_entitlements(conn, tenant_ids=tenants)
+        if cfg.policy == "fair" and quota_rows else None
+    )
     # Each claimed task with a spec by its id as text, then as the policy sees it.
     by_id = {str(t.id): (t, spec) for t, spec in compiled}
     ordered = queue_order(
         cfg,
         [queued_task(key, t.tenant_id, t.priority, t.seq, t.admitted_at, spec)
          for key, (t, spec) in by_id.items()],
-        snapshot=snapshot, usage=usage, now=now,
+        snapshot=snapshot, usage=usage, now=now, entitlements=entitlements,
     )
 
     assumed = Assumed(snapshot)
@@ -415,7 +439,8 @@ async def _pass_in(
         reason = cached(spec) if held is None and unsatisfiable else None
         if reason is None:
             try:
-                outcome = decide(spec, snapshot, assumed=assumed, top_k=top_k, holds=held)
+                outcome = decide(spec, snapshot, assumed=assumed, top_k=top_k, holds=held,
+                                 quotas=book)
             except Exception as exc:
                 # One task the core cannot evaluate must not poison the batch it came in.
                 log.exception("select failed for a task; parking it",
@@ -438,14 +463,17 @@ async def _pass_in(
             members = outcome.members
             if members is not None:
                 assume(spec, members, task_id=q.task_id)
+                if book is not None:
+                    book.add(spec.tenant_id, spec.runtime_class, spec.total_requests)
                 decided(Decision(task, spec, outcome, members))
                 continue
             reason = outcome.reason or NoPlacement(Reason.TENANT_NOT_ALLOWED, "no pool fits")
             if held is None:
                 cache.put(spec, reason)
                 unsatisfiable = True
-        preempting = preemption.plan(task, spec, reason, snapshot=snapshot, assumed=assumed,
-                                     now=now)
+        # A task over its quota displaces nothing: its own limit is what stops it.
+        preempting = None if reason.code in _QUOTA_CODES else preemption.plan(
+            task, spec, reason, snapshot=snapshot, assumed=assumed, now=now)
         unclaims.append(preempting or _pending(
             task, str(reason.code), no_placement_document(reason), wake_keys(spec, reason),
             now=now, period=period, keep=keep,
@@ -458,9 +486,27 @@ async def _pass_in(
     phases["select"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    await _plan_commit(conn, ctx, result, decisions, unclaims, snapshot, preemption, now=now)
+    quota = _quota_plan(decisions, quota_rows) if quota_rows else None
+    await _plan_commit(conn, ctx, result, decisions, unclaims, snapshot, preemption, quota,
+                       now=now)
     phases["commit"] = time.perf_counter() - t0
     return result
+
+
+_QUOTA_CODES = (Reason.QUOTA_EXCEEDED, Reason.QUOTA_BORROW_UNAVAILABLE)
+
+
+def _quota_plan(decisions: list[Decision], rows: list[QuotaRow]) -> QuotaPlan:
+    """Return the quota charges of ``decisions``: those in managed runtime classes."""
+    managed: dict[str, set[str]] = {}
+    for r in rows:
+        managed.setdefault(r.runtime_class, set()).add(r.resource)
+    return QuotaPlan(
+        of={d.task.id: (d.spec.tenant_id, d.spec.runtime_class) for d in decisions
+            if d.spec.runtime_class in managed},
+        managed={rc: frozenset(res) for rc, res in managed.items()},
+        rows=frozenset((r.tenant_id, r.runtime_class, r.resource) for r in rows),
+    )
 
 
 def _grants(decisions: list[Decision], instance: dict[str, str]) -> list[Grant]:
@@ -480,6 +526,7 @@ def _plan(
     unclaims: list[Unclaim],
     instance: dict[str, str],
     preemption: PassPreemption,
+    quota: QuotaPlan | None,
 ) -> Plan:
     """Return the plan of the decisions, the hand-backs and the preemptions."""
     return Plan(
@@ -487,6 +534,7 @@ def _plan(
         unclaims=tuple(unclaims),
         preemptions=tuple(preemption.grants.values()),
         holds_taken=preemption.holds_taken((d.task.id for d in decisions), unclaims),
+        quota=quota,
     )
 
 
@@ -508,6 +556,7 @@ async def _plan_commit(
     unclaims: list[Unclaim],
     snapshot: Snapshot,
     preemption: PassPreemption,
+    quota: QuotaPlan | None,
     *,
     now: datetime,
 ) -> None:
@@ -520,7 +569,7 @@ async def _plan_commit(
     commit_now = ctx.clock() if ctx.clock is not None else now
     while True:
         result.commit_rounds += 1
-        plan = _plan(decisions, unclaims, instance, preemption)
+        plan = _plan(decisions, unclaims, instance, preemption, quota)
         applied: ApplyResult = await plan_apply(
             conn, plan=plan, now=commit_now, lease_ttl_seconds=ttl
         )
@@ -532,6 +581,15 @@ async def _plan_commit(
         preemption.drop(applied.lost_preemptions, unclaims)
 
     events = dict(applied.leased)
+    # Placements their tenant's quota refused at commit (another pass charged first) hold
+    # nothing: their leases are undone and they go back to the queue with the lost races.
+    refused_quota = [d for d in decisions if d.task.id in applied.quota_refused]
+    if refused_quota:
+        await tasks_unlease(conn, tasks=[d.task for d in refused_quota], events=events,
+                            now=commit_now)
+        for d in refused_quota:
+            del events[d.task.id]
+        result.conflicts += len(refused_quota)
     kept = [d for d in decisions if d.task.id in events]
     # The grants of the last ledger statement: only they can be refused by it (the amounts
     # of earlier rounds' grants are in the ledger already).
@@ -579,6 +637,11 @@ async def _plan_commit(
         released += [d for d in walked if d.task.id not in leased]
         kept += last
 
+    if quota is not None and released:
+        # Charged at the first apply, placed nowhere in the end: their quota goes back.
+        await quota_uncharge(conn, amounts=quota.amounts(grants_quota(
+            _grants(released, instance))))
+    released += refused_quota
     # The placements refused in every round go back to the queue, unparked.
     await tasks_unclaim(conn, items=[
         Unclaim(d.task.id, CONFLICT_REASON, None, parked=False) for d in released

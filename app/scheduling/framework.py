@@ -3,6 +3,8 @@
 :func:`decide` runs it (the plugins' base classes are in :mod:`app.scheduling.plugins.base`,
 the reason codes in :mod:`app.scheduling.reasons`):
 
+0. **Quota** (:mod:`app.scheduling.plugins.quota`, when a :class:`QuotaBook` is given): a
+   task over its tenant's quota is refused before any pool is looked at.
 1. **PreFilter** (:func:`app.scheduling.prefilter.class_state`): the pools past the filters
    that read only the spec's placement class and its tenant's audience, their rejection
    counts and the class-scope scores, computed once per class and snapshot.
@@ -30,6 +32,7 @@ from app.scheduling.cycle import Cycle
 from app.scheduling.gangs import place_gang
 from app.scheduling.plugins import names
 from app.scheduling.plugins.base import ScorePlugin
+from app.scheduling.plugins.quota import QuotaBook
 from app.scheduling.plugins.registry import profile
 from app.scheduling.prefilter import ClassState, class_state
 from app.scheduling.reasons import CODE, PASS, REASONS, Reason
@@ -67,10 +70,12 @@ def select(
     explain: bool = False,
     top_k: int = 5,
     holds: Mapping[str, tuple[int, int, int]] | None = None,
+    quotas: QuotaBook | None = None,
 ) -> Result:
     """Decide where ``spec`` goes on ``snapshot`` (plus ``assumed``), without side effects;
     :func:`decide` says what the result holds."""
-    out = decide(spec, snapshot, assumed=assumed, explain=explain, top_k=top_k, holds=holds)
+    out = decide(spec, snapshot, assumed=assumed, explain=explain, top_k=top_k, holds=holds,
+                 quotas=quotas)
     return out.result() if isinstance(out, Ranked) else out
 
 
@@ -82,6 +87,7 @@ def decide(
     explain: bool = False,
     top_k: int = 5,
     holds: Mapping[str, tuple[int, int, int]] | None = None,
+    quotas: QuotaBook | None = None,
 ) -> Result | Ranked:
     """Decide where ``spec`` goes on ``snapshot`` (plus ``assumed``), without side effects.
 
@@ -92,9 +98,14 @@ def decide(
     ``explain=True`` every feasible pool is a candidate with its components and every visible
     rejected pool is listed with its reason. ``holds`` is capacity the task itself holds per
     pool (a preemptor's nominated capacity): free for this task, used for every other.
+    ``quotas`` is the pass's quota book: a task over its tenant's quota fits nowhere.
     """
     if spec.tenant_id not in snapshot.audience:
         return _NO_POOL
+    if quotas is not None:
+        refused = quotas.refuse(spec.tenant_id, spec.runtime_class, spec.total_requests)
+        if refused is not None:
+            return Result(None, reason=refused)
     state = class_state(profile(snapshot.strategy), spec, snapshot)
     cycle = Cycle(spec, snapshot, assumed, holds)
     pools, counts, near, code_at = _filter(state, cycle, explain=explain)

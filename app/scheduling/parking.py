@@ -17,7 +17,8 @@ key                    the parked task waits for                 carried by
 ``cap:<class>``        capacity released on any pool of its      capacity_released
                        class (more near pools than are named;
                        or anti-affinity: a conflicting task
-                       ending releases its capacity)
+                       ending releases its capacity; or a
+                       quota reason: usage in the class drops)
 ``placed:<tenant>``    a task of its tenant placed (required     a pass that leased a
                        affinity has nothing to follow yet)       labelled task
 =====================  ========================================  ==========================
@@ -78,6 +79,9 @@ def wake_keys(spec: CompiledSpec, reason: NoPlacement) -> tuple[str, ...]:
             keys.add(key_capacity(rc))
         else:
             keys.update(key_pool(p) for p in reason.wake_pools)
+    if reason.code in (Reason.QUOTA_EXCEEDED, Reason.QUOTA_BORROW_UNAVAILABLE):
+        # Usage drops (in the tenant or its cohort) when leases of the class end.
+        keys.add(key_capacity(rc))
     if Reason.ANTI_AFFINITY_VIOLATED in codes:
         keys.add(key_capacity(rc))
     if Reason.AFFINITY_UNSATISFIED in codes:

@@ -4,7 +4,8 @@
 point per ``aging_seconds`` of waiting — so an old low-priority task eventually overtakes new
 high-priority ones. ``fair`` is dominant-resource fairness across tenants: it repeatedly
 picks the tenant with the lowest dominant share (its current usage plus the tasks already
-ordered in this pass, over the cluster capacity) and takes that tenant's oldest task. New
+ordered in this pass, over the cluster capacity, or over its nominal quota times its fair
+weight when it has a quota) and takes that tenant's oldest task. New
 policies register a constructor by name with :func:`register`.
 """
 
@@ -78,9 +79,18 @@ class PriorityAging:
 
 
 class DominantResourceFairness:
-    """Interleave tenants by lowest dominant share, each tenant's tasks oldest first."""
+    """Interleave tenants by lowest dominant share, each tenant's tasks oldest first.
+
+    ``entitlements`` gives, per tenant with a quota, what its share is measured against on
+    each resource: its nominal quota times its fair weight (0 where no quota names the
+    resource, which then does not count). A tenant without one is measured against the
+    cluster capacity.
+    """
 
     name = "fair"
+
+    def __init__(self, entitlements: Mapping[str, tuple[float, float, float]] | None = None):
+        self.entitlements = entitlements or {}
 
     def order(self, tasks, *, now, tenant_usage, cluster_capacity) -> list[QueuedTask]:
         """Return the tasks in dominant-resource-fair order."""
@@ -89,9 +99,13 @@ class DominantResourceFairness:
         for t in sorted(tasks, key=lambda t: t.seq):
             queues.setdefault(t.tenant_id, []).append(t)
         usage = {t: list(tenant_usage.get(t, (0, 0, 0))) for t in queues}
+        entitled = self.entitlements
 
         def share(tenant: str) -> float:
-            return max(u / c for u, c in zip(usage[tenant], cap, strict=True))
+            scale = entitled.get(tenant)
+            if scale is None or not any(scale):
+                return max(u / c for u, c in zip(usage[tenant], cap, strict=True))
+            return max(u / e for u, e in zip(usage[tenant], scale, strict=True) if e > 0)
 
         heap = [(share(t), t) for t in queues]
         heapq.heapify(heap)
@@ -121,7 +135,7 @@ def register(name: str, ctor: Callable[..., Policy]) -> None:
     _REGISTRY[name] = ctor
 
 
-def get_policy(name: str, **options: float) -> Policy:
+def get_policy(name: str, **options: object) -> Policy:
     """Return a new policy by name; ``options`` go to its constructor (e.g. aging_seconds)."""
     ctor = _REGISTRY.get(name)
     if ctor is None:

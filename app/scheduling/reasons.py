@@ -24,6 +24,10 @@ class Reason(StrEnum):
 
     TENANT_NOT_ALLOWED = "tenant_not_allowed"
     RUNTIME_CLASS_MISMATCH = "runtime_class_mismatch"
+    #: Quota admission (before any pool is looked at): the tenant's own limit, or its
+    #: cohort has not enough to lend.
+    QUOTA_EXCEEDED = "quota_exceeded"
+    QUOTA_BORROW_UNAVAILABLE = "quota_borrow_unavailable"
     POOL_NOT_ACTIVE = "pool_not_active"
     POOL_NOT_READY = "pool_not_ready"
     RUNTIME_UNHEALTHY = "runtime_unhealthy"
@@ -31,6 +35,9 @@ class Reason(StrEnum):
     REGION_NOT_ALLOWED = "region_not_allowed"
     RESIDENCY_MISMATCH = "residency_mismatch"
     SELECTOR_MISMATCH = "selector_mismatch"
+    #: Headline only (no filter returns it): the pools that pass every other filter are all
+    #: smaller in total than one member, so released capacity can never make it fit.
+    NEVER_FITS = "never_fits"
     INSUFFICIENT_CPU = "insufficient_cpu"
     INSUFFICIENT_MEMORY = "insufficient_memory"
     INSUFFICIENT_LLM_SLOTS = "insufficient_llm_slots"
@@ -54,6 +61,8 @@ class Stage(IntEnum):
 STAGE: dict[Reason, Stage] = {
     Reason.TENANT_NOT_ALLOWED: Stage.VISIBILITY,
     Reason.RUNTIME_CLASS_MISMATCH: Stage.VISIBILITY,
+    Reason.QUOTA_EXCEEDED: Stage.VISIBILITY,
+    Reason.QUOTA_BORROW_UNAVAILABLE: Stage.VISIBILITY,
     Reason.POOL_NOT_ACTIVE: Stage.OPERATIONS,
     Reason.POOL_NOT_READY: Stage.OPERATIONS,
     Reason.RUNTIME_UNHEALTHY: Stage.OPERATIONS,
@@ -61,6 +70,7 @@ STAGE: dict[Reason, Stage] = {
     Reason.REGION_NOT_ALLOWED: Stage.CONSTRAINTS,
     Reason.RESIDENCY_MISMATCH: Stage.CONSTRAINTS,
     Reason.SELECTOR_MISMATCH: Stage.CONSTRAINTS,
+    Reason.NEVER_FITS: Stage.CONSTRAINTS,
     Reason.INSUFFICIENT_CPU: Stage.CAPACITY,
     Reason.INSUFFICIENT_MEMORY: Stage.CAPACITY,
     Reason.INSUFFICIENT_LLM_SLOTS: Stage.CAPACITY,
@@ -112,6 +122,10 @@ _PHRASES: dict[Reason, tuple[str, str]] = {
         "runs another runtime class",
         "run another runtime class",
     ),
+    Reason.QUOTA_EXCEEDED: ("is beyond the tenant's quota", "are beyond the tenant's quota"),
+    Reason.QUOTA_BORROW_UNAVAILABLE: (
+        "needs more than the cohort can lend", "need more than the cohort can lend"
+    ),
     Reason.REGION_NOT_ALLOWED: ("is in a region not allowed", "are in regions not allowed"),
     Reason.RESIDENCY_MISMATCH: (
         "has another data residency",
@@ -121,6 +135,7 @@ _PHRASES: dict[Reason, tuple[str, str]] = {
         "does not match the pool selector",
         "do not match the pool selector",
     ),
+    Reason.NEVER_FITS: ("is too small for one member", "are too small for one member"),
     Reason.INSUFFICIENT_CPU: ("lacks cpu", "lack cpu"),
     Reason.INSUFFICIENT_MEMORY: ("lacks memory", "lack memory"),
     Reason.INSUFFICIENT_LLM_SLOTS: ("lacks llm slots", "lack llm slots"),
@@ -133,6 +148,17 @@ _PHRASES: dict[Reason, tuple[str, str]] = {
         "fits some members but no spread of the gang fits",
         "fit some members but no spread of the gang fits",
     ),
+}
+
+
+# The capacity phrases of a task that never fits: its pools are too small, not full.
+_TOO_SMALL: dict[Reason, tuple[str, str]] = {
+    Reason.INSUFFICIENT_CPU: ("has less cpu in total than it requests",
+                              "have less cpu in total than it requests"),
+    Reason.INSUFFICIENT_MEMORY: ("has less memory in total than it requests",
+                                 "have less memory in total than it requests"),
+    Reason.INSUFFICIENT_LLM_SLOTS: ("has fewer llm slots in total than it requests",
+                                    "have fewer llm slots in total than it requests"),
 }
 
 
@@ -150,11 +176,13 @@ def headline(counts: Mapping[Reason, int]) -> Reason | None:
     return min(present, key=lambda rn: _closeness(*rn))[0]
 
 
-def describe_counts(counts: Mapping[Reason, int]) -> str:
+def describe_counts(counts: Mapping[Reason, int], *, never_fits: bool = False) -> str:
     """Render rejection counts as one sentence that names no pool: none of the pools looked
     at fits (each pool is counted once, under its code), then every count, closest miss
     first and marked ``(closest)``, e.g.
-    "0/160 pools fit: 3 lack cpu (closest), 157 run another runtime class"."""
+    "0/160 pools fit: 3 lack cpu (closest), 157 run another runtime class". With
+    ``never_fits`` the capacity counts say the pools are too small, and the sentence starts
+    with "never fits"."""
     present = sorted(((r, n) for r, n in counts.items() if n > 0),
                      key=lambda rn: _closeness(*rn))
     if not present:
@@ -162,7 +190,8 @@ def describe_counts(counts: Mapping[Reason, int]) -> str:
     looked = sum(n for _, n in present)
     parts = []
     for i, (reason, n) in enumerate(present):
-        one, many = _PHRASES[reason]
+        one, many = (_TOO_SMALL if never_fits else _PHRASES).get(reason, _PHRASES[reason])
         parts.append(f"{n} {one if n == 1 else many}" + (" (closest)" if i == 0 else ""))
     noun = "pool fits" if looked == 1 else "pools fit"
-    return f"0/{looked} {noun}: " + ", ".join(parts)
+    text = f"0/{looked} {noun}: " + ", ".join(parts)
+    return f"never fits, no pool is large enough; {text}" if never_fits else text

@@ -282,6 +282,12 @@ class CompiledSpec:
         return self.members > 1 or self.min_pools > 1
 
     @property
+    def total_requests(self) -> tuple[int, int, int]:
+        """Return what all members request together."""
+        m, (cpu, memory, llm) = self.members, self.requests
+        return (cpu * m, memory * m, llm * m)
+
+    @property
     def depends_on_placements(self) -> bool:
         """Return whether feasibility can change when more tasks are placed (positive affinity)."""
         return any(not t.anti for t in self.required)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.scheduling.reasons import REASONS, Reason, describe_counts, headline
+from app.scheduling.reasons import REASONS, STAGE, Reason, Stage, describe_counts, headline
 from app.scheduling.results import NoPlacement, Result
 from app.scheduling.snapshot import Snapshot
 
@@ -49,9 +49,15 @@ def counts_map(counts: np.ndarray) -> dict[Reason, int]:
 
 def no_placement(counts: np.ndarray, near: np.ndarray, snapshot: Snapshot) -> NoPlacement:
     """Return the closest-miss reason of ``counts``; ``near`` are the snapshot indexes of the
-    pools that only capacity kept from fitting (woken when capacity frees up there)."""
+    pools that only capacity kept from fitting and whose totals could hold a member (woken
+    when capacity frees up there). A capacity miss with no such pool is ``never_fits``."""
     by_code = counts_map(counts)
     code = headline(by_code) or Reason.TENANT_NOT_ALLOWED
+    if STAGE[code] == Stage.CAPACITY and len(near) == 0:
+        return NoPlacement(
+            Reason.NEVER_FITS, describe_counts(by_code, never_fits=True),
+            {str(r): n for r, n in by_code.items()}, (),
+        )
     wake = (
         tuple(snapshot.ids[i] for i in sorted(near.tolist()))
         if len(near) <= WAKE_POOLS_MAX else None

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from app.auth import Principal
 from app.db import Database
 from app.ledger import leases as ledger
-from app.metrics import PREEMPTION_VICTIMS
+from app.metrics import LEASES_COMPLETED, PREEMPTION_VICTIMS
 from app.services.idempotency import Answer, Idempotency, idempotent, request_hash
 
 __all__ = ["OPERATION", "lease_complete"]
@@ -68,6 +68,11 @@ async def lease_complete(
             return Answer(200, {**result, "finishedAt": finished})
 
         answer = await idempotent(conn, idempotency, perform)
-    if any(revoking):  # committed: a victim finished within its grace period
-        PREEMPTION_VICTIMS.labels(outcome="completed").inc()
+    if answer.replayed:
+        return answer
+    LEASES_COMPLETED.labels(outcome=outcome).inc()
+    if any(revoking):  # committed: a victim finished or gave its work back in its grace period
+        PREEMPTION_VICTIMS.labels(
+            outcome="released" if outcome == "released" else "completed"
+        ).inc()
     return answer

@@ -72,9 +72,11 @@ QUEUE_CACHE_SIZE = 1024
 class TaskQueue(TypedDict):
     """Where an admitted task stands under the active policy, and when it may start."""
 
-    position: Annotated[
-        int, Field(ge=1, description="1 + the competing tasks ahead under the policy.")
-    ]
+    position: Annotated[int | None, Field(
+        ge=1, description="1 + the competing tasks ahead under the policy; null when the "
+        "task competes for no capacity (no pool can take it until one is added, activated "
+        "or changed, or it can never fit: `estimate` says which)."
+    )]
     competing: Annotated[int, Field(
         ge=0, description="Waiting tasks of the runtime class that released capacity could help."
     )]
@@ -211,6 +213,20 @@ async def task_queue(
         return doc
     code = str(reason.get("code"))
     if stage < Stage.CAPACITY:
+        # Released capacity cannot help it: it is behind no one and no one is behind it.
+        doc["position"] = None
+        if code in (Reason.QUOTA_EXCEEDED, Reason.QUOTA_BORROW_UNAVAILABLE):
+            doc["estimate"] = (
+                "no estimate: the tenant's quota is the blocker; it waits for the tenant's "
+                f"usage (or its cohort's) to drop ({reason.get('message', code)})"
+            )
+            return doc
+        if code == Reason.NEVER_FITS:
+            totals = await pools_largest_totals(
+                conn, tenant_id=row.tenant_id, runtime_class=row.runtime_class
+            )
+            doc["estimate"] = _never_fits(row.spec, totals)
+            return doc
         doc["estimate"] = (
             "no estimate: no pool can take it until a pool is added, activated or changed "
             f"({reason.get('message', code)})"
@@ -248,7 +264,7 @@ async def task_queue(
         )
         return doc
     rate = completed / window
-    wait = doc["position"] / rate
+    wait = (pos.ahead + 1) / rate
     doc["estimatedStartAt"] = now + timedelta(seconds=wait)
     ahead = _plural(pos.ahead, "task", "tasks") + ("" if pos.exact else " or more")
     doc["estimate"] = (

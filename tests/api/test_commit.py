@@ -35,7 +35,8 @@ pytestmark = pytest.mark.slow
 #: Tables a write endpoint can touch; each gets the commit-time fault trigger.
 WRITTEN_TABLES = (
     "pools", "ledgers", "runtime_instances", "tasks", "task_events", "leases",
-    "reservations", "idempotency_records", "api_keys", "tenant_queue_counts",
+    "reservations", "idempotency_records", "api_keys", "tenant_queue_counts", "tenants",
+    "tenant_quotas",
 )
 #: How long each written row holds up its COMMIT in "slow" mode.
 SLOW_ROW_SECONDS = 0.05
@@ -331,6 +332,12 @@ WRITES = [
         lambda live, _: _visible_key(live, lambda k: k is not None and k["revokedAt"] is not None),
     ),
     Write(
+        "putTenant", _nothing,
+        lambda live, _: live.http.put("/v1/tenants/acme", json=TENANT_SETTINGS,
+                                      headers=live.admin),
+        lambda live, _: _visible_tenant(live),
+    ),
+    Write(
         "heartbeatRuntime", _nothing,
         lambda live, _: live.http.post("/v1/runtimes/rt-p1/heartbeat", headers=live.runtime),
         lambda live, _: _visible_heartbeat(live),
@@ -345,6 +352,15 @@ async def _visible_pool(live: Live, check: Callable[[dict[str, Any] | None], boo
 async def _visible_tasks(live: Live, check: Callable[[list[dict[str, Any]]], bool]) -> bool:
     r = await live.http.get("/v1/tasks", headers=live.tenant)
     return r.status_code == 200 and check(r.json()["items"])
+
+
+TENANT_SETTINGS = {"cohort": "c1", "quotas": {"py": {"cpuMillis": {"nominal": 2000}}}}
+
+
+async def _visible_tenant(live: Live) -> bool:
+    r = await live.http.get("/v1/tenants/acme", headers=live.admin)
+    return r.status_code == 200 and r.json()["quotas"] == {
+        "py": {"cpuMillis": {"nominal": 2000, "borrowingLimit": None, "lendingLimit": None}}}
 
 
 async def _visible_heartbeat(live: Live) -> bool:

@@ -105,7 +105,8 @@ async def test_a_task_that_fits_nowhere_explains_why(client, keys, pool_make, re
     assert task["state"] == "ADMITTED"
     assert task["placement"] is None and task["lease"] is None
     reason = task["pendingReason"]
-    assert reason["code"] == "insufficient_cpu"
+    # pool-x has 4000m in all: the task can never fit there (and pool-b is not its own).
+    assert reason["code"] == "never_fits"
     # Only pool-x is visible to tenant-a; pool-b would fit but is neither counted nor named.
     assert reason["rejections"] == {"insufficient_cpu": 1}
     assert "pool-b" not in reason["message"]

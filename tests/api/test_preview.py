@@ -95,7 +95,8 @@ async def test_preview_without_a_fit_explains_by_code_and_hides_other_tenants(
     preview = r.json()
     assert preview["placement"] is None and preview["candidates"] == []
     reason = preview["reason"]
-    assert reason["code"] == "insufficient_cpu"
+    # No visible pool has 32000m in all: it can never fit, whatever is released.
+    assert reason["code"] == "never_fits"
     # Three visible pools; "hidden" (which would fit) is neither counted nor named.
     assert reason["rejections"] == {"insufficient_cpu": 2, "runtime_unhealthy": 1}
     assert "hidden" not in reason["message"]

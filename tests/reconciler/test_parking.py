@@ -72,12 +72,14 @@ async def test_a_task_no_pool_can_take_writes_two_events_in_20s_then_one_wakeup_
         await asyncio.sleep(20)
         history = await _events(db, task)
         assert history == [  # (the factory inserts tasks without their submission event)
-            ("ADMITTED", "ADMITTED", "insufficient_cpu"),  # a claim writes no event
+            ("ADMITTED", "ADMITTED", "never_fits"),  # a claim writes no event
         ]
         async with db.connection() as conn:
             row = await task_get(conn, task)
         assert row["parked"] and row["attempts"] == 0
-        assert row["pending_reason"]["message"] == "0/1 pool fits: 1 lacks cpu (closest)"
+        assert row["pending_reason"]["message"] == (
+            "never fits, no pool is large enough; 0/1 pool fits: 1 has less cpu in total than "
+            "it requests (closest)")
         assert TASKS_CLAIMED._value.get() - claimed_before == 1
         assert len(reconciler.results) >= 3  # the tick ran passes; none claimed it again
         sweeps = _count("sweep")
@@ -190,14 +192,15 @@ async def test_a_changed_reason_appends_one_event_and_the_sweep_re_examines_sile
     assert (result.reexamined, result.unchanged) == (1, 0)
     assert await _events(db, task) == [
         ("ADMITTED", "ADMITTED", "runtime_unhealthy"),
-        ("ADMITTED", "ADMITTED", "insufficient_cpu"),
+        ("ADMITTED", "ADMITTED", "never_fits"),
     ]
     async with db.connection() as conn:
         row = await task_get(conn, task)
-    assert row["attempts"] == 0 and row["pending_stage"] == 4
+    # 2000m on a pool of 1000m: it can never fit, and competes for no capacity (stage 3).
+    assert row["attempts"] == 0 and row["pending_stage"] == 3
     # The gauges count waiting tasks by their headline code (fixed labels only).
     await reconciler.queue_gauges_refresh()
-    assert TASKS_PENDING.labels(reason="insufficient_cpu")._value.get() == 1
+    assert TASKS_PENDING.labels(reason="never_fits")._value.get() == 1
     assert TASKS_PENDING.labels(reason="runtime_unhealthy")._value.get() == 0
     assert TASKS_PARKED._value.get() == 1
     assert {s.labels["reason"] for s in TASKS_PENDING.collect()[0].samples} == set(

@@ -13,7 +13,7 @@ from app.scheduling.cycle import Cycle
 from app.scheduling.framework import decide, select
 from app.scheduling.plugins import registry
 from app.scheduling.plugins.base import PLACEMENT_CLASS, TASK, FilterPlugin, ScorePlugin
-from app.scheduling.reasons import CODE, PASS, STAGE, Reason, headline
+from app.scheduling.reasons import CODE, PASS, STAGE, Reason, Stage, headline
 from app.scheduling.results import Ranked
 from app.scheduling.snapshot import Snapshot
 from tests.scheduling.factories import placed, pool, snapshot, spec
@@ -219,5 +219,11 @@ def test_the_headline_is_the_latest_stage_any_pool_reached(world, s):
     if result.placement is not None or not result.rejection_counts:
         return
     counts = result.rejection_counts
-    assert result.reason.code == headline(counts)
+    closest = headline(counts)
+    if result.reason.code == Reason.NEVER_FITS:
+        # A capacity miss where no pool that got that far could hold one member even empty.
+        assert STAGE[closest] == Stage.CAPACITY
+        assert result.reason.wake_pools == ()
+        return
+    assert result.reason.code == closest
     assert STAGE[result.reason.code] == max(STAGE[r] for r in counts)

@@ -48,6 +48,19 @@ def test_fair_interleaves_by_dominant_share():
     assert order("fair", tasks) == ["a0", "b0", "a1", "a2"]
 
 
+def test_fair_measures_shares_against_nominal_times_weight_with_quotas():
+    tasks = [task(f"a{i}", "a", seq=i) for i in range(4)] + [
+        task(f"b{i}", "b", seq=10 + i) for i in range(4)]
+    # Equal usage; a is entitled to 4000m (nominal 2000 x weight 2), b to 1000m: a's share is
+    # a quarter of b's, so a goes first until its share passes b's (a tie goes to a).
+    usage = {"a": (1000, 0, 0), "b": (1000, 0, 0)}
+    entitlements = {"a": (4000.0, 0.0, 0.0), "b": (1000.0, 0.0, 0.0)}
+    assert order("fair", tasks, usage=usage, entitlements=entitlements) == [
+        "a0", "a1", "a2", "a3", "b0", "b1", "b2", "b3"]
+    # Without quotas the same usage is an equal share: tenants alternate.
+    assert order("fair", tasks, usage=usage)[:4] == ["a0", "b0", "a1", "b1"]
+
+
 def test_fair_flooding_tenant_does_not_delay_single_task_past_first_batch():
     flood = [task(f"a{i}", "a", seq=i) for i in range(10_000)]
     single = task("b0", "b", seq=10_001)

@@ -199,3 +199,37 @@ async def test_tasks_of_tenants_that_share_no_pool_with_the_caller_do_not_count(
     queue = await _read(db, initech, settings)
     assert queue["competing"] == 38
     assert queue["position"] == (2 if policy == "fair" else 38)
+
+
+async def test_a_task_that_can_never_fit_says_so_and_counts_for_no_position(
+    db: Database,
+) -> None:
+    async with db.transaction() as conn:
+        await pool_add(conn, "p1", tenants=["t-a"], capacity=(4000, 8192, 0),
+                       reserved=(4000, 0, 0))
+        await pool_add(conn, "p2", tenants=["t-a"], capacity=(4000, 8192, 0),
+                       reserved=(4000, 0, 0))
+        await conn.execute("INSERT INTO runtime_instances (id, last_heartbeat_at) "
+                           "VALUES ('rt-p1', $1), ('rt-p2', $1)", NOW)
+        (huge,) = await tasks_add(conn, tenant="t-a", spec=spec_make(cpu=8000),
+                                  admitted_at=NOW - timedelta(seconds=60))
+        (small,) = await tasks_add(conn, tenant="t-a", spec=spec_make(cpu=1000),
+                                   admitted_at=NOW)
+        (elsewhere,) = await tasks_add(conn, tenant="t-a",
+                                       spec=spec_make(runtime_class="gpu"), admitted_at=NOW)
+    await _park(db)
+    async with db.connection() as conn:
+        row = await task_get(conn, task_id=huge, tenant_ids=["t-a"])
+    assert row.pending_reason["code"] == "never_fits"
+    assert row.pending_reason["message"].startswith("never fits, no pool is large enough")
+    assert "2 have less cpu in total than it requests" in row.pending_reason["message"]
+    queue = await _read(db, huge, _settings())
+    assert queue["position"] is None
+    assert queue["estimate"] == "no pool can ever fit: largest cpu total is 4000, request is 8000"
+    # The older task that can never fit is not ahead of the one that waits for capacity.
+    queue = await _read(db, small, _settings())
+    assert (queue["position"], queue["competing"]) == (1, 1)
+    # A task of a class no pool runs is in no one's queue, its own included.
+    queue = await _read(db, elsewhere, _settings())
+    assert queue["position"] is None
+    assert queue["estimate"].startswith("no estimate: no pool can take it until a pool is added")

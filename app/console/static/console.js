@@ -354,7 +354,7 @@
           h("td", { class: "mono" }, t.spec.runtimeClass),
           h("td", {}, reason ? h("code", {}, reason.code) : h("span", { class: "muted" }, "not examined yet")),
           h("td", {}, reason ? reason.message : ""),
-          h("td", { class: "num" }, q ? `${q.position} of ${q.competing + 1}` : "—"),
+          h("td", { class: "num" }, q && q.position != null ? `${q.position} of ${q.competing + 1}` : "—"),
           h("td", { title: q ? q.estimate : "" },
             q && q.estimatedStartAt ? `${when(q.estimatedStartAt)} (${ago(q.estimatedStartAt)})`
               : h("span", { class: "muted" }, q ? q.estimate : "—")));
@@ -428,8 +428,9 @@
         h("div", {}, "Closest miss: ", h("span", { class: "code" }, reason.code)),
         h("div", {}, reason.message)),
       q ? h("dl", { class: "kv" },
-        h("dt", {}, "Position"), h("dd", { "data-position": q.position },
-          `${q.position} of ${q.competing + 1} waiting for the same pools (${q.policy}${q.exact ? "" : ", at least"})`),
+        h("dt", {}, "Position"), h("dd", { "data-position": q.position == null ? "" : q.position },
+          q.position == null ? "not waiting for capacity (see How)"
+            : `${q.position} of ${q.competing + 1} waiting for the same pools (${q.policy}${q.exact ? "" : ", at least"})`),
         h("dt", {}, "Estimated start"), h("dd", {},
           q.estimatedStartAt ? `${when(q.estimatedStartAt)} (${ago(q.estimatedStartAt)})` : "no estimate"),
         h("dt", {}, "How"), h("dd", {}, q.estimate)) : null,

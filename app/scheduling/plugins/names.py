@@ -1,5 +1,8 @@
 """Every plugin name, in one place (they appear in explanations and metrics labels)."""
 
+# The quota admission stage, before the pool filters (plugins/quota.py).
+QUOTA = "quota"
+
 # Filters, in pipeline order.
 TENANT_ACCESS = "tenant_access"
 POOL_STATUS = "pool_status"

@@ -101,7 +101,11 @@ def profile(strategy: str) -> Profile:
 
 def reason_plugins() -> dict[str, str]:
     """Map each reason code to the name of the filter that declares it (``gang`` for
-    ``gang_unsatisfiable``), for metric labels."""
+    ``gang_unsatisfiable``; ``capacity`` for ``never_fits``, the headline of capacity misses
+    on pools too small; ``quota`` for the quota admission stage), for metric labels."""
     out = {str(r): name for name, cls in FILTERS.items() for r in cls.REASONS}
     out.setdefault(str(Reason.GANG_UNSATISFIABLE), names.GANG)
+    out.setdefault(str(Reason.NEVER_FITS), names.CAPACITY)
+    out.setdefault(str(Reason.QUOTA_EXCEEDED), names.QUOTA)
+    out.setdefault(str(Reason.QUOTA_BORROW_UNAVAILABLE), names.QUOTA)
     return out

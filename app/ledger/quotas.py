@@ -1,0 +1,348 @@
+"""Quota usage in the ledger: each tenant's use of each managed runtime class and resource,
+and each cohort's borrowed total, enforced by the database as pool capacity is.
+
+A (runtime class, resource) is **managed** when some tenant's quota names it. For each one,
+``quota_usage`` holds a row per tenant that has a quota there or uses it, with the quota
+copied in, and ``cohort_usage`` a row per cohort with what its tenants borrow in total
+(the sum of ``max(0, used - nominal)``). Both move in the transaction that moves capacity:
+
+* **Charge** (a pass, :func:`quota_charge`, after its leases, before its ledger statement):
+  one conditional update raises the tenants' rows where ``used + amount <= cap`` (CHECKed
+  too), rows locked in key order. A placement that stays within nominal touches only its
+  tenant's rows. One that borrows then raises its cohort's row where ``borrowed + more`` is
+  at most what the cohort's other tenants lend now (``min(lend, unused nominal)`` summed);
+  borrowers serialize on that row, so racing reconcilers never lend more than exists. A
+  refused (tenant, class) is given back whole and its placements are undone by the caller.
+* **Return** (every path that ends a lease: completion, release, cancel, expiry, revocation,
+  drain, preemption hand-over): the statement that deletes the lease's reservations lowers
+  the rows in the same statement (:data:`RETURN_CTES`).
+* **Rebuild** (:func:`quota_usage_rebuild`, when an admin changes a tenant): the rows of the
+  affected classes are computed again from the live leases, under an exclusive advisory
+  lock that every pass takes shared at its start (``claims_settings``) and with the leased
+  tasks of those classes locked, so no placement or lease end is missed.
+
+Lock order as everywhere: task rows, lease rows, quota rows (key order), then the cohort
+row, then ledger rows.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from app.db import Connection
+from app.scheduling.plugins.quota import QuotaRow
+
+__all__ = [
+    "QUOTA_LOCK",
+    "RETURN_CTES",
+    "QuotaPlan",
+    "QuotaRow",
+    "quota_charge",
+    "quota_rows_read",
+    "quota_uncharge",
+    "quota_usage_read",
+    "quota_usage_rebuild",
+]
+
+#: The advisory lock key that orders quota rebuilds (exclusive) against passes (shared).
+QUOTA_LOCK = 0x6265727468717461  # "berthqta"
+RESOURCES = ("cpuMillis", "memoryMiB", "llmSlots")
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaPlan:
+    """What a pass charges: the tenant and runtime class of each placement in a managed
+    class, the managed resources of those classes, and the quota rows that exist."""
+
+    of: Mapping[uuid.UUID, tuple[str, str]] = field(default_factory=dict)
+    managed: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    rows: frozenset[tuple[str, str, str]] = frozenset()
+
+    def amounts(
+        self, grants: Iterable[tuple[uuid.UUID, tuple[int, int, int], int]]
+    ) -> dict[tuple[str, str, str], int]:
+        """Return the (tenant, class, resource) amounts of ``grants`` (task id, what one
+        member requests, members) on managed resources."""
+        out: dict[tuple[str, str, str], int] = {}
+        for task_id, requests, members in grants:
+            who = self.of.get(task_id)
+            if who is None:
+                continue
+            managed = self.managed[who[1]]
+            for resource, amount in zip(RESOURCES, requests, strict=True):
+                if amount > 0 and resource in managed:
+                    key = (who[0], who[1], resource)
+                    out[key] = out.get(key, 0) + amount * members
+        return out
+
+
+_ROWS = (
+    "SELECT tenant_id, runtime_class, resource, cohort, nominal, cap, lend, used "
+    "FROM quota_usage WHERE runtime_class = ANY($1::text[])"
+)
+_COHORTS_OF = (
+    "SELECT t, coalesce(n.cohort, 'default') FROM unnest($1::text[]) t "
+    "LEFT JOIN tenants n ON n.id = t"
+)
+
+
+async def quota_rows_read(
+    conn: Connection, *, runtime_classes: Collection[str], tenant_ids: Collection[str]
+) -> tuple[list[QuotaRow], dict[str, str]]:
+    """Return the quota rows of ``runtime_classes`` (empty: none is managed) and, when some
+    are, the cohort of each of ``tenant_ids``."""
+    rows = [QuotaRow(r[0], r[1], r[2], r[3], int(r[4]), None if r[5] is None else int(r[5]),
+                     None if r[6] is None else int(r[6]), int(r[7]))
+            for r in await conn.fetch(_ROWS, sorted(set(runtime_classes)))]
+    if not rows:
+        return [], {}
+    cohorts = {r[0]: r[1] for r in await conn.fetch(_COHORTS_OF, sorted(set(tenant_ids)))}
+    return rows, cohorts
+
+
+_QUOTA_USAGE = (
+    "SELECT q.tenant_id, q.runtime_class, q.resource, q.nominal, q.used "
+    "FROM quota_usage q JOIN tenant_quotas t ON (t.tenant_id, t.runtime_class, t.resource) "
+    "= (q.tenant_id, q.runtime_class, q.resource) ORDER BY 1, 2, 3"
+)
+
+
+async def quota_usage_read(conn: Connection) -> list[tuple[str, str, str, int, int]]:
+    """Return (tenant, class, resource, nominal, used) of every tenant's quota."""
+    return [(r[0], r[1], r[2], int(r[3]), int(r[4])) for r in await conn.fetch(_QUOTA_USAGE)]
+
+
+# --- charge -------------------------------------------------------------------------------
+
+# Rows a tenant without a quota needs in a managed class: nominal 0, nothing to lend.
+_ROWS_ENSURE = (
+    "INSERT INTO quota_usage (tenant_id, runtime_class, resource, cohort, nominal, cap, lend) "
+    "SELECT v.tenant_id, v.rc, v.resource, coalesce(n.cohort, 'default'), 0, NULL, 0 "
+    "FROM unnest($1::text[], $2::text[], $3::text[]) AS v(tenant_id, rc, resource) "
+    "LEFT JOIN tenants n ON n.id = v.tenant_id ON CONFLICT DO NOTHING"
+)
+_COHORTS_ENSURE = (
+    "INSERT INTO cohort_usage (cohort, runtime_class, resource) "
+    "SELECT DISTINCT q.cohort, q.runtime_class, q.resource FROM quota_usage q "
+    "JOIN unnest($1::text[], $2::text[], $3::text[]) AS v(tenant_id, rc, resource) "
+    "ON (q.tenant_id, q.runtime_class, q.resource) = (v.tenant_id, v.rc, v.resource) "
+    "ON CONFLICT DO NOTHING"
+)
+_CHARGE = (
+    "WITH v AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) "
+    "AS v(tenant_id, rc, resource, amount)), "
+    "locked AS (SELECT q.tenant_id FROM quota_usage q JOIN v "
+    "ON (q.tenant_id, q.runtime_class, q.resource) = (v.tenant_id, v.rc, v.resource) "
+    "ORDER BY q.tenant_id, q.runtime_class, q.resource FOR UPDATE OF q) "
+    "UPDATE quota_usage q SET used = q.used + v.amount FROM v "
+    "WHERE (q.tenant_id, q.runtime_class, q.resource) = (v.tenant_id, v.rc, v.resource) "
+    "AND (SELECT count(*) FROM locked) > 0 AND (q.cap IS NULL OR q.used + v.amount <= q.cap) "
+    "RETURNING q.tenant_id, q.runtime_class, q.resource, q.cohort, "
+    "greatest(0, q.used - q.nominal) - greatest(0, q.used - v.amount - q.nominal)"
+)
+# One (tenant, class)'s more borrowing, where the cohort's other tenants lend enough.
+_BORROW = (
+    "WITH v AS (SELECT * FROM unnest($3::text[], $4::bigint[]) AS v(resource, more)) "
+    "UPDATE cohort_usage c SET borrowed = c.borrowed + v.more FROM v "
+    "WHERE c.cohort = $2 AND c.runtime_class = $5 AND c.resource = v.resource "
+    "AND c.borrowed + v.more <= (SELECT coalesce(sum(CASE WHEN o.lend IS NULL "
+    "THEN greatest(0, o.nominal - o.used) ELSE least(o.lend, greatest(0, o.nominal - o.used)) "
+    "END), 0) FROM quota_usage o WHERE o.cohort = $2 AND o.runtime_class = $5 "
+    "AND o.resource = v.resource AND o.tenant_id <> $1) "
+    "RETURNING c.resource"
+)
+_UNCHARGE = (
+    "WITH v AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) "
+    "AS v(tenant_id, rc, resource, amount)), "
+    "locked AS (SELECT q.tenant_id FROM quota_usage q JOIN v "
+    "ON (q.tenant_id, q.runtime_class, q.resource) = (v.tenant_id, v.rc, v.resource) "
+    "ORDER BY q.tenant_id, q.runtime_class, q.resource FOR UPDATE OF q), "
+    "u AS (UPDATE quota_usage q SET used = q.used - v.amount FROM v "
+    "WHERE (q.tenant_id, q.runtime_class, q.resource) = (v.tenant_id, v.rc, v.resource) "
+    "AND (SELECT count(*) FROM locked) >= 0 "
+    "RETURNING q.cohort, q.runtime_class, q.resource, "
+    "greatest(0, q.used + v.amount - q.nominal) - greatest(0, q.used - q.nominal) AS freed) "
+    "UPDATE cohort_usage c SET borrowed = c.borrowed - f.freed FROM (SELECT cohort, "
+    "runtime_class, resource, sum(freed) AS freed FROM u GROUP BY 1, 2, 3) f "
+    "WHERE (c.cohort, c.runtime_class, c.resource) = (f.cohort, f.runtime_class, f.resource) "
+    "AND f.freed > 0"
+)
+
+Key = tuple[str, str]  # (tenant, runtime class)
+
+
+def _columns(
+    amounts: Mapping[tuple[str, str, str], int],
+) -> tuple[list[str], list[str], list[str], list[int]]:
+    keys = sorted(k for k, a in amounts.items() if a > 0)
+    return ([k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys],
+            [amounts[k] for k in keys])
+
+
+async def quota_charge(
+    conn: Connection, *, amounts: Mapping[tuple[str, str, str], int], exists: Iterable[
+        tuple[str, str, str]]
+) -> set[Key]:
+    """Add ``amounts`` ((tenant, class, resource) -> amount, managed resources only) to the
+    tenants' usage and, where they borrow, to their cohorts' borrowed totals; return the
+    (tenant, class) pairs refused (nothing of theirs stays added).
+
+    ``exists`` names the rows already present (the pass read them); the others are created
+    first, for tenants without a quota (nominal 0).
+    """
+    cols = _columns(amounts)
+    if not cols[0]:
+        return set()
+    have = set(exists)
+    missing = [k for k in zip(cols[0], cols[1], cols[2], strict=True) if k not in have]
+    if missing:
+        m = list(zip(*missing, strict=True))
+        await conn.execute(_ROWS_ENSURE, list(m[0]), list(m[1]), list(m[2]))
+    rows = await conn.fetch(_CHARGE, *cols)
+    charged = {(r[0], r[1], r[2]) for r in rows}
+    refused: set[Key] = {(t, rc) for t, rc, res in zip(cols[0], cols[1], cols[2], strict=True)
+                         if (t, rc, res) not in charged}
+    more: dict[Key, dict[str, int]] = {}
+    cohort_of: dict[Key, str] = {}
+    for r in rows:
+        if int(r[4]) > 0 and (r[0], r[1]) not in refused:
+            more.setdefault((r[0], r[1]), {})[r[2]] = int(r[4])
+            cohort_of[(r[0], r[1])] = r[3]
+    if more:
+        keys = [(t, rc, res) for (t, rc), by in more.items() for res in by]
+        k = list(zip(*keys, strict=True))
+        await conn.execute(_COHORTS_ENSURE, list(k[0]), list(k[1]), list(k[2]))
+    borrowed: dict[Key, dict[str, int]] = {}
+    for key in sorted(more):
+        by = more[key]
+        res = sorted(by)
+        got = {r[0] for r in await conn.fetch(
+            _BORROW, key[0], cohort_of[key], res, [by[x] for x in res], key[1])}
+        if got != set(res):
+            refused.add(key)
+            # The part of this (tenant, class) that was borrowed goes back below.
+            if got:
+                borrowed[key] = {x: by[x] for x in got}
+    if refused:
+        # Give back what the refused pairs added: their usage, and what they borrowed.
+        back = {k: a for k, a in amounts.items() if (k[0], k[1]) in refused
+                and k in charged}
+        await _give_back(conn, back, borrowed)
+    return refused
+
+
+# Lower the cohort row of one tenant's (class, resource) rows by what they borrowed.
+_COHORT_LOWER = (
+    "UPDATE cohort_usage c SET borrowed = c.borrowed - v.less FROM unnest($2::text[], "
+    "$3::bigint[]) AS v(resource, less) JOIN quota_usage q ON q.tenant_id = $1 "
+    "AND q.runtime_class = $4 AND q.resource = v.resource "
+    "WHERE (c.cohort, c.runtime_class, c.resource) = (q.cohort, $4, v.resource)"
+)
+_USED_LOWER = (
+    "UPDATE quota_usage q SET used = q.used - v.amount FROM unnest($1::text[], $2::text[], "
+    "$3::text[], $4::bigint[]) AS v(tenant_id, rc, resource, amount) "
+    "WHERE (q.tenant_id, q.runtime_class, q.resource) = (v.tenant_id, v.rc, v.resource)"
+)
+
+
+async def _give_back(
+    conn: Connection, used: Mapping[tuple[str, str, str], int],
+    borrowed: Mapping[Key, Mapping[str, int]],
+) -> None:
+    """Undo a refused charge: the usage it added and the borrowing its cohort accepted."""
+    if used:
+        await conn.execute(_USED_LOWER, *_columns(used))
+    for (tenant_id, rc), by in sorted(borrowed.items()):
+        res = sorted(by)
+        await conn.execute(_COHORT_LOWER, tenant_id, res, [by[x] for x in res], rc)
+
+
+async def quota_uncharge(
+    conn: Connection, *, amounts: Mapping[tuple[str, str, str], int]
+) -> None:
+    """Take ``amounts`` back off the tenants' usage (placements this transaction charged and
+    then dropped), lowering their cohorts' borrowed totals by what was borrowed."""
+    cols = _columns(amounts)
+    if cols[0]:
+        await conn.execute(_UNCHARGE, *cols)
+
+
+# --- return, inside the statements that delete reservations --------------------------------
+
+#: CTEs to append to a statement whose CTE ``gone(task_id, pool_id, cpu, memory, llm)`` holds
+#: the reservations of ended leases: they lower their tenants' usage rows (locked in key
+#: order) and their cohorts' borrowed totals in the same statement. Rows of unmanaged
+#: classes do not exist, so nothing is updated for them.
+RETURN_CTES = (
+    "gone_q AS (SELECT t.tenant_id, p.runtime_class, x.resource, sum(x.amount) AS amount "
+    "FROM gone g JOIN tasks t ON t.id = g.task_id JOIN pools p ON p.id = g.pool_id "
+    "CROSS JOIN LATERAL (VALUES ('cpuMillis', g.cpu), ('memoryMiB', g.memory), "
+    "('llmSlots', g.llm)) AS x(resource, amount) WHERE x.amount > 0 GROUP BY 1, 2, 3), "
+    "gone_locked AS (SELECT q.tenant_id FROM quota_usage q JOIN gone_q a "
+    "ON (q.tenant_id, q.runtime_class, q.resource) = (a.tenant_id, a.runtime_class, a.resource) "
+    "ORDER BY q.tenant_id, q.runtime_class, q.resource FOR UPDATE OF q), "
+    "gone_used AS (UPDATE quota_usage q SET used = q.used - a.amount FROM gone_q a "
+    "WHERE (q.tenant_id, q.runtime_class, q.resource) = (a.tenant_id, a.runtime_class, "
+    "a.resource) AND (SELECT count(*) FROM gone_locked) >= 0 "
+    "RETURNING q.cohort, q.runtime_class, q.resource, "
+    "greatest(0, q.used + a.amount - q.nominal) - greatest(0, q.used - q.nominal) AS freed), "
+    "gone_cohort AS (UPDATE cohort_usage c SET borrowed = c.borrowed - f.freed FROM ("
+    "SELECT cohort, runtime_class, resource, sum(freed) AS freed FROM gone_used "
+    "GROUP BY 1, 2, 3) f WHERE (c.cohort, c.runtime_class, c.resource) = "
+    "(f.cohort, f.runtime_class, f.resource) AND f.freed > 0 RETURNING 1) "
+)
+
+
+# --- rebuild --------------------------------------------------------------------------------
+
+_REBUILD_LOCK = "SELECT pg_advisory_xact_lock($1)"
+# The tasks holding live reservations in the classes: a lease end locks its task first, so
+# holding these makes every lease end wait for the rebuild (and the rebuild for them).
+_LEASED_LOCK = (
+    "SELECT t.id FROM tasks t WHERE t.id IN (SELECT r.task_id FROM reservations r "
+    "JOIN pools p ON p.id = r.pool_id WHERE NOT r.hold AND p.runtime_class = ANY($1::text[])) "
+    "ORDER BY t.id FOR SHARE OF t"
+)
+_USAGE_DELETE = "DELETE FROM quota_usage WHERE runtime_class = ANY($1::text[])"
+_COHORT_DELETE = "DELETE FROM cohort_usage WHERE runtime_class = ANY($1::text[])"
+_USAGE_INSERT = (
+    "WITH managed AS (SELECT DISTINCT runtime_class, resource FROM tenant_quotas "
+    "WHERE runtime_class = ANY($1::text[])), "
+    "used AS (SELECT t.tenant_id, p.runtime_class, x.resource, sum(x.amount) AS amount "
+    "FROM reservations r JOIN tasks t ON t.id = r.task_id JOIN pools p ON p.id = r.pool_id "
+    "CROSS JOIN LATERAL (VALUES ('cpuMillis', r.cpu), ('memoryMiB', r.memory), "
+    "('llmSlots', r.llm)) AS x(resource, amount) "
+    "WHERE NOT r.hold AND p.runtime_class = ANY($1::text[]) GROUP BY 1, 2, 3), "
+    "who AS (SELECT tenant_id, runtime_class, resource FROM tenant_quotas "
+    "WHERE runtime_class = ANY($1::text[]) UNION SELECT u.tenant_id, u.runtime_class, "
+    "u.resource FROM used u JOIN managed m USING (runtime_class, resource) WHERE u.amount > 0) "
+    "INSERT INTO quota_usage (tenant_id, runtime_class, resource, cohort, nominal, cap, lend, "
+    "used) SELECT w.tenant_id, w.runtime_class, w.resource, coalesce(n.cohort, 'default'), "
+    "coalesce(q.nominal, 0), q.nominal + q.borrowing_limit, "
+    "CASE WHEN q.tenant_id IS NULL THEN 0 ELSE q.lending_limit END, coalesce(u.amount, 0) "
+    "FROM who w LEFT JOIN tenant_quotas q ON (q.tenant_id, q.runtime_class, q.resource) = "
+    "(w.tenant_id, w.runtime_class, w.resource) LEFT JOIN tenants n ON n.id = w.tenant_id "
+    "LEFT JOIN used u ON (u.tenant_id, u.runtime_class, u.resource) = "
+    "(w.tenant_id, w.runtime_class, w.resource)"
+)
+_COHORT_INSERT = (
+    "INSERT INTO cohort_usage (cohort, runtime_class, resource, borrowed) "
+    "SELECT cohort, runtime_class, resource, sum(greatest(0, used - nominal)) "
+    "FROM quota_usage WHERE runtime_class = ANY($1::text[]) GROUP BY 1, 2, 3"
+)
+
+
+async def quota_usage_rebuild(conn: Connection, *, runtime_classes: Collection[str]) -> None:
+    """Compute the quota rows of ``runtime_classes`` again from the quotas and the live
+    leases (after an admin changed a tenant), waiting for passes and lease ends in flight."""
+    classes = sorted(set(runtime_classes))
+    if not classes:
+        return
+    await conn.execute(_REBUILD_LOCK, QUOTA_LOCK)
+    await conn.execute(_LEASED_LOCK, classes)
+    await conn.execute(_USAGE_DELETE, classes)
+    await conn.execute(_COHORT_DELETE, classes)
+    await conn.execute(_USAGE_INSERT, classes)
+    await conn.execute(_COHORT_INSERT, classes)
