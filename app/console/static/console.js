@@ -227,6 +227,9 @@
     $("nav").hidden = false;
     $("signout").hidden = false;
     $("who").textContent = `Signed in as ${state.role} (key ${key.slice(0, 12)}…)`;
+    // Tenants and quotas are for admins and tenant keys (a tenant sees its own).
+    document.querySelector('#nav a[data-page="tenants"]').hidden =
+      !["admin", "tenant"].includes(state.role);
     $("view").hidden = false;
     clearInterval(state.timer);
     state.timer = setInterval(() => refresh(false), REFRESH_MS);
@@ -655,6 +658,75 @@
             ? i.members.map((m) => (m.count > 1 ? `${m.poolId} ×${m.count}` : m.poolId)).join(", ") : "—"),
           h("td", {}, i.reason ? [h("code", {}, i.reason.code), " ", i.reason.message] : "")))) : null,
     ];
+  }
+
+  // --- Tenants -----------------------------------------------------------------------------
+
+  pages.tenants = async () => {
+    const out = [h("h1", {}, "Tenants"),
+      h("p", { class: "lead" }, "Quotas per runtime class: what each tenant is guaranteed (nominal), uses, and borrows from its cohort.")];
+    let tenants;
+    try {
+      tenants = await listAll("/v1/tenants?limit=100");
+    } catch (error) {
+      if (error.status !== 404) throw error;
+      out.push(noQuotas("No quotas configured: this Berth has no quotas API."));
+      return h("div", {}, out);
+    }
+    const shown = tenants.filter((t) => Object.keys(t.quotas || {}).length
+      || Object.keys(t.usage || {}).length);
+    if (!tenants.some((t) => Object.keys(t.quotas || {}).length)) {
+      out.push(noQuotas("No quotas configured: every tenant runs without a quota (an admin sets them with PUT /v1/tenants/{tenantId})."));
+    }
+    out.push(h("div", { class: "cards wide" }, shown.map(tenantCard)));
+    return h("div", {}, out);
+  };
+
+  function noQuotas(text) {
+    return h("p", { class: "closest", "data-empty": "quotas" }, text);
+  }
+
+  function quotaBar(used, nominal, borrowed, scale) {
+    const within = Math.max(0, used - borrowed);
+    const own = h("span");
+    own.style.width = `${Math.min(100, (100 * within) / scale).toFixed(1)}%`;
+    const extra = h("span", { class: "borrowed" });
+    extra.style.left = own.style.width;
+    extra.style.width = `${Math.min(100, (100 * borrowed) / scale).toFixed(1)}%`;
+    const mark = h("i", { class: "nominal" });
+    mark.style.left = `${Math.min(100, (100 * nominal) / scale).toFixed(1)}%`;
+    return h("div", {
+      class: "bar quota", role: "img",
+      "aria-label": `${used} used of ${nominal} nominal, ${borrowed} borrowed`,
+    }, own, extra, mark);
+  }
+
+  function tenantCard(t) {
+    const classes = [...new Set([...Object.keys(t.quotas || {}), ...Object.keys(t.usage || {})])].sort();
+    return h("article", { class: "card", "data-tenant": t.id, "aria-labelledby": `tenant-${t.id}` },
+      h("h2", { id: `tenant-${t.id}` }, t.id),
+      h("p", { class: "muted" }, `cohort ${t.cohort} · fair weight ${t.fairWeight}`),
+      classes.map((rc) => {
+        const quotas = (t.quotas || {})[rc] || {};
+        const usage = (t.usage || {})[rc] || { used: {}, borrowed: {}, borrowable: {} };
+        return [h("h3", { class: "mono" }, rc), table(
+          ["Resource", ["Nominal", "num"], ["Used", "num"], ["Borrowed", "num"], ["Can borrow now", "num"], ""],
+          RESOURCES.map(([k, label, fmt]) => {
+            const q = quotas[k];
+            const used = (usage.used || {})[k] || 0;
+            const borrowed = (usage.borrowed || {})[k] || 0;
+            const borrowable = (usage.borrowable || {})[k];
+            const nominal = q ? q.nominal : 0;
+            const scale = Math.max(1, used, nominal + (borrowable || 0));
+            return h("tr", { "data-quota": `${t.id}/${rc}/${k}` },
+              h("td", {}, label),
+              h("td", { class: "num" }, q ? fmt(q.nominal) : "not limited"),
+              h("td", { class: "num" }, fmt(used)),
+              h("td", { class: "num" }, fmt(borrowed)),
+              h("td", { class: "num" }, borrowable == null ? "—" : fmt(borrowable)),
+              h("td", {}, q ? quotaBar(used, nominal, borrowed, scale) : null));
+          }))];
+      }));
   }
 
   // --- start -------------------------------------------------------------------------------
