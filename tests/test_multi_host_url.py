@@ -129,6 +129,19 @@ def test_keys_on_a_multi_host_url(database_url: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_tenants_on_a_multi_host_url(database_url: str, tmp_path: Path) -> None:
+    url = multi_host(database_url)
+    made = berth_run(
+        "tenants", "set", "multi-host", "--cohort", "research",
+        "--quota", "gpu-small:cpuMillis=4000", cwd=tmp_path, BERTH_DATABASE_URL=url,
+    )
+    assert made.returncode == 0, made.stderr
+    got = berth_run("tenants", "get", "multi-host", cwd=tmp_path, BERTH_DATABASE_URL=url)
+    assert got.returncode == 0, got.stderr
+    assert "research" in got.stdout and "4000" in got.stdout
+
+
+@pytest.mark.slow
 def test_serve_on_a_multi_host_url(database_url: str, tmp_path: Path) -> None:
     serve = Serve(
         tmp_path, tmp_path / "unused", BERTH_DATABASE_URL=multi_host(database_url),
@@ -184,6 +197,7 @@ def test_reconcile_on_a_multi_host_url(database_url: str, tmp_path: Path) -> Non
         pytest.param(["keys", "list"], id="keys-list"),
         pytest.param(["keys", "create", "--role", "admin", "--subject", "x"], id="keys-create"),
         pytest.param(["reconcile"], id="reconcile"),
+        pytest.param(["tenants", "list"], id="tenants-list"),
     ],
 )
 def test_an_unusable_multi_host_url_is_one_line_in_every_command(
