@@ -186,6 +186,12 @@ class Settings(BaseSettings):
         description="Grace period of a preemption's victims: their leases are REVOKING this "
         "long (a completion meanwhile is honoured), then revoked and their tasks requeued.",
     )
+    reclaim_min_runtime_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        description="A lease younger than this is never reclaimed: a tenant back under its "
+        "nominal takes back only borrowed work that has run at least this long.",
+    )
 
     # --- reconciler -----------------------------------------------------------------------
     reconciler_enabled: bool = Field(

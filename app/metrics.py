@@ -52,6 +52,23 @@ PREEMPTION_VICTIMS = Counter(
 )
 for _outcome in PREEMPTION_OUTCOMES:
     PREEMPTION_VICTIMS.labels(_outcome)
+#: Reclaims of a tenant's nominal within its cohort, by outcome: committed (its victims'
+#: leases are revoking), lost at commit (a victim changed meanwhile), or unavailable (no
+#: borrowed work of the cohort would make the task fit).
+RECLAIM_OUTCOMES = ("started", "conflict", "unavailable")
+RECLAIMS = Counter(
+    "berth_reclaims_total",
+    "Reclaims of a tenant's nominal from borrowers of its cohort, by outcome (started, "
+    "conflict, unavailable).",
+    ["outcome"],
+)
+for _outcome in RECLAIM_OUTCOMES:
+    RECLAIMS.labels(_outcome)
+RECLAIM_VICTIMS = Counter(
+    "berth_reclaim_victims_total",
+    "Borrowed leases revoked by reclaims (what became of them is counted with the "
+    "preemption victims' outcomes).",
+)
 #: How runtimes complete leases: the task finished (succeeded, failed) or was given back
 #: unfinished and queued again (released).
 LEASE_OUTCOMES = ("succeeded", "failed", "released")

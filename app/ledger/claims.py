@@ -479,12 +479,13 @@ async def tasks_unclaim(
     return {i.task_id for i in ordered}
 
 
-# A preemptor waiting for its victims stays parked: it is unparked when its last victim's
-# lease ends (app.ledger.preemption), not by wakeups that cannot help it.
+# A preemptor (or reclaimer) waiting for its victims stays parked: it is unparked when its
+# last victim's lease ends (app.ledger.preemption), not by wakeups that cannot help it.
 _UNPARK = (
     "UPDATE tasks SET parked = false, updated_at = $2 "
     "WHERE state = 'ADMITTED' AND parked AND shard = ANY($1::int[]) "
-    "AND pending_reason ->> 'code' IS DISTINCT FROM 'preempting'"
+    "AND (pending_reason ->> 'code') IS DISTINCT FROM 'preempting' "
+    "AND (pending_reason ->> 'code') IS DISTINCT FROM 'reclaiming'"
 )
 
 

@@ -22,11 +22,12 @@ _CHECKS = {
     "leased_without_reservation_or_lease": """
         SELECT count(*) FROM tasks t WHERE t.state = 'LEASED' AND (
             NOT EXISTS (SELECT 1 FROM reservations r WHERE r.task_id = t.id)
-            OR NOT EXISTS (
-                SELECT 1 FROM leases l WHERE l.task_id = t.id AND l.state = 'ACTIVE'))""",
+            OR NOT EXISTS (SELECT 1 FROM leases l WHERE l.task_id = t.id
+                AND l.state IN ('ACTIVE', 'REVOKING')))""",
+    # A task waiting for victims to stop (preemption, reclaim) holds capacity: ADMITTED.
     "reservation_of_unleased_task": """
         SELECT count(*) FROM reservations r JOIN tasks t ON t.id = r.task_id
-        WHERE t.state <> 'LEASED'""",
+        WHERE t.state <> 'LEASED' AND NOT (r.hold AND t.state = 'ADMITTED')""",
     "members_mismatch": """
         SELECT count(*) FROM (
             SELECT r.task_id, sum(r.members) AS placed,
@@ -34,7 +35,7 @@ _CHECKS = {
             FROM reservations r JOIN tasks t ON t.id = r.task_id
             GROUP BY r.task_id, t.id) x WHERE placed <> wanted""",
     "lease_pool_without_reservation": """
-        SELECT count(*) FROM leases l WHERE l.state = 'ACTIVE' AND NOT EXISTS (
+        SELECT count(*) FROM leases l WHERE l.state IN ('ACTIVE', 'REVOKING') AND NOT EXISTS (
             SELECT 1 FROM reservations r WHERE r.task_id = l.task_id AND r.pool_id = l.pool_id)""",
     # Quota usage rows (app.ledger.quotas) against the live leases they count: per managed
     # (runtime class, resource), each tenant's row equals the sum of its live reservations

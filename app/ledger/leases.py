@@ -21,6 +21,7 @@ from app.db import Connection
 from app.errors import Conflict, NotFound, Unprocessable
 from app.ledger.events import task_events_add
 from app.ledger.preemption import leases_end, reservations_hand_over
+from app.ledger.reclaim import RECLAIMED, reclaimed_of
 from app.ledger.recovery import (
     TASKS_REQUEUE,
     RecoveryCause,
@@ -232,17 +233,21 @@ async def _task_give_back(
     runtime gave the work back on its own, e.g. when shutting down) costs one, as an expiry
     does, and the task fails with ``lease_released`` once its attempts are used up.
     """
+    reason = RELEASED
     if revoking:
         state, attempts = await conn.fetchrow(_TASK_RETURN, task_id, now)
         if heir is not None:
             detail["preemptorId"] = str(heir)
+            # Given back to another tenant's task: a reclaim (app.ledger.reclaim).
+            if await reclaimed_of(conn, heirs={task_id: heir}):
+                reason = RECLAIMED
     else:
         _, state, attempts = await conn.fetchrow(TASKS_REQUEUE, [task_id], RELEASED, now)
     detail["attempts"] = int(attempts)
     await task_events_add(
         conn,
         rows=[{"task_id": task_id, "from_state": "LEASED", "to_state": state,
-               "reason": RELEASED, "detail": detail}],
+               "reason": reason, "detail": detail}],
         now=now,
     )
     return str(state)

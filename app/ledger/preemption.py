@@ -40,6 +40,7 @@ from typing import Any
 from app.db import Connection
 from app.ledger.events import task_events_add
 from app.ledger.quotas import RETURN_CTES
+from app.ledger.reclaim import RECLAIMED, reclaimed_of
 from app.ledger.reservations import Vector, amounts_sum, reservations_release
 from app.ledger.wakeups import WakeSource, wakeup_notify
 from app.scheduling.preemption import Victim
@@ -323,11 +324,13 @@ async def victims_revoke_overdue(conn: Connection, *, now: datetime, limit: int 
         return 0
     heirs = await leases_end(conn, task_ids=locked, state="REVOKED", reason=PREEMPTED, now=now)
     rows = await conn.fetch(_VICTIMS_REQUEUE, locked, now)
+    # A victim of another tenant's task was reclaimed (app.ledger.reclaim), not preempted.
+    reclaimed = await reclaimed_of(conn, heirs=heirs)
     await task_events_add(
         conn,
         rows=[
             {"task_id": r[0], "from_state": "LEASED", "to_state": "ADMITTED",
-             "reason": PREEMPTED,
+             "reason": RECLAIMED if r[0] in reclaimed else PREEMPTED,
              "detail": {"preemptorId": str(heirs[r[0]]) if r[0] in heirs else None,
                         "preemptions": int(r[1])}}
             for r in rows
@@ -342,7 +345,7 @@ async def victims_revoke_overdue(conn: Connection, *, now: datetime, limit: int 
 
 _PREEMPTORS_UNPARK = (
     "UPDATE tasks t SET parked = false, updated_at = $1 WHERE t.state = 'ADMITTED' "
-    "AND t.parked AND t.pending_reason ->> 'code' = 'preempting' "
+    "AND t.parked AND t.pending_reason ->> 'code' IN ('preempting', 'reclaiming') "
     "AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.preempted_by = t.id "
     "AND l.state = 'REVOKING') RETURNING t.id"
 )

@@ -67,6 +67,7 @@ from app.ledger.plans import (
 )
 from app.ledger.preemption import PREEMPTING
 from app.ledger.quotas import QuotaPlan, QuotaRow, quota_rows_read, quota_uncharge
+from app.ledger.reclaim import RECLAIMING
 from app.ledger.reservations import Vector, amounts_sum
 from app.ledger.snapshot import (
     LedgerRow,
@@ -84,6 +85,8 @@ from app.metrics import (
     PREEMPTION_VICTIMS,
     PREEMPTIONS,
     QUEUE_WAIT,
+    RECLAIM_VICTIMS,
+    RECLAIMS,
     RESERVATION_CONFLICTS,
     TASKS_CLAIMED,
     TASKS_LEASED,
@@ -91,6 +94,7 @@ from app.metrics import (
 )
 from app.reconciler.config import ReconcilerConfig
 from app.reconciler.preempting import PassPreemption
+from app.reconciler.reclaiming import PassReclaim
 from app.reconciler.retry import transient_retry
 from app.reconciler.walk import Decision, decisions_walk
 from app.scheduling.assumed import Assumed
@@ -148,6 +152,9 @@ class PassResult:
     refused_pools: int = 0
     #: Preemptions committed (their victims are revoking now).
     preempting: int = 0
+    #: Reclaims by outcome (app.reconciler.reclaiming), and their victims committed.
+    reclaims: Counter[str] = field(default_factory=Counter)
+    reclaim_victims: int = 0
     #: Whether the pass re-read the pool rows (a pool changed) instead of reusing them.
     snapshot_rebuilt: bool = False
     duration_seconds: float = 0.0
@@ -193,7 +200,7 @@ def pending_logged(task: ClaimedTask, code: str, *, now: datetime, period: float
     reason is the latest at once; the log catches up at a later re-examination (the safety
     sweep re-examines every parked task about once a period).
     """
-    if task.pending_code is None or task.pending_code == PREEMPTING:
+    if task.pending_code is None or task.pending_code in (PREEMPTING, RECLAIMING):
         return True
     logged = task.logged_code if task.logged_code is not None else task.pending_code
     if code == logged:
@@ -299,6 +306,10 @@ def _metrics_count(result: PassResult) -> None:
     if result.preempting:
         PREEMPTIONS.inc(result.preempting)
         PREEMPTION_VICTIMS.labels(outcome="revoking").inc(result.victims)
+    for outcome, n in result.reclaims.items():
+        RECLAIMS.labels(outcome=outcome).inc(n)
+    if result.reclaim_victims:
+        RECLAIM_VICTIMS.inc(result.reclaim_victims)
     TASKS_LEASED.inc(result.leased)
     PLACEMENTS.labels(outcome="leased").inc(result.leased)
     # A re-examination that changed nothing is not a new decision.
@@ -395,6 +406,13 @@ async def _pass_in(
     quota_rows, cohorts = await quota_rows_read(
         conn, runtime_classes={spec.runtime_class for _, spec in compiled}, tenant_ids=tenants
     )
+    reclaim = PassReclaim(
+        rows=quota_rows, cohorts=cohorts, grace_seconds=cfg.preemption_grace_seconds,
+        min_runtime_seconds=cfg.reclaim_min_runtime_seconds,
+    ) if quota_rows else None
+    if reclaim is not None:
+        await reclaim.load(conn)
+        quota_rows = reclaim.quota_rows()
     book = QuotaBook(quota_rows, cohorts) if quota_rows else None
     await preemption.load(conn, claimed=compiled)
     result.snapshot_rebuilt = ctx.snapshot_cache.rebuilds != rebuilds
@@ -438,9 +456,11 @@ async def _pass_in(
         held = holds.get(task.id) if holds else None
         reason = cached(spec) if held is None and unsatisfiable else None
         if reason is None:
+            # A waiting reclaimer's need is in the book already (app.reconciler.reclaiming).
+            quotas = None if reclaim is not None and reclaim.counted(task.id) else book
             try:
                 outcome = decide(spec, snapshot, assumed=assumed, top_k=top_k, holds=held,
-                                 quotas=book)
+                                 quotas=quotas)
             except Exception as exc:
                 # One task the core cannot evaluate must not poison the batch it came in.
                 log.exception("select failed for a task; parking it",
@@ -462,9 +482,14 @@ async def _pass_in(
                     seen[1] += 1
             members = outcome.members
             if members is not None:
+                if held:
+                    # Its holds become its placement at commit: the snapshot counts them, so
+                    # later tasks must not see them twice (another holder on the same pool).
+                    assumed.hold(f"{q.task_id}:held", [
+                        (p, (-a[0], -a[1], -a[2])) for p, a in held.items()])
                 assume(spec, members, task_id=q.task_id)
-                if book is not None:
-                    book.add(spec.tenant_id, spec.runtime_class, spec.total_requests)
+                if quotas is not None:
+                    quotas.add(spec.tenant_id, spec.runtime_class, spec.total_requests)
                 decided(Decision(task, spec, outcome, members))
                 continue
             reason = outcome.reason or NoPlacement(Reason.TENANT_NOT_ALLOWED, "no pool fits")
@@ -474,6 +499,8 @@ async def _pass_in(
         # A task over its quota displaces nothing: its own limit is what stops it.
         preempting = None if reason.code in _QUOTA_CODES else preemption.plan(
             task, spec, reason, snapshot=snapshot, assumed=assumed, now=now)
+        if preempting is None and reclaim is not None:
+            reclaim.consider(len(unclaims), task, spec, reason, held)
         unclaims.append(preempting or _pending(
             task, str(reason.code), no_placement_document(reason), wake_keys(spec, reason),
             now=now, period=period, keep=keep,
@@ -483,17 +510,38 @@ async def _pass_in(
         for code, n in counts.items():
             rejections[str(code)] += n * times
     result.unsatisfiable_hits = cache.hits
+    if reclaim is not None:
+        await reclaim.plan(
+            conn, unclaims, snapshot=snapshot, assumed=assumed,
+            placed=[d.spec for d in decisions if not reclaim.counted(d.task.id)],
+            grants=preemption.grants, taken=preemption.taken, now=now,
+        )
     phases["select"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     quota = _quota_plan(decisions, quota_rows) if quota_rows else None
     await _plan_commit(conn, ctx, result, decisions, unclaims, snapshot, preemption, quota,
                        now=now)
+    if reclaim is not None:
+        _reclaims_count(result, reclaim, preemption)
     phases["commit"] = time.perf_counter() - t0
     return result
 
 
 _QUOTA_CODES = (Reason.QUOTA_EXCEEDED, Reason.QUOTA_BORROW_UNAVAILABLE)
+
+
+def _reclaims_count(result: PassResult, reclaim: PassReclaim, preemption: PassPreemption) -> None:
+    """Count the pass's reclaims by outcome, apart from its preemptions."""
+    result.reclaims.update(reclaim.outcomes)
+    started = [t for t in reclaim.planned if t in preemption.grants]
+    if started:
+        result.reclaims["started"] += len(started)
+        result.reclaim_victims = sum(len(preemption.grants[t].victims) for t in started)
+        result.preempting -= len(started)
+        result.victims -= result.reclaim_victims
+    if len(started) < len(reclaim.planned):
+        result.reclaims["conflict"] += len(reclaim.planned) - len(started)
 
 
 def _quota_plan(decisions: list[Decision], rows: list[QuotaRow]) -> QuotaPlan:

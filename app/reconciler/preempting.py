@@ -32,7 +32,9 @@ from app.ledger.preemption import (
     preemptors_waiting,
     victims_read,
 )
+from app.ledger.reclaim import RECLAIMING
 from app.ledger.reservations import Vector
+from app.reconciler.reclaiming import reclaiming_document
 from app.scheduling.assumed import Assumed
 from app.scheduling.preemption import VictimIndex, plan_preemption
 from app.scheduling.results import NoPlacement
@@ -85,15 +87,18 @@ class PassPreemption:
     ) -> None:
         """Read the holds, waits and possible victims of the claimed preemptors (``claimed``:
         the claimed tasks whose specs compiled, with their specs)."""
-        preemptors = [t for t, spec in claimed if spec.may_preempt]
-        if not preemptors:
+        # Reclaimers (app.reconciler.reclaiming) hold and wait as preemptors do.
+        holders = [t for t, spec in claimed
+                   if spec.may_preempt or t.pending_code == RECLAIMING]
+        if not holders:
             return
-        ids = [t.id for t in preemptors]
+        ids = [t.id for t in holders]
         self.holds = await holds_read(conn, task_ids=ids)
         self._waiting = await preemptors_waiting(conn, task_ids=ids)
         below: dict[str, int] = {}
-        for t in preemptors:
-            below[t.tenant_id] = max(below.get(t.tenant_id, t.priority), t.priority)
+        for t, spec in claimed:
+            if spec.may_preempt:
+                below[t.tenant_id] = max(below.get(t.tenant_id, t.priority), t.priority)
         self._victims = await victims_read(conn, below=below)
 
     @property
@@ -107,7 +112,18 @@ class PassPreemption:
         wait = self._waiting.get(task.id)
         if wait is None:
             return None
+        if task.pending_code == RECLAIMING:
+            return Unclaim(task.id, RECLAIMING, reclaiming_document(*wait), parked=True)
         return Unclaim(task.id, PREEMPTING, preempting_document(*wait), parked=True)
+
+    def waiting_ids(self) -> frozenset[uuid.UUID]:
+        """Return the claimed preemptors and reclaimers still waiting for victims."""
+        return frozenset(self._waiting)
+
+    @property
+    def taken(self) -> set[str]:
+        """Return the victims the pass's preemptions took (reclaims add theirs)."""
+        return self._taken
 
     def plan(
         self, task: ClaimedTask, spec: CompiledSpec, reason: NoPlacement, *,

@@ -1,0 +1,131 @@
+"""Reclaim in the ledger: the reads a pass plans reclaims from, and who a revocation was for.
+
+A reclaim is applied as a preemption is (:mod:`app.ledger.preemption`): its victims' leases
+go ``REVOKING`` with ``preempted_by`` = the reclaiming task, which waits parked with the
+pending code ``reclaiming`` and holds the capacity they free. What differs is read here:
+
+* :func:`reclaimers_read`: the reclaimers still waiting and what each needs: a pass counts
+  it as their tenants' usage, so the nominal being reclaimed is neither lent again nor
+  reclaimed twice;
+* :func:`reclaim_revoking_read`: per (tenant, runtime class), what leases being revoked
+  will give back (so a victim tenant's borrowed work is never taken twice);
+* :func:`reclaim_victims_read`: the leased tasks of the borrowing tenants in the classes,
+  leased before the minimum runtime, none of them already being revoked;
+* :func:`reclaimed_of`: which of the victims whose leases ended were revoked by another
+  tenant's task (a reclaim, not a same-tenant preemption): their event is ``reclaimed``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection, Mapping
+from datetime import datetime
+from typing import Any
+
+from app.db import Connection
+from app.scheduling.preemption import Victim
+
+__all__ = ["RECLAIMED", "RECLAIMING", "reclaim_revoking_read", "reclaim_victims_read",
+           "reclaimed_of", "reclaimers_read"]
+
+#: Pending code (and event reason) of a task waiting for the borrowed leases it reclaims.
+RECLAIMING = "reclaiming"
+#: Event reason of a reclaim's victim going back to the queue (released or revoked).
+RECLAIMED = "reclaimed"
+
+Vector = tuple[int, int, int]
+Key = tuple[str, str]
+
+# Reservations of leases being revoked, by tenant and class.
+_REVOKING = (
+    "SELECT t.tenant_id, p.runtime_class, sum(r.cpu), sum(r.memory), sum(r.llm) "
+    "FROM reservations r JOIN pools p ON p.id = r.pool_id JOIN tasks t ON t.id = r.task_id "
+    "WHERE NOT r.hold AND p.runtime_class = ANY($1::text[]) AND EXISTS (SELECT 1 FROM "
+    "leases l WHERE l.task_id = r.task_id AND l.state = 'REVOKING') GROUP BY 1, 2"
+)
+# The reclaimers still waiting (holding capacity; the holds are few and indexed), with
+# what each needs in its runtime class.
+_RECLAIMERS = (
+    "SELECT t.id, t.tenant_id, t.spec ->> 'runtimeClass', "
+    "coalesce((t.spec -> 'requests' ->> 'cpuMillis')::bigint, 0) * m.n, "
+    "coalesce((t.spec -> 'requests' ->> 'memoryMiB')::bigint, 0) * m.n, "
+    "coalesce((t.spec -> 'requests' ->> 'llmSlots')::bigint, 0) * m.n "
+    "FROM tasks t CROSS JOIN LATERAL (SELECT coalesce((t.spec -> 'gang' ->> 'members')::int, "
+    "1) AS n) m WHERE t.id IN (SELECT r.task_id FROM reservations r WHERE r.hold) "
+    "AND t.state = 'ADMITTED' AND t.pending_reason ->> 'code' = 'reclaiming'"
+)
+
+
+async def reclaimers_read(conn: Connection) -> dict[uuid.UUID, tuple[str, str, Vector]]:
+    """Return the reclaimers still waiting: (tenant, runtime class, need) by task. Their
+    needs count as their tenants' usage: the nominal they reclaim is not lent again."""
+    return {r[0]: (r[1], r[2], (int(r[3]), int(r[4]), int(r[5])))
+            for r in await conn.fetch(_RECLAIMERS)}
+
+
+async def reclaim_revoking_read(
+    conn: Connection, *, runtime_classes: Collection[str]
+) -> dict[Key, Vector]:
+    """Return, by (tenant, class), what the leases being revoked in ``runtime_classes``
+    will give back."""
+    return {(r[0], r[1]): (int(r[2]), int(r[3]), int(r[4]))
+            for r in await conn.fetch(_REVOKING, sorted(set(runtime_classes)))}
+
+
+# Leased tasks of the tenants holding reservations on pools of the classes, leased at or
+# before the cut-off, none of whose leases is being revoked already.
+_VICTIMS = (
+    "SELECT t.id::text, t.tenant_id, t.priority, t.leased_at, t.spec -> 'requests', "
+    "array_agg(r.pool_id ORDER BY r.pool_id), array_agg(r.members ORDER BY r.pool_id) "
+    "FROM tasks t JOIN reservations r ON r.task_id = t.id AND NOT r.hold "
+    "JOIN pools p ON p.id = r.pool_id "
+    "WHERE t.tenant_id = ANY($1::text[]) AND (t.state = 'LEASED') IS TRUE "
+    "AND t.leased_at <= $3 AND p.runtime_class = ANY($2::text[]) "
+    "AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.task_id = t.id AND l.state = 'REVOKING') "
+    "GROUP BY t.id"
+)
+
+
+def _vector(raw: Any) -> Vector:
+    raw = raw or {}
+    return (int(raw.get("cpuMillis", 0)), int(raw.get("memoryMiB", 0)),
+            int(raw.get("llmSlots", 0)))
+
+
+async def reclaim_victims_read(
+    conn: Connection,
+    *,
+    tenant_ids: Collection[str],
+    runtime_classes: Collection[str],
+    leased_before: datetime,
+) -> list[Victim]:
+    """Return the leased tasks of ``tenant_ids`` in ``runtime_classes`` that a reclaim could
+    take: leased at or before ``leased_before``, not being revoked."""
+    if not tenant_ids or not runtime_classes:
+        return []
+    rows = await conn.fetch(_VICTIMS, sorted(set(tenant_ids)), sorted(set(runtime_classes)),
+                            leased_before)
+    return [
+        Victim(r[0], r[1], int(r[2]), r[3].timestamp() if r[3] else 0.0, _vector(r[4]),
+               tuple(zip(r[5], (int(m) for m in r[6]), strict=True)))
+        for r in rows
+    ]
+
+
+_RECLAIMED = (
+    "SELECT v.id FROM unnest($1::uuid[], $2::uuid[]) AS h(victim, heir) "
+    "JOIN tasks v ON v.id = h.victim JOIN tasks x ON x.id = h.heir "
+    "WHERE v.tenant_id <> x.tenant_id"
+)
+
+
+async def reclaimed_of(
+    conn: Connection, *, heirs: Mapping[uuid.UUID, uuid.UUID]
+) -> set[uuid.UUID]:
+    """Return the victims among ``heirs`` (victim -> the task that revoked it) that another
+    tenant's task revoked: reclaim victims."""
+    if not heirs:
+        return set()
+    pairs = sorted(heirs.items())
+    rows = await conn.fetch(_RECLAIMED, [v for v, _ in pairs], [h for _, h in pairs])
+    return {r[0] for r in rows}

@@ -1,0 +1,262 @@
+"""Reclaim planning: which borrowed leases of a cohort a task within its nominal takes back.
+
+A quota's ``nominal`` is guaranteed: a task whose tenant is, with the task, within its
+nominal in every managed resource of the task's runtime class, and that finds no pool because
+other tenants of its cohort borrowed the capacity, **reclaims** it. Planning is pure, like
+``select`` and :mod:`app.scheduling.preemption`, whose result (:class:`Preemption`) and
+victim records (:class:`Victim`) it reuses:
+
+* **Borrowed work.** A tenant *borrows* a managed resource where its usage in the class (less
+  what its leases being revoked already give back) is above its nominal; the excess is what
+  reclaim may take from it. A lease is borrowed work when it holds some of a resource its
+  tenant borrows. A set of leases of one tenant may be taken only while, in every resource
+  that tenant borrows, its usage after the set stays at or above its nominal: a victim tenant
+  is never pushed below its nominal (resources it does not borrow do not limit it, since
+  taking from them takes nothing it is guaranteed beyond what it holds).
+* **Who reclaims.** Only a task whose tenant is within its nominal with the task (usage plus
+  the needs of its reclaims still waiting plus the task, in every managed resource), from
+  leases of *other* tenants of *its cohort*, leased at least the minimum runtime ago, not a
+  gang. Hence no reclaim loop: after a reclaim the reclaimer is within its nominal (borrows
+  nothing, so nobody can take from it), and a victim tenant stays at or above its nominal in
+  what it borrowed, so its requeued victims do not fit its nominal and cannot reclaim back.
+* **Victims on a pool.** Among the pools that pass every filter except capacity
+  (``feasible_but_capacity``), per pool: the victims that free something the task lacks
+  there, lowest priority first, then the most recently leased, each taken only while its
+  tenant's borrowed budget allows; then every victim not needed after all is spared (the
+  highest priority, oldest first). The pool with the cheapest set wins
+  (:func:`~app.scheduling.preemption.victims_key`: the lowest highest priority, then the
+  fewest victims, ...), equal sets by score, then pool id.
+
+:class:`ReclaimBook` holds the usage a pass read and follows the pass's reclaims, so a later
+reclaim of the pass never counts a victim tenant's borrowed work twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from app.scheduling.assumed import Assumed
+from app.scheduling.framework import feasible_but_capacity
+from app.scheduling.plugins.quota import RESOURCES, QuotaRow
+from app.scheduling.preemption import PoolVictims, Preemption, Victim, victims_key
+from app.scheduling.snapshot import Snapshot
+from app.scheduling.spec import CompiledSpec
+
+__all__ = ["ReclaimBook", "ReclaimIndex", "plan_reclaim", "reclaim_victims", "victim_total"]
+
+Vector = tuple[int, int, int]
+Key = tuple[str, str]  # (tenant, runtime class)
+
+
+def _zero() -> np.ndarray:
+    return np.zeros(3, dtype=np.int64)
+
+
+def victim_total(v: Victim) -> np.ndarray:
+    """Return what a victim holds in all (every member, every pool)."""
+    return np.array(v.requests, dtype=np.int64) * sum(c for _, c in v.members)
+
+
+class ReclaimBook:
+    """Tenants' usage against their nominal in managed runtime classes (pure, mutable).
+
+    ``rows`` are the quota rows of the classes; ``revoking`` what each (tenant, class) gives
+    back already (leases being revoked); ``waiting`` what each (tenant, class) will take for
+    its reclaims still waiting for their victims. Resources no quota of a class names are not
+    managed there and never limit anything.
+    """
+
+    __slots__ = ("_cohort", "_managed", "_nominal", "_used")
+
+    def __init__(
+        self,
+        rows: Iterable[QuotaRow],
+        cohorts: Mapping[str, str] = {},
+        *,
+        revoking: Mapping[Key, Vector] = {},
+        waiting: Mapping[Key, Vector] = {},
+    ) -> None:
+        self._cohort: dict[str, str] = dict(cohorts)
+        self._managed: dict[str, np.ndarray] = {}
+        self._nominal: dict[Key, np.ndarray] = {}
+        self._used: dict[Key, np.ndarray] = {}
+        for r in rows:
+            k = RESOURCES.index(r.resource)
+            self._managed.setdefault(r.runtime_class, np.zeros(3, dtype=bool))[k] = True
+            self._nominal.setdefault((r.tenant_id, r.runtime_class), _zero())[k] = r.nominal
+            self._used.setdefault((r.tenant_id, r.runtime_class), _zero())[k] = r.used
+            self._cohort.setdefault(r.tenant_id, r.cohort)
+        for key, amount in revoking.items():
+            self.add(*key, np.negative(np.array(amount, dtype=np.int64)))
+        for key, amount in waiting.items():
+            self.add(*key, np.array(amount, dtype=np.int64))
+
+    def cohort(self, tenant_id: str) -> str:
+        """Return the tenant's cohort."""
+        return self._cohort.get(tenant_id, "default")
+
+    def managed(self, runtime_class: str) -> np.ndarray | None:
+        """Return which resources of ``runtime_class`` are managed (None: none is)."""
+        return self._managed.get(runtime_class)
+
+    def _get(self, table: dict[Key, np.ndarray], key: Key) -> np.ndarray:
+        # A tenant without a quota in a managed class has nominal 0 there.
+        return table.get(key, _zero())
+
+    def add(self, tenant_id: str, runtime_class: str, amount: np.ndarray) -> None:
+        """Add ``amount`` (negative: take it off) to the tenant's usage in the class."""
+        if runtime_class not in self._managed:
+            return
+        key = (tenant_id, runtime_class)
+        self._used[key] = self._get(self._used, key) + amount
+
+    def within_nominal(self, tenant_id: str, runtime_class: str, need: Sequence[int]) -> bool:
+        """Return whether the tenant, with ``need`` more, is within its nominal in every
+        managed resource of the class (False when the class is not managed)."""
+        mask = self._managed.get(runtime_class)
+        if mask is None:
+            return False
+        key = (tenant_id, runtime_class)
+        after = self._get(self._used, key) + np.array(need, dtype=np.int64)
+        return bool((after[mask] <= self._get(self._nominal, key)[mask]).all())
+
+    def borrowed(self, tenant_id: str, runtime_class: str) -> np.ndarray:
+        """Return what the tenant borrows in the class, per resource (0 where unmanaged)."""
+        mask = self._managed.get(runtime_class)
+        if mask is None:
+            return _zero()
+        key = (tenant_id, runtime_class)
+        over = np.maximum(self._get(self._used, key) - self._get(self._nominal, key), 0)
+        return np.where(mask, over, 0)
+
+
+class ReclaimIndex:
+    """The leases reclaim could take, by the position of their pools in a snapshot."""
+
+    __slots__ = ("_by_pool",)
+
+    def __init__(self, snapshot: Snapshot, victims: Iterable[Victim]) -> None:
+        by_pool: dict[int, list[Victim]] = {}
+        pos = snapshot.pos
+        for v in victims:
+            for pool_id, _ in v.members:
+                i = pos.get(pool_id)
+                if i is not None:
+                    by_pool.setdefault(i, []).append(v)
+        self._by_pool = {k: tuple(vs) for k, vs in by_pool.items()}
+
+    def on(self, pool: int) -> tuple[Victim, ...]:
+        """Return the leases holding capacity on the pool at ``pool``."""
+        return self._by_pool.get(pool, ())
+
+
+def reclaim_victims(
+    free: np.ndarray,
+    need: np.ndarray,
+    eligible: Sequence[Victim],
+    pool_id: str,
+    borrowed: Mapping[str, np.ndarray],
+) -> tuple[Victim, ...] | None:
+    """Return the victims among ``eligible`` whose leases free ``need`` on top of ``free``
+    on ``pool_id`` without taking more from any tenant than it borrows (``borrowed``, per
+    tenant); () when it fits already; None when no such set exists (greedy, see the module
+    doc)."""
+    deficit = np.maximum(need - free, 0)
+    if not deficit.any():
+        return ()
+    wanted = deficit > 0
+    left = {t: b.copy() for t, b in borrowed.items()}
+    order = sorted(eligible, key=lambda v: (v.priority, -v.leased_at, v.task_id))
+    chosen: list[tuple[Victim, np.ndarray]] = []
+    freed = _zero()
+    for v in order:
+        amount = v.amount_on(pool_id)
+        if not (amount[wanted] > 0).any():
+            continue
+        budget = left.get(v.tenant_id)
+        if budget is None:
+            continue
+        borrows = borrowed[v.tenant_id] > 0
+        total = victim_total(v)
+        if not (total[borrows] > 0).any() or (total[borrows] > budget[borrows]).any():
+            continue  # frees nothing borrowed, or would push its tenant below nominal
+        budget -= np.where(borrows, total, 0)
+        chosen.append((v, amount))
+        freed += amount
+        if (freed >= deficit).all():
+            break
+    else:
+        return None
+    # Spare whoever is not needed after all: the last taken (highest priority, oldest) first.
+    for v, amount in reversed(list(chosen)):
+        if ((freed - amount) >= deficit).all():
+            chosen.remove((v, amount))
+            freed = freed - amount
+    return tuple(v for v, _ in chosen)
+
+
+def plan_reclaim(
+    spec: CompiledSpec,
+    snapshot: Snapshot,
+    victims: ReclaimIndex,
+    book: ReclaimBook,
+    *,
+    assumed: Assumed | None = None,
+    taken: Collection[str] = frozenset(),
+    holds: dict[str, Vector] | None = None,
+    leased_before: float = float("inf"),
+) -> Preemption | None:
+    """Plan the reclaim that would let ``spec`` fit, or None (see the module doc).
+
+    ``taken`` are victims other plans of the pass claimed already; ``leased_before`` the
+    latest lease time a victim may have (now less the minimum runtime).
+    """
+    rc, tenant = spec.runtime_class, spec.tenant_id
+    if spec.is_gang or not book.within_nominal(tenant, rc, spec.total_requests):
+        return None
+    idx, total, cycle = feasible_but_capacity(spec, snapshot, assumed=assumed, holds=holds)
+    if len(idx) == 0:
+        return None
+    cohort = book.cohort(tenant)
+    borrowed: dict[str, np.ndarray] = {}
+
+    def lender(t: str) -> bool:
+        if t not in borrowed:
+            ok = t != tenant and book.cohort(t) == cohort
+            borrowed[t] = book.borrowed(t, rc) if ok else _zero()
+        return bool(borrowed[t].any())
+
+    req, free_all, ids = cycle.req, cycle.available(idx), snapshot.ids
+    options: list[tuple[tuple, float, int, PoolVictims]] = []
+    for pos, i in enumerate(idx.tolist()):
+        eligible = [
+            v for v in victims.on(i)
+            if v.task_id not in taken and v.leased_at <= leased_before and lender(v.tenant_id)
+        ]
+        if not eligible:
+            continue
+        chosen = reclaim_victims(free_all[pos], req, eligible, ids[i], borrowed)
+        if not chosen:  # None: no room even so; (): fits already (select places it)
+            continue
+        pv = PoolVictims(ids[i], float(total[pos]), chosen, victims_key(chosen))
+        options.append((pv.key, -pv.score, i, pv))
+    if not options:
+        return None
+    options.sort(key=lambda o: o[:3])
+    best = options[0][3]
+    freed = sum((v.amount_on(best.pool_id) for v in best.victims), _zero())
+    now = np.maximum(req - freed, 0)
+    return Preemption(
+        ((best.pool_id, 1),), best.victims,
+        ((best.pool_id, 1, (int(now[0]), int(now[1]), int(now[2]))),),
+    )
+
+
+def book_reclaimed(book: ReclaimBook, spec: CompiledSpec, plan: Preemption) -> None:
+    """Count a planned reclaim in ``book``: its victims' tenants give back, its tenant takes."""
+    rc = spec.runtime_class
+    for v in plan.victims:
+        book.add(v.tenant_id, rc, np.negative(victim_total(v)))
+    book.add(spec.tenant_id, rc, np.array(spec.total_requests, dtype=np.int64))

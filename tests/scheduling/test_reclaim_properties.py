@@ -1,0 +1,235 @@
+"""Reclaim planning in the pure core: who gives back borrowed capacity, and property tests
+that there is no reclaim loop (tenants at their nominal never take from each other, and a
+reclaim never makes its victim want to reclaim back)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from app.scheduling.plugins.quota import QuotaRow
+from app.scheduling.preemption import Victim
+from app.scheduling.reclaim import (
+    ReclaimBook,
+    ReclaimIndex,
+    book_reclaimed,
+    plan_reclaim,
+    victim_total,
+)
+from app.scheduling.snapshot import Snapshot
+
+from .factories import pool, spec
+
+SETTINGS = settings(max_examples=100, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+COHORT = {"a": "c", "b": "c", "z": "other"}
+RESOURCES = ("cpuMillis", "memoryMiB")
+
+
+@dataclass(frozen=True)
+class Lease:
+    task_id: str
+    tenant: str
+    priority: int
+    leased_at: float
+    req: tuple[int, int, int]
+    pool_id: str
+
+    def victim(self) -> Victim:
+        return Victim(self.task_id, self.tenant, self.priority, self.leased_at, self.req,
+                      ((self.pool_id, 1),))
+
+
+@dataclass
+class World:
+    caps: dict[str, tuple[int, int, int]]
+    leases: list[Lease]
+    nominal: dict[str, tuple[int, int]]
+    #: Whether memory is managed too (cpu always is).
+    memory: bool
+
+    def used(self, tenant: str) -> np.ndarray:
+        return sum((np.array(x.req, dtype=np.int64) for x in self.leases if x.tenant == tenant),
+                   np.zeros(3, dtype=np.int64))
+
+    def rows(self) -> list[QuotaRow]:
+        out = []
+        for tenant, nominal in self.nominal.items():
+            used = self.used(tenant)
+            for k, resource in enumerate(RESOURCES[: 2 if self.memory else 1]):
+                out.append(QuotaRow(tenant, "py", resource, COHORT[tenant], nominal[k], None,
+                                    None, int(used[k])))
+        return out
+
+    def snapshot(self) -> Snapshot:
+        pools = []
+        for pid, cap in self.caps.items():
+            reserved = sum((np.array(x.req) for x in self.leases if x.pool_id == pid),
+                           np.zeros(3, dtype=np.int64))
+            pools.append(pool(pid, tenant_ids={"a", "b", "z"}, capacity=cap,
+                              reserved=tuple(int(v) for v in reserved)))
+        return Snapshot.build(pools, [])
+
+    def plan(self, tenant: str, req: tuple[int, int, int], task_id: str = "new"):
+        snap = self.snapshot()
+        book = ReclaimBook(self.rows(), COHORT)
+        s = spec(tenant=tenant, task_id=task_id,
+                 requests={"cpuMillis": req[0], "memoryMiB": req[1]})
+        return plan_reclaim(s, snap, ReclaimIndex(snap, [x.victim() for x in self.leases]),
+                            book), book, s
+
+    def managed(self) -> np.ndarray:
+        return np.array([True, self.memory, False])
+
+    def borrows(self, tenant: str) -> np.ndarray:
+        nominal = np.array([*self.nominal[tenant], 0])
+        return (self.used(tenant) > nominal) & self.managed()
+
+    def within(self, tenant: str, need: np.ndarray) -> bool:
+        nominal = np.array([*self.nominal[tenant], 0])
+        m = self.managed()
+        return bool(((self.used(tenant) + need)[m] <= nominal[m]).all())
+
+
+REQS = st.sampled_from([(500, 0, 0), (1000, 0, 0), (2000, 0, 0), (1000, 1024, 0),
+                        (500, 2048, 0)])
+
+
+@st.composite
+def worlds(draw, *, at_nominal: bool = False) -> World:
+    caps = {f"p{i}": (draw(st.integers(1, 6)) * 1000, 8192, 0)
+            for i in range(draw(st.integers(1, 3)))}
+    memory = draw(st.booleans())
+    nominal = {t: (draw(st.integers(0, 8)) * 1000, draw(st.integers(0, 4)) * 2048)
+               for t in COHORT}
+    free = {p: np.array(c, dtype=np.int64) for p, c in caps.items()}
+    leases: list[Lease] = []
+    for j in range(draw(st.integers(0, 14))):
+        tenant = draw(st.sampled_from(sorted(COHORT)))
+        req = draw(REQS)
+        lease = None
+        for pid in sorted(caps):
+            if (free[pid] >= np.array(req)).all():
+                lease = Lease(f"l{j:02d}", tenant, draw(st.integers(0, 3)),
+                              float(draw(st.integers(0, 10))), req, pid)
+                break
+        if lease is None:
+            continue
+        w = World(caps, [*leases, lease], nominal, memory)
+        if at_nominal and w.borrows(tenant).any():
+            continue  # every tenant stays within its nominal
+        free[lease.pool_id] -= np.array(req)
+        leases.append(lease)
+    return World(caps, leases, nominal, memory)
+
+
+@given(worlds(), st.sampled_from(["a", "b", "z"]), REQS)
+@SETTINGS
+def test_a_reclaim_takes_only_borrowed_work_of_the_cohort_and_no_more(world, tenant, req):
+    planned, _, s = world.plan(tenant, req)
+    if planned is None:
+        return
+    need = np.array(s.total_requests, dtype=np.int64)
+    # Only a task within its tenant's nominal reclaims.
+    assert world.within(tenant, need)
+    by_id = {x.task_id: x for x in world.leases}
+    victims = [by_id[v.task_id] for v in planned.victims]
+    assert victims
+    for x in victims:
+        # Other tenants of its cohort only, and only tenants that borrow.
+        assert x.tenant != tenant and COHORT[x.tenant] == COHORT[tenant]
+        assert world.borrows(x.tenant).any()
+    # Never a victim tenant below its nominal in what it borrowed.
+    after = World(world.caps, [x for x in world.leases if x not in victims], world.nominal,
+                  world.memory)
+    for t in {x.tenant for x in victims}:
+        nominal = np.array([*world.nominal[t], 0])
+        borrowed = world.borrows(t)
+        assert (after.used(t)[borrowed] >= nominal[borrowed]).all()
+    # The task fits on its pool once they are gone, and every victim is needed.
+    (pool_id, _), = planned.members
+    cap = np.array(world.caps[pool_id])
+    free = cap - sum((np.array(x.req) for x in after.leases if x.pool_id == pool_id),
+                     np.zeros(3, dtype=np.int64))
+    assert (free >= need).all()
+    for x in victims:
+        assert x.pool_id == pool_id
+        assert not ((free - np.array(x.req)) >= need).all()
+
+
+@given(worlds(at_nominal=True), st.sampled_from(["a", "b", "z"]), REQS)
+@SETTINGS
+def test_tenants_at_their_nominal_never_take_from_each_other(world, tenant, req):
+    planned, _, _ = world.plan(tenant, req)
+    assert planned is None
+
+
+@given(worlds(), st.sampled_from(["a", "b"]), REQS)
+@SETTINGS
+def test_a_reclaim_never_makes_its_victims_want_to_reclaim_back(world, tenant, req):
+    planned, book, s = world.plan(tenant, req)
+    if planned is None:
+        return
+    by_id = {x.task_id: x for x in world.leases}
+    victims = [by_id[v.task_id] for v in planned.victims]
+    (pool_id, _), = planned.members
+    mine = Lease("new", tenant, 0, 99.0, s.requests, pool_id)
+    after = World(world.caps, [x for x in world.leases if x not in victims] + [mine],
+                  world.nominal, world.memory)
+    # The reclaimer borrows nothing now: nobody can take from it.
+    assert not after.borrows(tenant).any()
+    # Each victim, back in the queue, reclaims nothing (from anyone).
+    for x in victims:
+        again, _, _ = after.plan(x.tenant, x.req, task_id=f"again-{x.task_id}")
+        assert again is None
+    # The book the pass follows agrees with the world after the reclaim.
+    book_reclaimed(book, s, planned)
+    for t in COHORT:
+        assert (book.borrowed(t, "py") == np.where(after.managed(), np.maximum(
+            after.used(t) - np.array([*world.nominal[t], 0]), 0), 0)).all()
+
+
+def test_victims_lowest_priority_then_newest_and_exactly_what_is_needed():
+    world = World(
+        caps={"p0": (4000, 8192, 0)},
+        leases=[Lease("old-low", "a", 0, 1.0, (1000, 0, 0), "p0"),
+                Lease("new-low", "a", 0, 5.0, (1000, 0, 0), "p0"),
+                Lease("new-high", "a", 2, 9.0, (1000, 0, 0), "p0"),
+                Lease("mine", "b", 0, 0.0, (1000, 0, 0), "p0")],
+        nominal={"a": (1000, 0), "b": (3000, 0), "z": (0, 0)}, memory=False)
+    planned, _, _ = world.plan("b", (1000, 0, 0))
+    assert [v.task_id for v in planned.victims] == ["new-low"]
+    planned, _, _ = world.plan("b", (2000, 0, 0))
+    assert sorted(v.task_id for v in planned.victims) == ["new-low", "old-low"]
+    # b with 3000 would pass its nominal (it uses 1000 of 3000): no reclaim.
+    assert world.plan("b", (3000, 0, 0))[0] is None
+
+
+def test_never_a_lease_younger_than_the_minimum_runtime():
+    world = World(
+        caps={"p0": (2000, 8192, 0)},
+        leases=[Lease("young", "a", 0, 50.0, (1000, 0, 0), "p0"),
+                Lease("old", "a", 0, 10.0, (1000, 0, 0), "p0")],
+        nominal={"a": (0, 0), "b": (2000, 0), "z": (0, 0)}, memory=False)
+    snap = world.snapshot()
+    index = ReclaimIndex(snap, [x.victim() for x in world.leases])
+    s = spec(tenant="b", task_id="t", requests={"cpuMillis": 1000})
+    book = ReclaimBook(world.rows(), COHORT)
+    planned = plan_reclaim(s, snap, index, book, leased_before=20.0)
+    assert [v.task_id for v in planned.victims] == ["old"]
+    assert plan_reclaim(s, snap, index, book, leased_before=5.0) is None
+
+
+def test_a_gang_victim_counts_all_its_members_against_its_tenants_borrowing():
+    gang = Victim("gang", "a", 0, 9.0, (1000, 0, 0), (("p0", 1), ("p1", 1)))
+    snap = Snapshot.build([pool(p, tenant_ids={"a", "b"}, capacity=(1000, 8192, 0),
+                                reserved=(1000, 0, 0)) for p in ("p0", "p1")], [])
+    # a borrows 1000 only: taking the gang (2000 in all) would put it below its nominal.
+    rows = [QuotaRow("a", "py", "cpuMillis", "c", 1000, None, None, 2000),
+            QuotaRow("b", "py", "cpuMillis", "c", 1000, None, None, 0)]
+    s = spec(tenant="b", task_id="t", requests={"cpuMillis": 1000})
+    assert victim_total(gang).tolist() == [2000, 0, 0]
+    assert plan_reclaim(s, snap, ReclaimIndex(snap, [gang]), ReclaimBook(rows)) is None
