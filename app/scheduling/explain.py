@@ -152,17 +152,21 @@ class PendingReason(TypedDict):
     code: Annotated[str, Field(
         description="The headline reason code: the closest miss, the code of the latest stage "
         "any pool reached (ties: the most pools); `preempting` while the task waits for the "
-        "lower-priority tasks it displaced to stop."
+        "lower-priority tasks it displaced to stop, `reclaiming` while it waits for the "
+        "borrowed leases of its cohort it takes back to stop."
     )]
     message: Annotated[str, Field(description="A human sentence; names no pool.")]
     rejections: Annotated[
         dict[str, int], Field(description="Number of visible pools rejected, by code.")
     ]
     victims: NotRequired[Annotated[int | None, Field(
-        default=None, description="`preempting` only: tasks the task waits for to stop."
+        default=None,
+        description="`preempting` and `reclaiming` only: tasks the task waits for to stop."
     )]]
     revokeBy: NotRequired[Annotated[datetime | None, Field(
-        default=None, description="`preempting` only: when its victims are revoked at the latest."
+        default=None,
+        description="`preempting` and `reclaiming` only: when its victims are revoked at the "
+        "latest."
     )]]
 
 

@@ -3,7 +3,7 @@
 A task whose spec says ``preemption: "lowerPriority"`` and that fits nowhere may displace
 **leased tasks of its own tenant with strictly lower priority** (never another tenant's:
 tenants are isolated customers, and taking back one tenant's capacity for another is quota
-policy, which Berth does not have yet). Planning is pure, like ``select``:
+policy: reclaim, :mod:`app.scheduling.reclaim`). Planning is pure, like ``select``:
 
 1. The pools that pass every filter except capacity (``feasible_but_capacity``), ranked as
    ``select`` ranks them.

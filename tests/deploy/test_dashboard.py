@@ -115,7 +115,7 @@ def test_every_query_is_a_valid_prometheus_query_of_the_chosen_datasource() -> N
     "topic",
     ["Placement rate", "Queue wait", "Pending by reason", "Pool utilization",
      "Reservation conflicts", "Preemptions", "API requests", "API errors", "Database 503s",
-     "Quota usage", "Quota borrowed", "Quota waits"],
+     "Quota usage", "Quota borrowed", "Quota waits", "Reclaims"],
 )
 def test_the_dashboard_shows(topic: str) -> None:
     assert topic in {p["title"] for p in dashboard()["panels"]}
@@ -156,6 +156,15 @@ def test_the_quota_panels_read_the_quota_metrics_berth_serves(database_url: str)
         pytest.skip("this build exports no quota metrics (quotas are not in it)")
     missing = sorted(used - exposed)
     assert not missing, f"the quota panels read metrics Berth does not export: {missing}"
+
+
+def test_the_reclaims_panel_reads_metrics_berth_serves(database_url: str) -> None:
+    exposed = exposed_by_a_running_berth(database_url)
+    (panel,) = [p for p in dashboard()["panels"] if p["title"] == "Reclaims"]
+    used = {name for t in panel["targets"] for name in metric_names(t["expr"])}
+    assert used == {"berth_reclaims_total", "berth_reclaim_victims_total"}
+    missing = sorted(used - exposed)
+    assert not missing, f"the reclaims panel reads metrics Berth does not export: {missing}"
 
 
 def test_no_query_groups_or_filters_by_an_unbounded_label() -> None:
