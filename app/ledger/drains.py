@@ -38,6 +38,15 @@ _RELEASED_ELSEWHERE = (
 )
 
 
+# What the tasks' live leases use, per tenant and runtime class: the quota usage their
+# revocation gives back (every lease end lowers its tenant's usage rows).
+_USAGE_RETURNED = (
+    "SELECT t.tenant_id, p.runtime_class, SUM(r.cpu), SUM(r.memory), SUM(r.llm) "
+    "FROM reservations r JOIN tasks t ON t.id = r.task_id JOIN pools p ON p.id = r.pool_id "
+    "WHERE r.task_id = ANY($1::uuid[]) AND NOT r.hold GROUP BY 1, 2"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class LeaseMoving:
     """A live lease of the drained pool and the task it would send back to the queue."""
@@ -67,3 +76,14 @@ async def drain_released_read(
         return {}
     rows = await conn.fetch(_RELEASED_ELSEWHERE, sorted(task_ids), pool_id)
     return {r[0]: (int(r[1]), int(r[2]), int(r[3])) for r in rows}
+
+
+async def drain_usage_returned_read(
+    conn: Connection, *, task_ids: Collection[uuid.UUID]
+) -> dict[tuple[str, str], Vector]:
+    """Return, per (tenant, runtime class), what the live leases of ``task_ids`` use: the
+    quota usage revoking them would give back."""
+    if not task_ids:
+        return {}
+    rows = await conn.fetch(_USAGE_RETURNED, sorted(task_ids))
+    return {(r[0], r[1]): (int(r[2]), int(r[3]), int(r[4])) for r in rows}

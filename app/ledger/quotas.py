@@ -65,16 +65,26 @@ class QuotaPlan:
     ) -> dict[tuple[str, str, str], int]:
         """Return the (tenant, class, resource) amounts of ``grants`` (task id, what one
         member requests, members) on managed resources."""
-        out: dict[tuple[str, str, str], int] = {}
-        for task_id, requests, members in grants:
-            who = self.of.get(task_id)
+        # Summed per (tenant, class) first: a pass has one grant per placement.
+        by: dict[tuple[str, str], list[int]] = {}
+        of = self.of.get
+        for task_id, (cpu, memory, llm), members in grants:
+            who = of(task_id)
             if who is None:
                 continue
-            managed = self.managed[who[1]]
-            for resource, amount in zip(RESOURCES, requests, strict=True):
+            acc = by.get(who)
+            if acc is None:
+                by[who] = [cpu * members, memory * members, llm * members]
+            else:
+                acc[0] += cpu * members
+                acc[1] += memory * members
+                acc[2] += llm * members
+        out: dict[tuple[str, str, str], int] = {}
+        for (tenant_id, rc), acc in by.items():
+            managed = self.managed[rc]
+            for resource, amount in zip(RESOURCES, acc, strict=True):
                 if amount > 0 and resource in managed:
-                    key = (who[0], who[1], resource)
-                    out[key] = out.get(key, 0) + amount * members
+                    out[(tenant_id, rc, resource)] = amount
         return out
 
 

@@ -8,7 +8,11 @@ next pass would do with its task, by the pass's own means: the pool rows as a pa
 moving tasks hold elsewhere given back, then the moving tasks in the configured policy's order
 (:func:`app.reconciler.passes.queue_order`), each decided by the one pipeline
 (:func:`app.scheduling.framework.decide`) with the earlier ones' placements counted as assumed
-usage, as a pass counts them. Nothing is reserved and nothing is written: a drain started
+usage, as a pass counts them. Quotas too: the tenants' quota rows of the moving tasks' runtime
+classes, less the usage the revoked leases give back, are the pass's quota stage
+(:class:`~app.scheduling.plugins.quota.QuotaBook`), and each predicted placement is counted in
+it, so a task its tenant's quota would refuse waits with ``quota_exceeded`` or
+``quota_borrow_unavailable``. Nothing is reserved and nothing is written: a drain started
 right after may still see the ledger move.
 """
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -23,13 +28,21 @@ from pydantic import ValidationError
 
 from app.auth import Principal
 from app.db import Database
-from app.ledger.drains import LeaseMoving, drain_leases_read, drain_released_read
+from app.ledger.drains import (
+    LeaseMoving,
+    drain_leases_read,
+    drain_released_read,
+    drain_usage_returned_read,
+)
+from app.ledger.quotas import RESOURCES, QuotaRow, quota_rows_read
 from app.ledger.snapshot import placements_read, pools_read, tenant_usage_read
+from app.ledger.tenants import tenants_entitlements
 from app.reconciler.config import ReconcilerConfig
 from app.reconciler.passes import INVALID_SPEC, SCHEDULER_ERROR, queue_order, queued_task
 from app.scheduling.assumed import Assumed
 from app.scheduling.explain import no_placement_document
 from app.scheduling.framework import decide
+from app.scheduling.plugins.quota import QuotaBook
 from app.scheduling.reasons import Reason
 from app.scheduling.results import NoPlacement
 from app.scheduling.snapshot import PoolState, Snapshot
@@ -104,6 +117,14 @@ async def drain_preview(
         tenants = {lease.tenant_id for lease in leases}
         placed = await placements_read(conn, tenant_ids=tenants)
         usage = await tenant_usage_read(conn, tenant_ids=tenants) if config.policy == "fair" else {}
+        returned = await drain_usage_returned_read(conn, task_ids=moving)
+        rows, cohorts = await quota_rows_read(
+            conn, runtime_classes={rc for _, rc in returned}, tenant_ids=tenants
+        )
+        entitlements = (
+            await tenants_entitlements(conn, tenant_ids=tenants)
+            if config.policy == "fair" and rows else None
+        )
 
     # The moving tasks have left their pools: affinity no longer counts them where they were.
     moved = {str(t) for t in moving}
@@ -112,7 +133,22 @@ async def drain_preview(
         [p for p in placed if p.task_id not in moved],
         strategy=config.strategy,
     )
-    return _decide_all(leases, snapshot, config=config, usage=usage, now=now)
+    book = QuotaBook(_returned(rows, returned), cohorts) if rows else None
+    return _decide_all(leases, snapshot, config=config, usage=usage, now=now, quotas=book,
+                       entitlements=entitlements)
+
+
+def _returned(
+    rows: list[QuotaRow], returned: dict[tuple[str, str], tuple[int, int, int]]
+) -> list[QuotaRow]:
+    """Return the quota ``rows`` with what the revoked leases use given back."""
+    out = []
+    for r in rows:
+        back = returned.get((r.tenant_id, r.runtime_class))
+        if back is not None:
+            r = replace(r, used=r.used - back[RESOURCES.index(r.resource)])
+        out.append(r)
+    return out
 
 
 def _decide_all(
@@ -122,9 +158,12 @@ def _decide_all(
     config: ReconcilerConfig,
     usage: dict[str, tuple[int, int, int]],
     now: datetime,
+    quotas: QuotaBook | None = None,
+    entitlements: Mapping[str, tuple[float, float, float]] | None = None,
 ) -> list[DrainMove]:
     """Decide the moving tasks in policy order, each seeing the ones before it as assumed
-    usage; return one move per lease, in the leases' order."""
+    usage (and quota usage, in ``quotas``); return one move per lease, in the leases'
+    order."""
     specs = StoredSpecs(len(leases))
     decided: dict[uuid.UUID, DrainMove] = {}
     compiled: dict[str, tuple[LeaseMoving, CompiledSpec]] = {}
@@ -152,13 +191,13 @@ def _decide_all(
         config,
         [queued_task(key, lease.tenant_id, lease.priority, lease.seq, lease.admitted_at, spec)
          for key, (lease, spec) in compiled.items()],
-        snapshot=snapshot, usage=usage, now=now,
+        snapshot=snapshot, usage=usage, now=now, entitlements=entitlements,
     )
     assumed = Assumed(snapshot)
     for q in ordered:
         lease, spec = compiled[q.task_id]
         try:
-            outcome = decide(spec, snapshot, assumed=assumed, top_k=config.top_k)
+            outcome = decide(spec, snapshot, assumed=assumed, top_k=config.top_k, quotas=quotas)
         except Exception as exc:
             log.exception("drain preview: select failed for a task",
                           extra={"task_id": str(lease.task_id)})
@@ -171,6 +210,8 @@ def _decide_all(
         members = outcome.members
         if members is not None:
             assumed.add(spec, members, task_id=str(lease.task_id))
+            if quotas is not None:
+                quotas.add(spec.tenant_id, spec.runtime_class, spec.total_requests)
             decided[lease.lease_id] = DrainMove(
                 lease.lease_id, lease.task_id, lease.tenant_id, tuple(members), None
             )

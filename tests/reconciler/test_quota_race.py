@@ -1,34 +1,51 @@
-"""Quota race: four reconcilers, each owning other shards (so other tenants), on their own
-connection pools, place the tasks of borrowers of one cohort at once. After every pass of
-any of them, no tenant is past its nominal plus borrowing limit and the cohort has lent no
-more than its lenders lend; at the end exactly all of it is lent."""
+"""Quota race: four `berth reconcile` processes, each owning a quarter of the shard slots (so
+other tenants), place the tasks of borrowers of one cohort on the same pools at once.
+
+The tasks are admitted in one transaction once all four listen, and the wakeup reaches them
+together: their first passes read the same quota rows and the same lendable total, and only
+the ledger's conditional updates keep them from lending the same millicores twice. A checker
+reads the ledger, in one snapshot per round, all the time the processes run: no tenant past
+its nominal plus borrowing limit, no cohort lending more than its lenders lend, every usage
+row equal to the sum of its tenant's live leases, every cohort row to the sum of what its
+tenants borrow, every pool's reserved amount to the sum of its reservations
+(:func:`~app.ledger.invariants.ledger_check`). No lease ends in this test, so usage and
+borrowing only grow: a limit broken by any pass stays broken, and the checker's next round
+(or the last, after the processes stopped) sees it.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
+import os
+import signal
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from app.db import Database
+from app.db import Connection, Database
 from app.ledger.invariants import ledger_check
 from app.ledger.tenants import Quota, tenant_put
-from app.reconciler import Reconciler, ReconcilerConfig
+from app.ledger.wakeups import WakeSource, wakeup_notify
+from app.reconciler.listener import APPLICATION_NAME
 from app.shards import shard_of, shard_slots_static
-from tests.factories import NOW, ledger_violations, pools_add, spec_make, tasks_add
+from tests.factories import ledger_violations, pools_add, spec_make, tasks_add
 
 pytestmark = pytest.mark.slow
 
 COUNT = 4
 #: Lenders place nothing: the cohort lends min(lendingLimit, nominal) of theirs, 7000m.
-LENDERS = {"lender-a": (4000, 3000), "lender-b": (5000, None)}
-LENDABLE = 3000 + 4000  # lender-b's lending limit is 4000 (see below)
+LENDERS = {"lender-a": (4000, 3000), "lender-b": (5000, 4000)}
+LENDABLE = 3000 + 4000
 #: Borrowers: nominal 0, and a borrowing limit (None: only the cohort limits them).
 BORROW_LIMITS = [1500, None, 2500, None, 1200, None, 3000, None]
+#: The outsider, of another cohort, runs on its own nominal and borrows nothing from "c".
+OUTSIDER = 500
 
 
 def _borrowers() -> list[str]:
-    """Two borrowers per reconciler's shard set, so that every reconciler places some."""
+    """Two borrowers per process's shard set, so that every process places some."""
     out: list[str] = []
     by_owner: dict[int, int] = {}
     i = 0
@@ -42,85 +59,118 @@ def _borrowers() -> list[str]:
     return out
 
 
-async def _limits_hold(db: Database, caps: dict[str, int | None]) -> None:
-    async with db.connection() as conn:
+def _start(database_url: str, index: int) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        "BERTH_DATABASE_URL": database_url,
+        "BERTH_BATCH_SIZE": "16",
+        "BERTH_LOG_LEVEL": "warning",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "reconcile", "--shard", f"{index}/{COUNT}"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+
+
+async def _listening(conn: Connection) -> int:
+    return int(await conn.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND application_name = $1", APPLICATION_NAME))
+
+
+async def _check(conn: Connection, caps: dict[str, int | None]) -> tuple[int, int]:
+    """Check every limit and invariant in one snapshot; return (cohort c's usage, the
+    outsider's)."""
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
         used = {r[0]: int(r[1]) for r in await conn.fetch(
             "SELECT t.tenant_id, sum(r.cpu) FROM reservations r JOIN tasks t "
             "ON t.id = r.task_id WHERE NOT r.hold GROUP BY 1")}
+        lent = await conn.fetch(
+            "SELECT c.borrowed, (SELECT coalesce(sum(least(coalesce(q.lend, q.nominal), "
+            "greatest(0, q.nominal - q.used))), 0) FROM quota_usage q WHERE q.cohort = "
+            "c.cohort AND q.runtime_class = c.runtime_class AND q.resource = c.resource) "
+            "FROM cohort_usage c WHERE c.cohort = 'c'")
         broken = {k: v for k, v in (await ledger_check(conn)).items() if v}
-    assert broken == {}
+    assert broken == {}, broken
     for tenant, cap in caps.items():
         assert cap is None or used.get(tenant, 0) <= cap, (tenant, used)
-    # The outsider (another cohort) runs on its own nominal, and lends nothing to c.
-    assert sum(v for k, v in used.items() if k != "outsider") <= LENDABLE, used
+    for borrowed, lendable in lent:
+        assert borrowed <= lendable, (borrowed, lendable, used)
+    inside = sum(v for k, v in used.items() if k != "outsider")
+    assert inside <= LENDABLE, used
+    return inside, used.get("outsider", 0)
 
 
-async def test_four_reconcilers_never_exceed_a_quota_limit(
+async def test_four_reconciler_processes_never_exceed_a_quota_limit(
     db: Database, database_url: str
 ) -> None:
     borrowers = _borrowers()
-    caps = dict(zip(borrowers, BORROW_LIMITS, strict=True))
+    caps: dict[str, int | None] = dict(zip(borrowers, BORROW_LIMITS, strict=True))
+    caps["outsider"] = OUTSIDER
+    fresh = datetime.now(UTC) + timedelta(hours=1)  # the processes read the real clock
     async with db.transaction() as conn:
         await pools_add(conn, 8, tenants=[*LENDERS, *borrowers, "outsider"],
-                        capacity=(64_000, 64_000, 0))
+                        capacity=(64_000, 64_000, 0), heartbeat_at=fresh)
         now = datetime.now(UTC)
-        # lender-b lends all but 1000 of its nominal: its lending limit is 4000.
         for name, (nominal, lend) in LENDERS.items():
-            lend = 4000 if name == "lender-b" else lend
             await tenant_put(conn, tenant_id=name, cohort="c", fair_weight=1.0, now=now,
                              quotas={"standard": {"cpuMillis": Quota(nominal, None, lend)}})
-        for name, limit in caps.items():
+        for name in borrowers:
+            limit = caps[name]
             quotas = {} if limit is None else {
                 "standard": {"cpuMillis": Quota(0, limit, None)}}
             await tenant_put(conn, tenant_id=name, cohort="c", fair_weight=1.0, now=now,
                              quotas=quotas)
-        # An outsider of another cohort with a nominal of its own borrows nothing from c.
         await tenant_put(conn, tenant_id="outsider", cohort="other", fair_weight=1.0,
-                         now=now, quotas={"standard": {"cpuMillis": Quota(500, None, None)}})
-        for name in borrowers:
-            await tasks_add(conn, tenant=name, count=60, spec=spec_make(cpu=100))
-        await tasks_add(conn, tenant="outsider", count=20, spec=spec_make(cpu=100))
-    caps["outsider"] = 500
+                         now=now, quotas={"standard": {"cpuMillis": Quota(OUTSIDER, 0, None)}})
 
-    databases = [Database(database_url, max_size=3) for _ in range(COUNT)]
-    checks = 0
-    broken: list[BaseException] = []
-
-    async def drain(reconciler: Reconciler) -> None:
-        nonlocal checks
-        idle = 0
-        while idle < 2 and not broken:
-            result = await reconciler.run_once(now=NOW)
-            try:
-                await _limits_hold(db, caps)  # after every pass
-            except AssertionError as exc:
-                broken.append(exc)  # the others stop too
-                raise
-            checks += 1
-            idle = idle + 1 if result.claimed == 0 else 0
-
+    procs = [_start(database_url, i) for i in range(COUNT)]
     try:
-        reconcilers = [
-            Reconciler(d, ReconcilerConfig(batch_size=25), owner_id=f"quota-racer-{i}",
-                       slots=shard_slots_static(i, COUNT))
-            for i, d in enumerate(databases)
-        ]
-        outcomes = await asyncio.gather(*(drain(r) for r in reconcilers),
-                                        return_exceptions=True)
+        async with db.connection() as conn:
+            for _ in range(3000):
+                if await _listening(conn) == COUNT:
+                    break
+                dead = [p for p in procs if p.poll() is not None]
+                if dead:
+                    pytest.fail(dead[0].stderr.read().decode()[-2000:])  # type: ignore[union-attr]
+                await asyncio.sleep(0.01)
+            else:
+                pytest.fail("the reconcilers never all listened")
+            # All admitted at once, and all four woken by the one commit.
+            async with conn.transaction():
+                for name in borrowers:
+                    await tasks_add(conn, tenant=name, count=60, spec=spec_make(cpu=100))
+                await tasks_add(conn, tenant="outsider", count=20, spec=spec_make(cpu=100))
+                await wakeup_notify(conn, source=WakeSource.SUBMITTED)
+            # Demand (6000m per borrower) is far above what is lent: the run is over when
+            # every lendable millicore is taken. Check after every round until then.
+            rounds = 0
+            while rounds < 20_000:
+                rounds += 1
+                inside, outside = await _check(conn, caps)
+                if inside == LENDABLE and outside == OUTSIDER:
+                    break
+                dead = [p for p in procs if p.poll() is not None]
+                if dead:
+                    pytest.fail(dead[0].stderr.read().decode()[-2000:])  # type: ignore[union-attr]
+                await asyncio.sleep(0.001)
+            if (inside, outside) != (LENDABLE, OUTSIDER):
+                pytest.fail(f"the cohort never lent all it has: {inside}m of {LENDABLE}m")
+            passes = int(await conn.fetchval(
+                "SELECT count(DISTINCT xmin::text) FROM leases"))
     finally:
-        for d in databases:
-            await d.close()
-
-    errors = [o for o in outcomes if isinstance(o, BaseException)]
-    if errors:
-        raise errors[0]
-    assert checks >= 4 * 3
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    assert all(p.returncode == 0 for p in procs), [p.returncode for p in procs]
+    assert rounds >= 1 and passes >= COUNT  # every process placed some, in its own passes
+    # After the processes stopped, nothing more was placed: still within every limit.
     async with db.connection() as conn:
-        used = {r[0]: int(r[1]) for r in await conn.fetch(
-            "SELECT t.tenant_id, sum(r.cpu) FROM reservations r JOIN tasks t "
-            "ON t.id = r.task_id GROUP BY 1")}
-    # Demand (6000m per borrower) is far above what is lent: every lendable millicore is
-    # taken, none more; the outsider used its own nominal only.
-    assert sum(v for k, v in used.items() if k != "outsider") == LENDABLE
-    assert used["outsider"] == 500
+        assert await _check(conn, caps) == (LENDABLE, OUTSIDER)
     assert await ledger_violations(db) == []

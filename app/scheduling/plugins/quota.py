@@ -61,92 +61,121 @@ def _lendable(nominal: int, lend: int | None, used: int) -> int:
 
 
 class QuotaBook:
-    """The quota rows of a pass and its decisions on top; says whether a task fits."""
+    """The quota rows of a pass and its decisions on top; says whether a task fits.
 
-    __slots__ = ("_borrowed", "_cohort", "_lendable", "_managed", "_rows")
+    Each (tenant, managed class) has one slot per managed resource of the class,
+    ``[resource index, nominal, cap, lend, used, cohort totals]``, made on first use (a
+    tenant without a row there has nominal 0 and lends nothing); ``cohort totals`` is the
+    ``[lendable, borrowed]`` of its (cohort, class, resource), shared by the cohort's slots,
+    so that a check or a placement looks nothing else up.
+    """
+
+    __slots__ = ("_cohort", "_managed", "_rows", "_slots", "_totals")
 
     def __init__(self, rows: Iterable[QuotaRow], cohorts: Mapping[str, str]) -> None:
-        #: (tenant, class, resource) -> [nominal, cap, lend, used]
-        self._rows: dict[tuple[str, str, str], list[int | None]] = {}
+        self._rows: dict[tuple[str, str, str], QuotaRow] = {}
         self._cohort: dict[str, str] = dict(cohorts)
         self._managed: dict[str, set[str]] = {}
-        #: (cohort, class, resource) -> what its tenants lend / borrow in total now.
-        self._lendable: dict[tuple[str, str, str], int] = {}
-        self._borrowed: dict[tuple[str, str, str], int] = {}
+        #: (cohort, class, resource) -> [what its tenants lend, what they borrow] now.
+        self._totals: dict[tuple[str, str, str], list[int]] = {}
+        self._slots: dict[tuple[str, str], list[list]] = {}
         for r in rows:
-            self._rows[(r.tenant_id, r.runtime_class, r.resource)] = [
-                r.nominal, r.cap, r.lend, r.used]
+            self._rows[(r.tenant_id, r.runtime_class, r.resource)] = r
             self._cohort.setdefault(r.tenant_id, r.cohort)
             self._managed.setdefault(r.runtime_class, set()).add(r.resource)
-            key = (r.cohort, r.runtime_class, r.resource)
-            self._lendable[key] = self._lendable.get(key, 0) + _lendable(r.nominal, r.lend, r.used)
-            self._borrowed[key] = self._borrowed.get(key, 0) + max(0, r.used - r.nominal)
+            totals = self._totals.setdefault((r.cohort, r.runtime_class, r.resource), [0, 0])
+            totals[0] += _lendable(r.nominal, r.lend, r.used)
+            totals[1] += max(0, r.used - r.nominal)
 
     def managed(self, runtime_class: str) -> bool:
         """Return whether some tenant's quota names a resource of ``runtime_class``."""
         return runtime_class in self._managed
 
-    def _row(self, tenant_id: str, runtime_class: str, resource: str) -> list[int | None]:
-        # A tenant without a quota in a managed class has nominal 0 and lends nothing.
-        return self._rows.get((tenant_id, runtime_class, resource), [0, None, 0, 0])
+    def _slots_of(self, tenant_id: str, runtime_class: str) -> list[list] | None:
+        """Return the slots of ``tenant_id`` in ``runtime_class`` (None: not managed)."""
+        slots = self._slots.get((tenant_id, runtime_class))
+        if slots is not None:
+            return slots
+        resources = self._managed.get(runtime_class)
+        if not resources:
+            return None
+        cohort = self._cohort.get(tenant_id, "default")
+        slots = []
+        for i, resource in enumerate(RESOURCES):
+            if resource not in resources:
+                continue
+            r = self._rows.get((tenant_id, runtime_class, resource))
+            totals = self._totals.setdefault((cohort, runtime_class, resource), [0, 0])
+            if r is None:
+                slots.append([i, 0, None, 0, 0, totals])
+            else:
+                slots.append([i, r.nominal, r.cap, r.lend, r.used, totals])
+        self._slots[(tenant_id, runtime_class)] = slots
+        return slots
 
     def refuse(
         self, tenant_id: str, runtime_class: str, need: tuple[int, int, int]
     ) -> NoPlacement | None:
         """Return why a task of ``tenant_id`` needing ``need`` (all members) in
         ``runtime_class`` does not fit its quota now, or None when it does."""
-        resources = self._managed.get(runtime_class)
-        if not resources:
+        slots = self._slots_of(tenant_id, runtime_class)
+        if slots is None:
             return None
-        cohort = self._cohort.get(tenant_id, "default")
-        for resource, want in zip(RESOURCES, need, strict=True):
-            if want <= 0 or resource not in resources:
+        for i, nominal, cap, lend, used, totals in slots:
+            want = need[i]
+            if want <= 0 or used + want <= nominal:
                 continue
-            nominal, cap, lend, used = self._row(tenant_id, runtime_class, resource)
-            assert nominal is not None and used is not None
-            after = used + want
-            if after <= nominal:
-                continue
-            _, word = _UNITS[resource]
-            head = (f"needs {_amount(resource, want)}{word}; {tenant_id} uses "
-                    f"{_amount(resource, used)} of {_amount(resource, nominal)} nominal")
-            if cap is not None and after > cap:
-                return NoPlacement(
-                    Reason.QUOTA_EXCEEDED,
-                    f"{head} and may borrow at most {_amount(resource, cap - nominal)}",
-                    {}, None,
-                )
-            more = max(0, after - nominal) - max(0, used - nominal)
-            key = (cohort, runtime_class, resource)
-            own = _lendable(nominal, lend, used)
-            left = max(0, self._lendable.get(key, 0) - own - self._borrowed.get(key, 0))
-            if more > left:
-                return NoPlacement(
-                    Reason.QUOTA_BORROW_UNAVAILABLE,
-                    f"{head}, its cohort can lend {_amount(resource, left)} now",
-                    {}, None,
-                )
+            refused = _refusal(tenant_id, RESOURCES[i], want, nominal, cap, lend, used, totals)
+            if refused is not None:
+                return refused
         return None
 
     def add(self, tenant_id: str, runtime_class: str, need: tuple[int, int, int]) -> None:
         """Count a placement of the pass (``need`` for all its members) in the book."""
-        resources = self._managed.get(runtime_class)
-        if not resources:
+        slots = self._slots_of(tenant_id, runtime_class)
+        if slots is None:
             return
-        cohort = self._cohort.get(tenant_id, "default")
-        for resource, want in zip(RESOURCES, need, strict=True):
-            if want <= 0 or resource not in resources:
+        for slot in slots:
+            want = need[slot[0]]
+            if want <= 0:
                 continue
-            row = self._rows.setdefault(
-                (tenant_id, runtime_class, resource), list(self._row(tenant_id, runtime_class,
-                                                                     resource)))
-            nominal, _, lend, used = row
-            assert nominal is not None and used is not None
-            key = (cohort, runtime_class, resource)
-            before_lend = _lendable(nominal, lend, used)
-            before_borrow = max(0, used - nominal)
-            row[3] = used + want
-            self._lendable[key] = (self._lendable.get(key, 0) - before_lend
-                                   + _lendable(nominal, lend, used + want))
-            self._borrowed[key] = (self._borrowed.get(key, 0) - before_borrow
-                                   + max(0, used + want - nominal))
+            nominal, lend, used = slot[1], slot[3], slot[4]
+            after = used + want
+            slot[4] = after
+            totals = slot[5]
+            if used < nominal:  # it lent some of its unused nominal: less now
+                unused = nominal - used
+                left = nominal - after if after < nominal else 0
+                totals[0] -= (unused - left if lend is None
+                              else (unused if unused < lend else lend)
+                              - (left if left < lend else lend))
+            if after > nominal:
+                totals[1] += after - (used if used > nominal else nominal)
+
+
+def _refusal(
+    tenant_id: str, resource: str, want: int, nominal: int, cap: int | None, lend: int | None,
+    used: int, totals: list[int],
+) -> NoPlacement | None:
+    """Return why ``want`` more of ``resource``, above ``nominal``, does not fit: beyond the
+    tenant's own cap, or more than its cohort can lend now (None when it fits)."""
+    after = used + want
+    _, word = _UNITS[resource]
+    head = (f"needs {_amount(resource, want)}{word}; {tenant_id} uses "
+            f"{_amount(resource, used)} of {_amount(resource, nominal)} nominal")
+    if cap is not None and after > cap:
+        return NoPlacement(
+            Reason.QUOTA_EXCEEDED,
+            f"{head} and may borrow at most {_amount(resource, cap - nominal)}",
+            {}, None,
+        )
+    more = max(0, after - nominal) - max(0, used - nominal)
+    own = _lendable(nominal, lend, used)
+    left = max(0, totals[0] - own - totals[1])
+    if more > left:
+        return NoPlacement(
+            Reason.QUOTA_BORROW_UNAVAILABLE,
+            f"{head}, its cohort can lend {_amount(resource, left)} now",
+            {}, None,
+        )
+    return None
