@@ -109,7 +109,7 @@ SHARDS_OWNED = Gauge("berth_shards_owned", "Shard slots owned by this reconciler
 #: Pending codes a waiting task may carry besides the scheduling core's reason codes; any
 #: other stored value is counted as ``other``.
 PENDING_EXTRA_CODES = ("unexamined", "reservation_conflict", "invalid_spec", "scheduler_error",
-                       "other")
+                       "preempting", "reclaiming", "other")
 TASKS_PENDING = Gauge(
     "berth_tasks_pending",
     "Waiting tasks (ADMITTED or CLAIMED) of the owned slots, by pending reason code "

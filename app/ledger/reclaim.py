@@ -9,8 +9,8 @@ pending code ``reclaiming`` and holds the capacity they free. What differs is re
   reclaimed twice;
 * :func:`reclaim_revoking_read`: per (tenant, runtime class), what leases being revoked
   will give back (so a victim tenant's borrowed work is never taken twice);
-* :func:`reclaim_victims_read`: the leased tasks of the borrowing tenants in the classes,
-  leased before the minimum runtime, none of them already being revoked;
+* :func:`reclaim_victims_read`: the leased tasks of the borrowing tenants on the pools the
+  reclaiming tasks could take, leased before the minimum runtime, none being revoked;
 * :func:`reclaimed_of`: which of the victims whose leases ended were revoked by another
   tenant's task (a reclaim, not a same-tenant preemption): their event is ``reclaimed``.
 """
@@ -36,12 +36,13 @@ RECLAIMED = "reclaimed"
 Vector = tuple[int, int, int]
 Key = tuple[str, str]
 
-# Reservations of leases being revoked, by tenant and class.
+# Reservations of leases being revoked (few, and indexed), by tenant and class.
 _REVOKING = (
     "SELECT t.tenant_id, p.runtime_class, sum(r.cpu), sum(r.memory), sum(r.llm) "
     "FROM reservations r JOIN pools p ON p.id = r.pool_id JOIN tasks t ON t.id = r.task_id "
-    "WHERE NOT r.hold AND p.runtime_class = ANY($1::text[]) AND EXISTS (SELECT 1 FROM "
-    "leases l WHERE l.task_id = r.task_id AND l.state = 'REVOKING') GROUP BY 1, 2"
+    "WHERE NOT r.hold AND p.runtime_class = ANY($1::text[]) AND r.task_id IN (SELECT "
+    "l.task_id FROM leases l WHERE l.state = 'REVOKING' AND l.revoke_by IS NOT NULL) "
+    "GROUP BY 1, 2"
 )
 # The reclaimers still waiting (holding capacity; the holds are few and indexed), with
 # what each needs in its runtime class.
@@ -72,15 +73,15 @@ async def reclaim_revoking_read(
             for r in await conn.fetch(_REVOKING, sorted(set(runtime_classes)))}
 
 
-# Leased tasks of the tenants holding reservations on pools of the classes, leased at or
-# before the cut-off, none of whose leases is being revoked already.
+# Leased tasks of the tenants holding reservations on the pools, leased at or before the
+# cut-off, none of whose leases is being revoked already (every pool of a gang is listed).
 _VICTIMS = (
     "SELECT t.id::text, t.tenant_id, t.priority, t.leased_at, t.spec -> 'requests', "
     "array_agg(r.pool_id ORDER BY r.pool_id), array_agg(r.members ORDER BY r.pool_id) "
     "FROM tasks t JOIN reservations r ON r.task_id = t.id AND NOT r.hold "
-    "JOIN pools p ON p.id = r.pool_id "
     "WHERE t.tenant_id = ANY($1::text[]) AND (t.state = 'LEASED') IS TRUE "
-    "AND t.leased_at <= $3 AND p.runtime_class = ANY($2::text[]) "
+    "AND t.leased_at <= $3 AND EXISTS (SELECT 1 FROM reservations x WHERE x.task_id = t.id "
+    "AND x.pool_id = ANY($2::text[])) "
     "AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.task_id = t.id AND l.state = 'REVOKING') "
     "GROUP BY t.id"
 )
@@ -96,14 +97,14 @@ async def reclaim_victims_read(
     conn: Connection,
     *,
     tenant_ids: Collection[str],
-    runtime_classes: Collection[str],
+    pool_ids: Collection[str],
     leased_before: datetime,
 ) -> list[Victim]:
-    """Return the leased tasks of ``tenant_ids`` in ``runtime_classes`` that a reclaim could
-    take: leased at or before ``leased_before``, not being revoked."""
-    if not tenant_ids or not runtime_classes:
+    """Return the leased tasks of ``tenant_ids`` on ``pool_ids`` that a reclaim could take:
+    leased at or before ``leased_before``, not being revoked."""
+    if not tenant_ids or not pool_ids:
         return []
-    rows = await conn.fetch(_VICTIMS, sorted(set(tenant_ids)), sorted(set(runtime_classes)),
+    rows = await conn.fetch(_VICTIMS, sorted(set(tenant_ids)), sorted(set(pool_ids)),
                             leased_before)
     return [
         Victim(r[0], r[1], int(r[2]), r[3].timestamp() if r[3] else 0.0, _vector(r[4]),

@@ -26,7 +26,9 @@
 A claimed task that may preempt and fits nowhere gets a preemption planned by the core; the
 pass's share of that work (reads, planning, hand-backs) lives in
 :mod:`app.reconciler.preempting`, and the plan applies it (in a savepoint: a preemption whose
-victims changed meanwhile rolls back and its preemptor is handed back).
+victims changed meanwhile rolls back and its preemptor is handed back). A task within its
+tenant's nominal quota that fits nowhere for capacity may reclaim borrowed capacity of its
+cohort instead (:mod:`app.reconciler.reclaiming`), applied the same way.
 
 A transient failure (serialization, deadlock, lost connection) aborts the transaction and the
 whole pass is retried (see :mod:`app.reconciler.retry`); other errors propagate, the

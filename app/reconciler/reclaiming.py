@@ -41,6 +41,7 @@ from app.ledger.reclaim import (
     reclaimers_read,
 )
 from app.scheduling.assumed import Assumed
+from app.scheduling.framework import feasible_but_capacity
 from app.scheduling.plugins.quota import RESOURCES, QuotaRow
 from app.scheduling.reasons import Reason
 from app.scheduling.reclaim import ReclaimBook, ReclaimIndex, book_reclaimed, plan_reclaim
@@ -150,25 +151,32 @@ class PassReclaim:
         if not self._candidates:
             return
         classes = {spec.runtime_class for _, _, spec, _, _ in self._candidates}
-        tenants = {spec.tenant_id for _, _, spec, _, _ in self._candidates}
         revoking = await reclaim_revoking_read(conn, runtime_classes=classes)
         book = ReclaimBook(self._rows, self._cohorts, revoking=revoking)
         for spec in placed:
             book.add(spec.tenant_id, spec.runtime_class,
                      np.array(spec.total_requests, dtype=np.int64))
-        cohorts = {book.cohort(t) for t in tenants}
+        # Only tasks within their nominal reclaim, only from borrowers of their cohorts, and
+        # only on the pools they could take: the victims read is bounded by all three.
+        within = [c for c in self._candidates if book.within_nominal(
+            c[2].tenant_id, c[2].runtime_class, c[2].total_requests)]
+        cohorts = {book.cohort(c[2].tenant_id) for c in within}
         lenders = {r.tenant_id for r in self._rows if r.runtime_class in classes
                    and book.cohort(r.tenant_id) in cohorts
                    and book.borrowed(r.tenant_id, r.runtime_class).any()}
+        self.outcomes["unavailable"] += len(self._candidates) - len(within)
         if not lenders:
-            self.outcomes["unavailable"] += len(self._candidates)
+            self.outcomes["unavailable"] += len(within)
             return
+        ids = snapshot.ids
+        pools = {ids[i] for _, _, spec, _, held in within for i in feasible_but_capacity(
+            spec, snapshot, assumed=assumed, holds=held)[0].tolist()}
         cutoff = now - timedelta(seconds=self.min_runtime_seconds)
         victims = await reclaim_victims_read(
-            conn, tenant_ids=lenders, runtime_classes=classes, leased_before=cutoff)
+            conn, tenant_ids=lenders, pool_ids=pools, leased_before=cutoff)
         index = ReclaimIndex(snapshot, victims)
         revoke_by = now + timedelta(seconds=self.grace_seconds)
-        for at, task, spec, reason, held in self._candidates:
+        for at, task, spec, reason, held in within:
             planned = plan_reclaim(
                 spec, snapshot, index, book, assumed=assumed, taken=taken, holds=held,
                 leased_before=cutoff.timestamp(),

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 
 from app.config import SHARD_SLOTS
 from app.ledger.invariants import ledger_check
-from app.metrics import RECLAIM_VICTIMS, RECLAIMS
+from app.metrics import RECLAIM_VICTIMS, RECLAIMS, TASKS_PENDING
 from app.reconciler.config import ReconcilerConfig
 from app.reconciler.loop import Reconciler
 from tests.api.conftest import TENANT_A, TENANT_B
@@ -90,6 +90,8 @@ async def test_a_tenant_back_under_its_nominal_gets_its_share_within_one_grace_p
         pending = (await get(client, keys, "tenant_b", task_id))["pendingReason"]
         assert pending["code"] == "reclaiming"
         assert pending["victims"] == 1
+    await reconciler.queue_gauges_refresh()
+    assert TASKS_PENDING.labels(reason="reclaiming")._value.get() == 3
     await sound(db)
 
     # The runtime sees the revoking leases in its heartbeat and releases them at once.
