@@ -169,7 +169,8 @@ async def test_four_reconciler_processes_never_exceed_a_quota_limit(
                 p.kill()
                 p.wait()
     assert all(p.returncode == 0 for p in procs), [p.returncode for p in procs]
-    assert rounds >= 1 and passes >= COUNT  # every process placed some, in its own passes
+    # 75 placements, at most 16 a pass: the checker ran while at least five passes committed.
+    assert rounds >= 1 and passes >= 5
     # After the processes stopped, nothing more was placed: still within every limit.
     async with db.connection() as conn:
         assert await _check(conn, caps) == (LENDABLE, OUTSIDER)
