@@ -186,6 +186,13 @@ class Settings(BaseSettings):
         description="Grace period of a preemption's victims: their leases are REVOKING this "
         "long (a completion meanwhile is honoured), then revoked and their tasks requeued.",
     )
+    nomination_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        description="A task first of its priority in its runtime class that has not fit for "
+        "this long is nominated: capacity freed on the pools it would take is held for it "
+        "until it fits (0: never).",
+    )
 
     # --- reconciler -----------------------------------------------------------------------
     reconciler_enabled: bool = Field(

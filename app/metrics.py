@@ -52,6 +52,23 @@ PREEMPTION_VICTIMS = Counter(
 )
 for _outcome in PREEMPTION_OUTCOMES:
     PREEMPTION_VICTIMS.labels(_outcome)
+#: Nominations of starving tasks: started (nominated), and ended by outcome: placed, passed
+#: (higher-priority work needed the capacity), not_first (no longer first of its priority in
+#: its runtime class), cancelled or gone (found by the recovery round).
+NOMINATION_OUTCOMES = ("nominated", "placed", "passed", "not_first", "cancelled", "gone")
+NOMINATIONS = Counter(
+    "berth_nominations_total",
+    "Nominations of starving tasks: started (nominated) and ended, by outcome.",
+    ["outcome"],
+)
+for _outcome in NOMINATION_OUTCOMES:
+    NOMINATIONS.labels(_outcome)
+NOMINATION_HELD = Gauge(
+    "berth_nomination_held",
+    "Capacity held for nominated tasks, by resource (cpuMillis, memoryMiB, llmSlots); "
+    "refreshed by the leader's recovery round.",
+    ["resource"],
+)
 #: How runtimes complete leases: the task finished (succeeded, failed) or was given back
 #: unfinished and queued again (released).
 LEASE_OUTCOMES = ("succeeded", "failed", "released")
@@ -92,7 +109,7 @@ SHARDS_OWNED = Gauge("berth_shards_owned", "Shard slots owned by this reconciler
 #: Pending codes a waiting task may carry besides the scheduling core's reason codes; any
 #: other stored value is counted as ``other``.
 PENDING_EXTRA_CODES = ("unexamined", "reservation_conflict", "invalid_spec", "scheduler_error",
-                       "other")
+                       "nominated", "other")
 TASKS_PENDING = Gauge(
     "berth_tasks_pending",
     "Waiting tasks (ADMITTED or CLAIMED) of the owned slots, by pending reason code "

@@ -208,10 +208,11 @@ async def ledger_violations(db: Database) -> list[str]:
             "OR l.memory_reserved != COALESCE(r.m, 0) OR l.llm_reserved != COALESCE(r.s, 0)"
         ),
         # A preemptor waiting (ADMITTED, perhaps being scheduled) may hold capacity.
-        "reservation of a task not LEASED (nor a preemptor's hold)": (
+        "reservation of a task not LEASED (nor a preemptor's or nominee's hold)": (
             "SELECT r.task_id FROM reservations r JOIN tasks t ON t.id = r.task_id "
             "WHERE t.state != 'LEASED' AND NOT (t.state = 'ADMITTED' "
-            "AND t.spec ->> 'preemption' = 'lowerPriority')"
+            "AND (t.spec ->> 'preemption' = 'lowerPriority' "
+            "OR EXISTS (SELECT 1 FROM nominations n WHERE n.task_id = t.id)))"
         ),
         # A pool's reservations are read as its live leases' plus its holds (0010_pg).
         "reservation neither a hold nor a live lease's": (

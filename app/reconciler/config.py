@@ -92,6 +92,9 @@ class ReconcilerConfig:
     #: Grace period of a preemption's victims: their leases are REVOKING this long, and a
     #: completion meanwhile is honoured; then they are revoked and requeued.
     preemption_grace_seconds: float = _setting("preemption_grace_seconds")
+    #: A task first of its priority in its runtime class that has not fit for this long is
+    #: nominated (0: never; see :mod:`app.reconciler.nominating`).
+    nomination_seconds: float = _setting("nomination_seconds")
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: object) -> ReconcilerConfig:
@@ -114,6 +117,7 @@ class ReconcilerConfig:
             "idempotency_retention_seconds": settings.idempotency_retention_hours * 3600,
             "finished_retention_seconds": settings.finished_task_retention_hours * 3600,
             "preemption_grace_seconds": settings.preemption_grace_seconds,
+            "nomination_seconds": settings.nomination_seconds,
             # Enough ranked candidates for every walk the limit allows.
             "top_k": max(TOP_K_DEFAULT, settings.reservation_walk_limit + 1),
         }
