@@ -11,6 +11,7 @@ from app.config import SHARD_SLOTS
 from app.db import Database
 from app.ledger.invariants import ledger_check
 from app.ledger.leases import lease_complete, runtime_heartbeat, task_cancel
+from app.ledger.queue import queue_pending_counts
 from app.ledger.wakeups import WakeSource, Wakeup
 from app.reconciler import Reconciler, ReconcilerConfig
 from tests.factories import NOW, ledger_violations, pool_add, spec_make, tasks_add
@@ -151,6 +152,9 @@ async def test_a_4_core_task_behind_a_stream_of_1_core_tasks_is_leased_in_bounde
                     assert shown is not None and shown["code"] == "nominated"
                     assert shown.get("poolIds") == ["p1"]
                     assert shown.get("nominatedAt") == pending["nominatedAt"]
+                    # GET /v1/queue counts it under its code.
+                    counts = await queue_pending_counts(conn, tenant_ids=["t1"], pool_ids=None)
+                    assert ("standard", "nominated", 1, 1) in [c[:4] for c in counts]
         if state == "LEASED":
             break
     assert state == "LEASED" and leased_at is not None and nominated_at is not None
