@@ -28,9 +28,6 @@ _CHECKS = {
     "reservation_of_unleased_task": """
         SELECT count(*) FROM reservations r JOIN tasks t ON t.id = r.task_id
         WHERE t.state <> 'LEASED' AND NOT (r.hold AND t.state = 'ADMITTED')""",
-    "nomination_of_unadmitted_task": """
-        SELECT count(*) FROM nominations n WHERE NOT EXISTS (
-            SELECT 1 FROM tasks t WHERE t.id = n.task_id AND t.state = 'ADMITTED')""",
     "members_mismatch": """
         SELECT count(*) FROM (
             SELECT r.task_id, sum(r.members) AS placed,

@@ -275,6 +275,7 @@ class PassNomination:
         for t in lost:
             if t in self.created:
                 self.created.discard(t)
+                self.outcomes["nominated"] -= 1
 
     def detail(self) -> dict[str, Any]:
         """Return the pass's nomination counts (for its log line)."""
