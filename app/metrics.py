@@ -53,9 +53,11 @@ PREEMPTION_VICTIMS = Counter(
 for _outcome in PREEMPTION_OUTCOMES:
     PREEMPTION_VICTIMS.labels(_outcome)
 #: Nominations of starving tasks: started (nominated), and ended by outcome: placed, passed
-#: (higher-priority work needed the capacity), not_first (no longer first of its priority in
-#: its runtime class), cancelled or gone (found by the recovery round).
-NOMINATION_OUTCOMES = ("nominated", "placed", "passed", "not_first", "cancelled", "gone")
+#: (higher-ranked work needed the capacity), not_first (a waiting task ranks above it now),
+#: stale (its pools can no longer let it fit), cancelled or gone (found by the recovery
+#: round).
+NOMINATION_OUTCOMES = ("nominated", "placed", "passed", "not_first", "stale", "cancelled",
+                       "gone")
 NOMINATIONS = Counter(
     "berth_nominations_total",
     "Nominations of starving tasks: started (nominated) and ended, by outcome.",

@@ -6,8 +6,8 @@ small read: a row per nominated pool) and:
 * a claimed **nominee** is decided with its holds (free for it only, like a preemptor's).
   Placed, its nomination ends (``placed``) and its holds are taken at commit. Not placed,
   it is handed back parked with the pending code ``nominated`` and keeps its holds, unless
-  a waiting task of its class ranks above it now (``not_first``): then its holds go back at
-  commit;
+  a waiting task of its class ranks above it now (``not_first``), or capacity released on
+  its pools could no longer let it fit (``stale``): then its holds go back at commit;
 * a claimed task ranked above a nominee of its class (a higher priority under the priority
   policy, admitted before it otherwise) that fits nowhere
   while the nominee holds capacity it could use ends that nomination (``passed``): work
@@ -150,8 +150,12 @@ class PassNomination:
         ``index`` of the pass's hand-backs): parked ``nominated``, keeping its holds, unless
         :meth:`settle` finds its nomination over (then ``fallback()`` replaces it)."""
         ns = self.of[task.id]
-        self._kept.append((task, index, fallback))
         pools = [n.pool_id for n in ns]
+        # Capacity released on its pools can no longer help it (a pool cordoned, a label
+        # changed): the nomination is stale, and a new one is planned when it starves again.
+        if reason.wake_pools is not None and not set(pools) & set(reason.wake_pools):
+            self.ended[task.id] = "stale"
+        self._kept.append((task, index, fallback))
         held = self._held.get(task.id, {})
         doc = nominated_document(
             reason, pool_ids=pools, need=_sum(n.need for n in ns),
