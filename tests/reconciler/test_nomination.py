@@ -252,3 +252,25 @@ async def test_higher_priority_work_is_not_held_back(db: Database) -> None:
     assert (await stream.state(urgent))[0] == "LEASED"
     assert ("nomination_ended", {"outcome": "passed"}) in await _events(db, big)
 
+
+
+async def test_a_nominee_its_pool_can_no_longer_help_gives_its_holds_back(db: Database) -> None:
+    stream = await _start(db, {"p1": 4, "p2": 1}, nomination=NOMINATION)
+    (big,) = await stream.submit(spec_make(cpu=4000))
+    held = 0
+    while stream.t < 20 and not held:
+        await stream.step()
+        async with db.connection() as conn:
+            held = int(await conn.fetchval(
+                "SELECT coalesce(sum(cpu), 0) FROM reservations WHERE task_id = $1", big))
+    assert held > 0
+    async with db.transaction() as conn:
+        await conn.execute("UPDATE pools SET status = 'CORDONED' WHERE id = 'p1'")
+        await conn.execute("UPDATE tasks SET parked = false WHERE id = $1", big)
+    stream.rec = reconciler(db, NOMINATION)  # a fresh snapshot of the pools
+    await stream.rec.run_once(now=stream.now)
+    assert ("nomination_ended", {"outcome": "stale"}) in await _events(db, big)
+    async with db.connection() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM reservations WHERE hold") == 0
+        assert await conn.fetchval("SELECT count(*) FROM nominations") == 0
+    assert await ledger_violations(db) == []
