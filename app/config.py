@@ -192,6 +192,13 @@ class Settings(BaseSettings):
         description="A lease younger than this is never reclaimed: a tenant back under its "
         "nominal takes back only borrowed work that has run at least this long.",
     )
+    nomination_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        description="A task first of its priority in its runtime class that has not fit for "
+        "this long is nominated: capacity freed on the pools it would take is held for it "
+        "until it fits (0: never).",
+    )
 
     # --- reconciler -----------------------------------------------------------------------
     reconciler_enabled: bool = Field(

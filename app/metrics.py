@@ -69,6 +69,25 @@ RECLAIM_VICTIMS = Counter(
     "Borrowed leases revoked by reclaims (what became of them is counted with the "
     "preemption victims' outcomes).",
 )
+#: Nominations of starving tasks: started (nominated), and ended by outcome: placed, passed
+#: (higher-ranked work needed the capacity), not_first (a waiting task ranks above it now),
+#: stale (its pools can no longer let it fit), cancelled or gone (found by the recovery
+#: round).
+NOMINATION_OUTCOMES = ("nominated", "placed", "passed", "not_first", "stale", "cancelled",
+                       "gone")
+NOMINATIONS = Counter(
+    "berth_nominations_total",
+    "Nominations of starving tasks: started (nominated) and ended, by outcome.",
+    ["outcome"],
+)
+for _outcome in NOMINATION_OUTCOMES:
+    NOMINATIONS.labels(_outcome)
+NOMINATION_HELD = Gauge(
+    "berth_nomination_held",
+    "Capacity held for nominated tasks, by resource (cpuMillis, memoryMiB, llmSlots); "
+    "refreshed by the leader's recovery round.",
+    ["resource"],
+)
 #: How runtimes complete leases: the task finished (succeeded, failed) or was given back
 #: unfinished and queued again (released).
 LEASE_OUTCOMES = ("succeeded", "failed", "released")
@@ -109,7 +128,7 @@ SHARDS_OWNED = Gauge("berth_shards_owned", "Shard slots owned by this reconciler
 #: Pending codes a waiting task may carry besides the scheduling core's reason codes; any
 #: other stored value is counted as ``other``.
 PENDING_EXTRA_CODES = ("unexamined", "reservation_conflict", "invalid_spec", "scheduler_error",
-                       "preempting", "reclaiming", "other")
+                       "preempting", "reclaiming", "nominated", "other")
 TASKS_PENDING = Gauge(
     "berth_tasks_pending",
     "Waiting tasks (ADMITTED or CLAIMED) of the owned slots, by pending reason code "

@@ -207,9 +207,9 @@ async def ledger_violations(db: Database) -> list[str]:
             "ON r.pool_id = l.pool_id WHERE l.cpu_reserved != COALESCE(r.c, 0) "
             "OR l.memory_reserved != COALESCE(r.m, 0) OR l.llm_reserved != COALESCE(r.s, 0)"
         ),
-        # A preemptor or reclaimer waiting (ADMITTED, perhaps being scheduled) may hold
-        # capacity.
-        "reservation of a task not LEASED (nor a preemptor's hold)": (
+        # A preemptor, reclaimer or nominee waiting (ADMITTED, perhaps being scheduled) may
+        # hold capacity.
+        "reservation of a task not LEASED (nor a preemptor's, reclaimer's or nominee's hold)": (
             "SELECT r.task_id FROM reservations r JOIN tasks t ON t.id = r.task_id "
             "WHERE t.state != 'LEASED' AND NOT (t.state = 'ADMITTED' AND r.hold)"
         ),

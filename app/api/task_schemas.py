@@ -175,6 +175,11 @@ def pending_reason_json(raw: dict[str, Any] | None) -> PendingReason | None:
     if "victims" in raw:
         doc["victims"] = int(raw["victims"])
         doc["revokeBy"] = raw.get("revokeBy")
+    if "nominatedAt" in raw:
+        doc["poolIds"] = [str(p) for p in raw.get("poolIds") or []]
+        doc["need"] = {str(k): int(v) for k, v in (raw.get("need") or {}).items()}
+        doc["held"] = {str(k): int(v) for k, v in (raw.get("held") or {}).items()}
+        doc["nominatedAt"] = raw.get("nominatedAt")
     return doc
 
 

@@ -24,7 +24,7 @@ _CHECKS = {
             NOT EXISTS (SELECT 1 FROM reservations r WHERE r.task_id = t.id)
             OR NOT EXISTS (SELECT 1 FROM leases l WHERE l.task_id = t.id
                 AND l.state IN ('ACTIVE', 'REVOKING')))""",
-    # A task waiting for victims to stop (preemption, reclaim) holds capacity: ADMITTED.
+    # Holds (a preemptor's, a reclaimer's, a nominee's) belong to admitted tasks.
     "reservation_of_unleased_task": """
         SELECT count(*) FROM reservations r JOIN tasks t ON t.id = r.task_id
         WHERE t.state <> 'LEASED' AND NOT (r.hold AND t.state = 'ADMITTED')""",

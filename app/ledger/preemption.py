@@ -39,6 +39,7 @@ from typing import Any
 
 from app.db import Connection
 from app.ledger.events import task_events_add
+from app.ledger.nominations import nominations_capture, nominees_lock
 from app.ledger.quotas import RETURN_CTES
 from app.ledger.reclaim import RECLAIMED, reclaimed_of
 from app.ledger.reservations import Vector, amounts_sum, reservations_release
@@ -277,7 +278,8 @@ async def reservations_hand_over(
     victims over to their waiting preemptors; return what went back to the ledger by pool.
 
     A preemptor that is no longer waiting (placed, cancelled, failed) inherits nothing. A
-    preemptor whose last victim ended is unparked, and reconcilers are woken.
+    preemptor whose last victim ended is unparked, and reconcilers are woken. What is free
+    afterwards on a nominated pool goes into its nominee's hold, up to its need.
     """
     heirs = {v: h for v, h in heirs.items() if v in set(task_ids)}
     woken = False
@@ -287,7 +289,13 @@ async def reservations_hand_over(
         if pairs:
             await conn.fetch(_HAND_OVER, [v for v, _ in pairs], [h for _, h in pairs])
             woken = bool(await conn.fetch(_HEIRS_UNPARK, sorted(alive), now))
+    # Nominated pools keep what is free on them for their nominees (app.ledger.nominations).
+    nominees = await nominees_lock(conn, task_ids=task_ids)
     released = await reservations_release(conn, task_ids=task_ids, now=now)
+    if nominees:
+        released = await nominations_capture(
+            conn, nominees=nominees, released=released, now=now
+        )
     if woken and not released:
         await wakeup_notify(conn, source=WakeSource.CAPACITY_RELEASED)
     return released

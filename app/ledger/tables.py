@@ -447,3 +447,22 @@ cohort_usage = Table(
     PrimaryKeyConstraint("cohort", "runtime_class", "resource", name="pk_cohort_usage"),
     CheckConstraint("borrowed >= 0", name="borrowed_nonnegative"),
 )
+
+# A starving task's nomination (revision 0018_nominations): per pool it was promised (one
+# nomination per pool at a time), the members it would place there and what they need.
+# The capacity gathered for it is in ``reservations`` (hold rows), like a preemptor's.
+nominations = Table(
+    "nominations",
+    metadata,
+    Column("pool_id", ID, nullable=False),
+    Column("task_id", UUID(as_uuid=True), nullable=False),
+    Column("runtime_class", ID, nullable=False),
+    Column("members", Integer, nullable=False),
+    Column("cpu", BigInteger, nullable=False),
+    Column("memory", BigInteger, nullable=False),
+    Column("llm", BigInteger, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    PrimaryKeyConstraint("pool_id", name="pk_nominations"),
+    CheckConstraint("members >= 1", name="members_positive"),
+)
+Index("ix_nominations_task_id", nominations.c.task_id)

@@ -94,6 +94,9 @@ class ReconcilerConfig:
     preemption_grace_seconds: float = _setting("preemption_grace_seconds")
     #: A lease younger than this is never a reclaim's victim.
     reclaim_min_runtime_seconds: float = _setting("reclaim_min_runtime_seconds")
+    #: A task first of its priority in its runtime class that has not fit for this long is
+    #: nominated (0: never; see :mod:`app.reconciler.nominating`).
+    nomination_seconds: float = _setting("nomination_seconds")
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: object) -> ReconcilerConfig:
@@ -117,6 +120,7 @@ class ReconcilerConfig:
             "finished_retention_seconds": settings.finished_task_retention_hours * 3600,
             "preemption_grace_seconds": settings.preemption_grace_seconds,
             "reclaim_min_runtime_seconds": settings.reclaim_min_runtime_seconds,
+            "nomination_seconds": settings.nomination_seconds,
             # Enough ranked candidates for every walk the limit allows.
             "top_k": max(TOP_K_DEFAULT, settings.reservation_walk_limit + 1),
         }

@@ -45,6 +45,7 @@ from app.ledger.capacity import capacity_totals_read
 from app.ledger.claims import tasks_unpark, tasks_wake
 from app.ledger.idempotency import idempotency_records_expire
 from app.ledger.leases import pool_leases_revoke
+from app.ledger.nominations import nominations_held, nominations_recover
 from app.ledger.preemption import preemptors_unpark, victims_revoke_overdue
 from app.ledger.queue import queue_pending_by_code
 from app.ledger.quotas import quota_usage_read
@@ -55,6 +56,8 @@ from app.ledger.wakeups import WakeSource, Wakeup, wakeup_keys
 from app.metrics import (
     IDEMPOTENCY_RECORDS_EXPIRED,
     LEASES_EXPIRED,
+    NOMINATION_HELD,
+    NOMINATIONS,
     PENDING_EXTRA_CODES,
     POOL_CAPACITY,
     POOL_RESERVED,
@@ -278,6 +281,12 @@ class Reconciler:
                 log.info("preemption grace period over; victims revoked and requeued",
                          extra={"owner": self.owner_id, "tasks": preempted})
             await preemptors_unpark(conn, now=at)
+            ended = await nominations_recover(conn, now=at)
+            for outcome, n in ended.items():
+                NOMINATIONS.labels(outcome=outcome).inc(n)
+            held = await nominations_held(conn)
+            for resource, amount in zip(RESOURCES, held, strict=True):
+                NOMINATION_HELD.labels(resource=resource).set(amount)
             return result.tasks + revoked + preempted
 
         return await self.ownership.as_leader(recover) or 0

@@ -46,6 +46,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from pydantic import ValidationError
@@ -82,6 +83,7 @@ from app.ledger.snapshot import (
 from app.ledger.tenants import tenants_entitlements
 from app.metrics import (
     FILTER_REJECTIONS,
+    NOMINATIONS,
     PASS_DURATION,
     PLACEMENTS,
     PREEMPTION_VICTIMS,
@@ -95,6 +97,7 @@ from app.metrics import (
     TASKS_REEXAMINED,
 )
 from app.reconciler.config import ReconcilerConfig
+from app.reconciler.nominating import PassNomination
 from app.reconciler.preempting import PassPreemption
 from app.reconciler.reclaiming import PassReclaim
 from app.reconciler.retry import transient_retry
@@ -167,6 +170,8 @@ class PassResult:
     rejections: Counter[str] = field(default_factory=Counter)
     queue_waits: list[float] = field(default_factory=list)
     victims: int = 0
+    #: Nominations started (``nominated``) and ended (by outcome) by the pass.
+    nominations: Counter[str] = field(default_factory=Counter)
 
     def to_log(self) -> dict[str, Any]:
         """Return the result as flat log fields."""
@@ -185,6 +190,7 @@ class PassResult:
             "unchanged": self.unchanged,
             "woken": self.woken,
             "preempting": self.preempting,
+            **({"nominations": dict(self.nominations)} if self.nominations else {}),
             "snapshot_rebuilt": self.snapshot_rebuilt,
             "duration_ms": round(self.duration_seconds * 1000, 2),
             **{f"{k}_ms": round(v * 1000, 2) for k, v in self.phases.items()},
@@ -312,6 +318,8 @@ def _metrics_count(result: PassResult) -> None:
         RECLAIMS.labels(outcome=outcome).inc(n)
     if result.reclaim_victims:
         RECLAIM_VICTIMS.inc(result.reclaim_victims)
+    for outcome, n in result.nominations.items():
+        NOMINATIONS.labels(outcome=outcome).inc(n)
     TASKS_LEASED.inc(result.leased)
     PLACEMENTS.labels(outcome="leased").inc(result.leased)
     # A re-examination that changed nothing is not a new decision.
@@ -417,6 +425,9 @@ async def _pass_in(
         quota_rows = reclaim.quota_rows()
     book = QuotaBook(quota_rows, cohorts) if quota_rows else None
     await preemption.load(conn, claimed=compiled)
+    nomination = PassNomination(seconds=cfg.nomination_seconds, now=now,
+                                by_priority=cfg.policy == "priority")
+    await nomination.load(conn, claimed=compiled, preemption=preemption)
     result.snapshot_rebuilt = ctx.snapshot_cache.rebuilds != rebuilds
     phases["snapshot"] = time.perf_counter() - t0
 
@@ -444,6 +455,7 @@ async def _pass_in(
     assume, decided = assumed.add, decisions.append
     top_k, period, keep = cfg.top_k, cfg.park_sweep_seconds, cfg.task_events_kept
     unsatisfiable = False
+    nominating, nominees = nomination.on, nomination.nominees
     # The rejection counts maps of the pass's outcomes, by identity (kept alive here, so an
     # id is never reused), with how many tasks had each.
     counts_seen: dict[int, list] = {}
@@ -489,6 +501,8 @@ async def _pass_in(
                     # later tasks must not see them twice (another holder on the same pool).
                     assumed.hold(f"{q.task_id}:held", [
                         (p, (-a[0], -a[1], -a[2])) for p, a in held.items()])
+                if nominees:
+                    nomination.placed(task)
                 assume(spec, members, task_id=q.task_id)
                 if quotas is not None:
                     quotas.add(spec.tenant_id, spec.runtime_class, spec.total_requests)
@@ -498,11 +512,20 @@ async def _pass_in(
             if held is None:
                 cache.put(spec, reason)
                 unsatisfiable = True
+        if nominees and task.id in nomination.of:
+            unclaims.append(nomination.nominee(task, reason, partial(
+                _pending, task, str(reason.code), no_placement_document(reason),
+                wake_keys(spec, reason), now=now, period=period, keep=keep,
+            ), len(unclaims)))
+            continue
         # A task over its quota displaces nothing: its own limit is what stops it.
-        preempting = None if reason.code in _QUOTA_CODES else preemption.plan(
+        over_quota = reason.code in _QUOTA_CODES
+        preempting = None if over_quota else preemption.plan(
             task, spec, reason, snapshot=snapshot, assumed=assumed, now=now)
         if preempting is None and reclaim is not None:
             reclaim.consider(len(unclaims), task, spec, reason, held)
+        if preempting is None and nominating and not over_quota:
+            nomination.consider(task, spec, reason, len(unclaims))
         unclaims.append(preempting or _pending(
             task, str(reason.code), no_placement_document(reason), wake_keys(spec, reason),
             now=now, period=period, keep=keep,
@@ -518,12 +541,16 @@ async def _pass_in(
             placed=[d.spec for d in decisions if not reclaim.counted(d.task.id)],
             grants=preemption.grants, taken=preemption.taken, now=now,
         )
+    # After the reclaims: a task with a reclaim's grant is not nominated.
+    if nominating:
+        await nomination.settle(conn, unclaims=unclaims, snapshot=snapshot, assumed=assumed,
+                                preemption=preemption, placed=(d.task.id for d in decisions))
     phases["select"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     quota = _quota_plan(decisions, quota_rows) if quota_rows else None
     await _plan_commit(conn, ctx, result, decisions, unclaims, snapshot, preemption, quota,
-                       now=now)
+                       nomination, now=now)
     if reclaim is not None:
         _reclaims_count(result, reclaim, preemption)
     phases["commit"] = time.perf_counter() - t0
@@ -607,6 +634,7 @@ async def _plan_commit(
     snapshot: Snapshot,
     preemption: PassPreemption,
     quota: QuotaPlan | None,
+    nomination: PassNomination,
     *,
     now: datetime,
 ) -> None:
@@ -629,6 +657,7 @@ async def _plan_commit(
         # back to the queue (the savepoint undid the whole plan: apply it again without).
         result.conflicts += len(applied.lost_preemptions)
         preemption.drop(applied.lost_preemptions, unclaims)
+        nomination.dropped(applied.lost_preemptions)
 
     events = dict(applied.leased)
     # Placements their tenant's quota refused at commit (another pass charged first) hold
@@ -704,7 +733,9 @@ async def _plan_commit(
     result.unchanged = sum(1 for u in unclaims if u.task_id in unclaimed and not u.event)
     result.woken = applied.woken
     result.requeued = len(released)
-    result.preempting = len(applied.preempted)
+    # A nomination is applied as a preemption without victims: not counted as one.
+    result.preempting = len(applied.preempted - nomination.created)
+    result.nominations = nomination.outcomes
     result.victims = sum(len(preemption.grants[t].victims) for t in applied.preempted)
     result.queue_waits = [
         max((commit_now - d.task.admitted_at).total_seconds(), 0.0) for d in kept

@@ -81,6 +81,11 @@ class PassPreemption:
         self._index: VictimIndex | None = None
         self._taken: set[str] = set()
         self.grants: dict[uuid.UUID, PreemptionGrant] = {}
+        #: Holders that keep their holds though handed back parked (nominees still
+        #: nominated), and holders whose holds go back though not claimed (nominations
+        #: ended by this pass): see app.reconciler.nominating.
+        self.kept: set[uuid.UUID] = set()
+        self.released: set[uuid.UUID] = set()
 
     async def load(
         self, conn: Connection, *, claimed: Iterable[tuple[ClaimedTask, CompiledSpec]],
@@ -158,12 +163,14 @@ class PassPreemption:
     ) -> tuple[uuid.UUID, ...]:
         """Return the tasks whose holds the plan gives back: placed ones, and ones handed back
         parked for another reason than waiting (a new preemption takes new holds)."""
-        if not self.holds:
+        if not self.holds and not self.released:
             return ()
         out = [t for t in granted if t in self.holds]
         for u in unclaims:
-            if u.task_id in self.holds and u.parked and u.task_id not in self._waiting:
+            if (u.task_id in self.holds and u.parked and u.task_id not in self._waiting
+                    and u.task_id not in self.kept):
                 out.append(u.task_id)
+        out.extend(self.released)
         return tuple(sorted(set(out)))
 
     def holding_on(self, pools: Collection[str] | None) -> set[uuid.UUID]:

@@ -153,7 +153,8 @@ class PendingReason(TypedDict):
         description="The headline reason code: the closest miss, the code of the latest stage "
         "any pool reached (ties: the most pools); `preempting` while the task waits for the "
         "lower-priority tasks it displaced to stop, `reclaiming` while it waits for the "
-        "borrowed leases of its cohort it takes back to stop."
+        "borrowed leases of its cohort it takes back to stop, `nominated` while capacity "
+        "freed on its pools is held for it (it starved)."
     )]
     message: Annotated[str, Field(description="A human sentence; names no pool.")]
     rejections: Annotated[
@@ -167,6 +168,21 @@ class PendingReason(TypedDict):
         default=None,
         description="`preempting` and `reclaiming` only: when its victims are revoked at the "
         "latest."
+    )]]
+    poolIds: NotRequired[Annotated[list[str] | None, Field(
+        default=None, description="`nominated` only: the pools whose freed capacity is held "
+        "for the task."
+    )]]
+    need: NotRequired[Annotated[dict[str, int] | None, Field(
+        default=None, description="`nominated` only: what the task needs on those pools "
+        "(`cpuMillis`, `memoryMiB`, `llmSlots`)."
+    )]]
+    held: NotRequired[Annotated[dict[str, int] | None, Field(
+        default=None, description="`nominated` only: the capacity held for it so far, summed "
+        "over those pools."
+    )]]
+    nominatedAt: NotRequired[Annotated[datetime | None, Field(
+        default=None, description="`nominated` only: when the task was nominated."
     )]]
 
 
