@@ -93,10 +93,10 @@ class World:
             (x.on(pool_id) for x in self.leases), np.zeros(3, dtype=np.int64))
 
     def plan(self, tenant: str, req: tuple[int, int, int], task_id: str = "new",
-             members: int = 1):
+             members: int = 1, max_per_pool: int | None = None):
         snap = self.snapshot()
         book = ReclaimBook(self.rows(), COHORT)
-        gang = {"gang": {"members": members}} if members > 1 else {}
+        gang = {"gang": {"members": members, "maxPerPool": max_per_pool}} if members > 1 else {}
         s = spec(tenant=tenant, task_id=task_id,
                  requests={"cpuMillis": req[0], "memoryMiB": req[1]}, **gang)
         return plan_reclaim(s, snap, ReclaimIndex(snap, [x.victim() for x in self.leases]),
@@ -122,16 +122,21 @@ REQS = st.sampled_from([(500, 0, 0), (1000, 0, 0), (2000, 0, 0), (1000, 1024, 0)
 
 
 @st.composite
-def worlds(draw, *, at_nominal: bool = False) -> World:
+def worlds(draw, *, at_nominal: bool = False, crowded: bool = False) -> World:
+    """Random cohorts; ``crowded``: two or three full-ish pools, mostly a's and z's leases,
+    b with a nominal of its own to reclaim (where gang reclaimers find something)."""
     caps = {f"p{i}": (draw(st.integers(1, 6)) * 1000, 8192, 0)
-            for i in range(draw(st.integers(1, 3)))}
+            for i in range(draw(st.integers(2 if crowded else 1, 3)))}
     memory = draw(st.booleans())
     nominal = {t: (draw(st.integers(0, 8)) * 1000, draw(st.integers(0, 4)) * 2048)
                for t in COHORT}
+    if crowded:
+        nominal["b"] = (draw(st.integers(4, 12)) * 1000, draw(st.integers(2, 4)) * 2048)
     free = {p: np.array(c, dtype=np.int64) for p, c in caps.items()}
     leases: list[Lease] = []
-    for j in range(draw(st.integers(0, 14))):
-        tenant = draw(st.sampled_from(sorted(COHORT)))
+    owners = ["a", "a", "a", "b", "z"] if crowded else sorted(COHORT)
+    for j in range(draw(st.integers(6 if crowded else 0, 20 if crowded else 14))):
+        tenant = draw(st.sampled_from(owners))
         req = draw(REQS)
         # A gang's members go one by one to the first pool with room (maybe the same one).
         room = {p: f.copy() for p, f in free.items()}
@@ -161,14 +166,18 @@ def test_a_reclaim_takes_only_borrowed_work_of_the_cohort_and_no_more(
     check_reclaim(world, tenant, req, members)
 
 
-@given(worlds(), st.sampled_from(["a", "b"]), REQS, st.integers(2, 4))
+@given(worlds(crowded=True), st.sampled_from(["b", "b", "a"]), REQS, st.integers(2, 4),
+       st.sampled_from([None, 1, 2]))
 @SETTINGS
-def test_a_gang_reclaims_for_all_its_members_or_not_at_all(world, tenant, req, members):
-    check_reclaim(world, tenant, req, members)
+def test_a_gang_reclaims_for_all_its_members_or_not_at_all(
+    world, tenant, req, members, max_per_pool
+):
+    check_reclaim(world, tenant, req, members, max_per_pool)
 
 
-def check_reclaim(world: World, tenant: str, req: tuple[int, int, int], members: int) -> None:
-    planned, _, s = world.plan(tenant, req, members=members)
+def check_reclaim(world: World, tenant: str, req: tuple[int, int, int], members: int,
+                  max_per_pool: int | None = None) -> None:
+    planned, _, s = world.plan(tenant, req, members=members, max_per_pool=max_per_pool)
     if planned is None:
         return
     need = np.array(s.total_requests, dtype=np.int64)
@@ -191,6 +200,7 @@ def check_reclaim(world: World, tenant: str, req: tuple[int, int, int], members:
     # All members or none: every member has a pool, and fits there once the victims (every
     # pool of a gang victim) are gone.
     assert sum(c for _, c in planned.members) == members
+    assert max_per_pool is None or max(c for _, c in planned.members) <= max_per_pool
     assert len({p for p, _ in planned.members}) == len(planned.members)
     req_v = np.array(s.requests, dtype=np.int64)
     for pool_id, count in planned.members:
@@ -217,6 +227,18 @@ def test_tenants_at_their_nominal_never_take_from_each_other(world, tenant, req,
 @given(worlds(), st.sampled_from(["a", "b"]), REQS, MEMBERS)
 @SETTINGS
 def test_a_reclaim_never_makes_its_victims_want_to_reclaim_back(world, tenant, req, members):
+    check_no_loop(world, tenant, req, members)
+
+
+@given(worlds(crowded=True), st.sampled_from(["b", "b", "a"]), REQS, st.integers(2, 4))
+@SETTINGS
+def test_a_gangs_reclaim_never_makes_its_victims_want_to_reclaim_back(
+    world, tenant, req, members
+):
+    check_no_loop(world, tenant, req, members)
+
+
+def check_no_loop(world: World, tenant: str, req: tuple[int, int, int], members: int) -> None:
     planned, book, s = world.plan(tenant, req, members=members)
     if planned is None:
         return
