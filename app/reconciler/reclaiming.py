@@ -51,9 +51,11 @@ from app.scheduling.spec import CompiledSpec
 
 __all__ = ["PassReclaim", "reclaiming_document"]
 
-#: Headlines a reclaim can help: the pools that pass every other filter lack capacity.
+#: Headlines a reclaim can help: the pools that pass every other filter lack capacity (for
+#: a gang, also: some pools fit a member but no plan fits them all).
 _CAPACITY = frozenset({Reason.INSUFFICIENT_CPU, Reason.INSUFFICIENT_MEMORY,
                        Reason.INSUFFICIENT_LLM_SLOTS})
+_GANG = _CAPACITY | {Reason.GANG_UNSATISFIABLE}
 
 
 def _iso(at: datetime) -> str:
@@ -129,8 +131,8 @@ class PassReclaim:
         held: Any,
     ) -> None:
         """Remember a task that fits nowhere, whose hand-back is the pass's ``at``-th."""
-        if (reason.code in _CAPACITY and spec.runtime_class in self._managed
-                and not spec.is_gang and task.id not in self._waits):
+        if (reason.code in (_GANG if spec.is_gang else _CAPACITY)
+                and spec.runtime_class in self._managed and task.id not in self._waits):
             self._candidates.append((at, task, spec, reason, held))
 
     async def plan(

@@ -27,7 +27,7 @@ the free part of each pool (the victims' share is handed over as each of them en
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +43,7 @@ __all__ = [
     "Preemption",
     "Victim",
     "VictimIndex",
+    "plan_gang",
     "plan_preemption",
     "victims_cheapest",
     "victims_key",
@@ -166,6 +167,11 @@ def victims_cheapest(
     return tuple(chosen)
 
 
+#: Picks a pool's victims: (free, need, eligible, pool id) -> the set, () or None
+#: (:func:`victims_cheapest`'s contract).
+Cheapest = Callable[[np.ndarray, np.ndarray, Sequence[Victim], str], tuple[Victim, ...] | None]
+
+
 def _holds(
     members: Sequence[tuple[str, int]],
     victims: Sequence[Victim],
@@ -229,11 +235,30 @@ def plan_preemption(
             members, best.victims, _holds(members, best.victims, req),
             tuple(o[3] for o in options) if explain else (),
         )
-    return _plan_gang(spec, snapshot, idx, total, free_all, req, eligible, explain)
+    return plan_gang(spec, snapshot, idx, total, free_all, req, eligible, explain=explain)
 
 
-def _plan_gang(spec, snapshot, idx, total, free_all, req, eligible, explain) -> Preemption | None:
-    """Plan a gang's preemption: one plan over the room with every eligible victim gone."""
+def plan_gang(
+    spec: CompiledSpec,
+    snapshot: Snapshot,
+    idx: np.ndarray,
+    total: np.ndarray,
+    free_all: np.ndarray,
+    req: np.ndarray,
+    eligible: Callable[[int], list[Victim]],
+    *,
+    cheapest: Cheapest = victims_cheapest,
+    explain: bool = False,
+) -> Preemption | None:
+    """Plan a gang's displacement for all its members or none: one plan (``place_gang``)
+    over the room each pool would have with every victim ``eligible`` there (by snapshot
+    position) gone, then ``cheapest`` picks each pool's set of the plan, in plan order.
+
+    ``idx``, ``total`` and ``free_all`` are ``feasible_but_capacity``'s pools, scores and
+    free capacity. Preemption and reclaim (:mod:`app.scheduling.reclaim`) share it; reclaim's
+    ``cheapest`` may refuse a pool (its victim tenants' borrowed budgets), and then there is
+    no plan.
+    """
     ids = snapshot.ids
     room = free_all.copy()
     for pos, i in enumerate(idx.tolist()):
@@ -255,10 +280,10 @@ def _plan_gang(spec, snapshot, idx, total, free_all, req, eligible, explain) -> 
         free = free_all[p] + sum(
             (v.amount_on(ids[i]) for v in picked), np.zeros(3, dtype=np.int64)
         )
-        pool_set = victims_cheapest(
+        pool_set = cheapest(
             free, req * count, [v for v in eligible(i) if v not in picked], ids[i]
         )
-        if pool_set is None:  # pragma: no cover - the room above guarantees a set
+        if pool_set is None:  # a preemption always has a set here (the room above)
             return None
         picked.extend(pool_set)
         candidates.append(

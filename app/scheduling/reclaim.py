@@ -14,11 +14,16 @@ victim records (:class:`Victim`) it reuses:
   is never pushed below its nominal (resources it does not borrow do not limit it, since
   taking from them takes nothing it is guaranteed beyond what it holds).
 * **Who reclaims.** Only a task whose tenant is within its nominal with the task (usage plus
-  the needs of its reclaims still waiting plus the task, in every managed resource), from
-  leases of *other* tenants of *its cohort*, leased at least the minimum runtime ago, not a
-  gang. Hence no reclaim loop: after a reclaim the reclaimer is within its nominal (borrows
-  nothing, so nobody can take from it), and a victim tenant stays at or above its nominal in
-  what it borrowed, so its requeued victims do not fit its nominal and cannot reclaim back.
+  the needs of its reclaims still waiting plus the task -- all members of a gang --, in every
+  managed resource), from leases of *other* tenants of *its cohort*, leased at least the
+  minimum runtime ago. Hence no reclaim loop: after a reclaim the reclaimer is within its
+  nominal (borrows nothing, so nobody can take from it), and a victim tenant stays at or
+  above its nominal in what it borrowed, so its requeued victims do not fit its nominal and
+  cannot reclaim back.
+* **Gang victims.** A gang's leases are one victim (:class:`Victim` lists every pool it
+  holds), as in preemption: taken whole or not at all, only while its tenant's borrowed
+  budget covers all its members (:func:`victim_total`), and it frees its members on every
+  pool it holds.
 * **Victims on a pool.** Among the pools that pass every filter except capacity
   (``feasible_but_capacity``), per pool: the victims that free something the task lacks
   there, lowest priority first, then the most recently leased, each taken only while its
@@ -26,6 +31,11 @@ victim records (:class:`Victim`) it reuses:
   highest priority, oldest first). The pool with the cheapest set wins
   (:func:`~app.scheduling.preemption.victims_key`: the lowest highest priority, then the
   fewest victims, ...), equal sets by score, then pool id.
+* **Gang reclaimers.** A gang reclaims for all its members or not at all, with preemption's
+  gang planner (:func:`~app.scheduling.preemption.plan_gang`): one plan over the room each
+  pool would have with its eligible borrowed leases gone, then per pool of the plan the set
+  above, the victim tenants' budgets shared by all the pools. If some pool of the plan then
+  finds no set (a budget ran out), the gang does not reclaim in this pass.
 
 :class:`ReclaimBook` holds the usage a pass read and follows the pass's reclaims, so a later
 reclaim of the pass never counts a victim tenant's borrowed work twice.
@@ -40,7 +50,7 @@ import numpy as np
 from app.scheduling.assumed import Assumed
 from app.scheduling.framework import feasible_but_capacity
 from app.scheduling.plugins.quota import RESOURCES, QuotaRow
-from app.scheduling.preemption import PoolVictims, Preemption, Victim, victims_key
+from app.scheduling.preemption import PoolVictims, Preemption, Victim, plan_gang, victims_key
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec
 
@@ -158,16 +168,17 @@ def reclaim_victims(
     eligible: Sequence[Victim],
     pool_id: str,
     borrowed: Mapping[str, np.ndarray],
+    spent: Mapping[str, np.ndarray] = {},
 ) -> tuple[Victim, ...] | None:
     """Return the victims among ``eligible`` whose leases free ``need`` on top of ``free``
     on ``pool_id`` without taking more from any tenant than it borrows (``borrowed``, per
-    tenant); () when it fits already; None when no such set exists (greedy, see the module
-    doc)."""
+    tenant, less what other pools' sets took already: ``spent``); () when it fits already;
+    None when no such set exists (greedy, see the module doc)."""
     deficit = np.maximum(need - free, 0)
     if not deficit.any():
         return ()
     wanted = deficit > 0
-    left = {t: b.copy() for t, b in borrowed.items()}
+    left = {t: b - spent[t] if t in spent else b.copy() for t, b in borrowed.items()}
     order = sorted(eligible, key=lambda v: (v.priority, -v.leased_at, v.task_id))
     chosen: list[tuple[Victim, np.ndarray]] = []
     freed = _zero()
@@ -214,7 +225,7 @@ def plan_reclaim(
     latest lease time a victim may have (now less the minimum runtime).
     """
     rc, tenant = spec.runtime_class, spec.tenant_id
-    if spec.is_gang or not book.within_nominal(tenant, rc, spec.total_requests):
+    if not book.within_nominal(tenant, rc, spec.total_requests):
         return None
     idx, total, cycle = feasible_but_capacity(spec, snapshot, assumed=assumed, holds=holds)
     if len(idx) == 0:
@@ -228,13 +239,30 @@ def plan_reclaim(
             borrowed[t] = book.borrowed(t, rc) if ok else _zero()
         return bool(borrowed[t].any())
 
-    req, free_all, ids = cycle.req, cycle.available(idx), snapshot.ids
-    options: list[tuple[tuple, float, int, PoolVictims]] = []
-    for pos, i in enumerate(idx.tolist()):
-        eligible = [
+    def eligible_on(i: int) -> list[Victim]:
+        return [
             v for v in victims.on(i)
             if v.task_id not in taken and v.leased_at <= leased_before and lender(v.tenant_id)
         ]
+
+    req, free_all, ids = cycle.req, cycle.available(idx), snapshot.ids
+    if spec.is_gang:
+        spent: dict[str, np.ndarray] = {}
+
+        def cheapest(
+            free: np.ndarray, need: np.ndarray, eligible: Sequence[Victim], pool_id: str
+        ) -> tuple[Victim, ...] | None:
+            chosen = reclaim_victims(free, need, eligible, pool_id, borrowed, spent)
+            for v in chosen or ():
+                took = np.where(borrowed[v.tenant_id] > 0, victim_total(v), 0)
+                spent[v.tenant_id] = spent.get(v.tenant_id, _zero()) + took
+            return chosen
+
+        return plan_gang(spec, snapshot, idx, total, free_all, req, eligible_on,
+                         cheapest=cheapest)
+    options: list[tuple[tuple, float, int, PoolVictims]] = []
+    for pos, i in enumerate(idx.tolist()):
+        eligible = eligible_on(i)
         if not eligible:
             continue
         chosen = reclaim_victims(free_all[pos], req, eligible, ids[i], borrowed)

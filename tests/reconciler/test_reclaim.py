@@ -8,6 +8,8 @@ from __future__ import annotations
 import uuid
 from datetime import datetime, timedelta
 
+import pytest
+
 from app.config import SHARD_SLOTS
 from app.db import Database
 from app.ledger.invariants import ledger_check
@@ -43,17 +45,18 @@ async def setup(db: Database, tenants: dict[str, tuple[str, int | None]], *,
 async def add(db: Database, tenant: str, count: int, **spec: object) -> list[uuid.UUID]:
     async with db.transaction() as conn:
         return await tasks_add(conn, tenant=tenant, count=count,
-                               spec=spec_make(cpu=1000, **spec))  # type: ignore[arg-type]
+                               spec=spec_make(**{"cpu": 1000, **spec}))  # type: ignore[arg-type]
 
 
 async def rows(db: Database, ids: list[uuid.UUID]) -> list[tuple[str, str | None, int]]:
-    """(state, pending code, attempts) of each task, with its lease state when leased."""
+    """(state, pending code, attempts) of each task, with its lease state when leased (a
+    gang's leases, one a pool, change state together)."""
     async with db.connection() as conn:
         out = []
         for task_id in ids:
             r = await conn.fetchrow(
                 "SELECT t.state, t.pending_reason ->> 'code', t.attempts, "
-                "(SELECT l.state FROM leases l WHERE l.task_id = t.id "
+                "(SELECT min(l.state) FROM leases l WHERE l.task_id = t.id "
                 "AND l.state IN ('ACTIVE', 'REVOKING')) FROM tasks t WHERE t.id = $1", task_id)
             out.append((r[3] or r[0], r[1], int(r[2])))
     return out
@@ -72,10 +75,11 @@ async def sound(db: Database) -> None:
 
 
 async def release_revoking(db: Database, at: datetime) -> list[uuid.UUID]:
-    """The runtime gives back every revoking lease at once (outcome released)."""
+    """The runtime gives back every revoking lease at once (outcome released; one lease of a
+    gang ends them all)."""
     async with db.transaction() as conn:
-        leases = await conn.fetch("SELECT id, epoch, task_id FROM leases "
-                                  "WHERE state = 'REVOKING' ORDER BY task_id")
+        leases = await conn.fetch("SELECT DISTINCT ON (task_id) id, epoch, task_id FROM leases "
+                                  "WHERE state = 'REVOKING' ORDER BY task_id, id")
     for lease_id, epoch, _ in leases:
         async with db.transaction() as conn:
             await lease_complete(conn, lease_id=lease_id, epoch=epoch, outcome="released",
@@ -233,4 +237,109 @@ async def test_a_reclaim_victim_revoked_at_the_deadline(db: Database) -> None:
             "SELECT reason FROM task_events WHERE task_id = $1 ORDER BY id", victim)]
     assert "reclaimed" in reasons and "preempted" not in reasons
     assert await rows(db, b) == [("ACTIVE", None, 0)]
+    await sound(db)
+
+
+async def _leased_at(db: Database, ids: list[uuid.UUID]) -> None:
+    """Lease times in order: the later in ``ids``, the more recent (the first victims)."""
+    async with db.transaction() as conn:
+        for i, task_id in enumerate(ids):
+            await conn.execute("UPDATE tasks SET leased_at = $2 WHERE id = $1", task_id,
+                               NOW + timedelta(seconds=i))
+
+
+async def test_a_gang_of_four_reclaims_on_two_pools_for_all_its_members(db: Database) -> None:
+    """A gang of 4 (at most 2 a pool) within b's nominal takes back 2 borrowed leases of a on
+    each of two pools at once, then leases on both after the runtime releases them; the
+    victims go back to the queue without using an attempt."""
+    await setup(db, {"a": ("c", 4000), "b": ("c", 4000)}, pools=2)
+    a = await add(db, "a", 8)
+    assert (await reconciler(db).run_once(now=NOW)).leased == 8
+    await _leased_at(db, a)
+    assert await used(db) == {"a": 8000, "b": 0}
+    async with db.transaction() as conn:
+        (gang,) = await tasks_add(conn, tenant="b", spec=spec_make(
+            cpu=1000, gang={"members": 4, "maxPerPool": 2}))  # type: ignore[arg-type]
+    at = NOW + timedelta(seconds=10)
+    result = await reconciler(db).run_once(now=at)
+    assert result.reclaims["started"] == 1 and result.reclaim_victims == 4
+    revoking = [t for t, r in zip(a, await rows(db, a), strict=True) if r[0] == "REVOKING"]
+    assert len(revoking) == 4
+    async with db.connection() as conn:
+        reason = await conn.fetchval("SELECT pending_reason FROM tasks WHERE id = $1", gang)
+        pools = await conn.fetch("SELECT pool_id, count(*) FROM reservations WHERE task_id = "
+                                 "ANY($1::uuid[]) GROUP BY 1 ORDER BY 1", revoking)
+    assert reason["code"] == "reclaiming" and reason["victims"] == 4
+    assert sorted(reason["poolIds"]) == ["p0", "p1"]
+    assert [(p, int(n)) for p, n in pools] == [("p0", 2), ("p1", 2)]
+    await sound(db)
+
+    assert sorted(await release_revoking(db, at + timedelta(seconds=1))) == sorted(revoking)
+    await sound(db)
+    assert (await reconciler(db).run_once(now=at + timedelta(seconds=2))).leased == 1
+    assert await rows(db, [gang]) == [("ACTIVE", None, 0)]
+    async with db.connection() as conn:
+        members = await conn.fetch("SELECT pool_id, members FROM reservations "
+                                   "WHERE task_id = $1 AND NOT hold ORDER BY 1", gang)
+    assert [(p, int(m)) for p, m in members] == [("p0", 2), ("p1", 2)]
+    # The victims are requeued with no attempt used and wait for quota: a is at its nominal.
+    got = dict(zip(a, await rows(db, a), strict=True))
+    assert [got[t] for t in revoking] == [("ADMITTED", "quota_borrow_unavailable", 0)] * 4
+    assert await used(db) == {"a": 4000, "b": 4000}
+    async with db.connection() as conn:
+        for t in revoking:
+            events = await conn.fetch("SELECT reason, detail FROM task_events "
+                                      "WHERE task_id = $1 ORDER BY id", t)
+            assert events[-2][0] == "reclaimed"
+            assert events[-2][1]["preemptorId"] == str(gang)
+    await sound(db)
+
+
+
+@pytest.mark.parametrize(("nominal", "whole"), [(4000, True), (5000, False)])
+async def test_a_borrowed_gang_is_taken_whole_or_not_at_all(
+    db: Database, nominal: int, whole: bool
+) -> None:
+    """A borrowed gang is one victim: taken whole (the leases of all its members revoked
+    together) only while its tenant stays at or above its nominal, else other work is."""
+    await setup(db, {"a": ("c", nominal), "b": ("c", 4000)}, pools=2)
+    async with db.transaction() as conn:
+        (gang,) = await tasks_add(conn, tenant="a", spec=spec_make(
+            cpu=2000, gang={"members": 2, "maxPerPool": 1}))  # type: ignore[arg-type]
+    assert (await reconciler(db).run_once(now=NOW)).leased == 1
+    # The gang (priority 0, one member a pool) is cheaper to take than two singles (1).
+    singles = await add(db, "a", 4, priority=1)
+    assert (await reconciler(db).run_once(now=NOW)).leased == 4
+    assert await used(db) == {"a": 8000, "b": 0}
+    b = await add(db, "b", 1, cpu=2000)
+    at = NOW + timedelta(seconds=1)
+    assert (await reconciler(db).run_once(now=at)).reclaims["started"] == 1
+    async with db.connection() as conn:
+        gang_leases = sorted(r[0] for r in await conn.fetch(
+            "SELECT state FROM leases WHERE task_id = $1 AND state IN ('ACTIVE', 'REVOKING')",
+            gang))
+        taken = await conn.fetch(
+            "SELECT r.task_id, r.pool_id FROM leases l JOIN reservations r ON r.task_id = "
+            "l.task_id AND r.pool_id = l.pool_id AND NOT r.hold WHERE l.state = 'REVOKING'")
+    if whole:
+        # a borrows 4000: the gang (4000 in all) is taken, on both of its pools at once.
+        assert gang_leases == ["REVOKING", "REVOKING"]
+        assert sorted(p for _, p in taken) == ["p0", "p1"]
+        assert {t for t, _ in taken} == {gang}
+    else:
+        # a borrows 3000 only: taking the gang would put it below its nominal; two singles
+        # on one pool are taken instead and the gang keeps running everywhere.
+        assert gang_leases == ["ACTIVE", "ACTIVE"]
+        assert len(taken) == 2 and len({p for _, p in taken}) == 1
+        assert {t for t, _ in taken} <= set(singles)
+    await sound(db)
+    await release_revoking(db, at + timedelta(seconds=1))
+    assert (await reconciler(db).run_once(now=at + timedelta(seconds=2))).leased == 1
+    assert await rows(db, b) == [("ACTIVE", None, 0)]
+    assert await used(db) == {"a": 8000 - 2000 * (2 if whole else 1), "b": 2000}
+    if whole:
+        async with db.connection() as conn:
+            state, attempts = await conn.fetchrow(
+                "SELECT state, attempts FROM tasks WHERE id = $1", gang)
+        assert (state, attempts) == ("ADMITTED", 0)
     await sound(db)
