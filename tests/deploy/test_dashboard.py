@@ -115,7 +115,7 @@ def test_every_query_is_a_valid_prometheus_query_of_the_chosen_datasource() -> N
     "topic",
     ["Placement rate", "Queue wait", "Pending by reason", "Pool utilization",
      "Reservation conflicts", "Preemptions", "API requests", "API errors", "Database 503s",
-     "Quota usage", "Quota borrowed", "Quota waits", "Reclaims"],
+     "Quota usage", "Quota borrowed", "Quota waits", "Reclaims", "Nominations"],
 )
 def test_the_dashboard_shows(topic: str) -> None:
     assert topic in {p["title"] for p in dashboard()["panels"]}
