@@ -8,6 +8,11 @@ Where it comes from, in order:
 3. else, with ``BERTH_TEST_BACKEND=docker``, a throwaway testcontainers PostgreSQL.
 
 Each test that asks for ``db`` gets a clean state (every table truncated).
+
+The suite runs in parallel (pytest-xdist, ``-n 2 --dist loadgroup`` in pyproject.toml): each
+worker is a session of its own, with its own database. Tests are handed out one by one, except
+those :func:`pytest_collection_modifyitems` keeps together on one worker, one after another.
+``-n 0`` runs in one process (needed for ``-s`` to show what a test prints).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -25,6 +31,45 @@ from sqlalchemy.engine import make_url
 from app.db import Database
 from app.ledger.tables import metadata
 from app.schema import schema_upgrade
+
+#: Directories whose tests run one after another on one worker: the drills (each brings up
+#: PostgreSQL servers and measures how fast Berth recovers; two at once would each slow the
+#: other down) and the browser tests (one Chromium per worker; the README's screenshots).
+SERIAL_DIRECTORIES = {"drill": "drill", "console": "console"}
+#: Single tests that are drills too (they run with the drill directory's).
+SERIAL_FILES = {"test_restart_drill.py": "drill"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Group tests for ``--dist loadgroup``: a test in ``SERIAL_DIRECTORIES`` or
+    ``SERIAL_FILES`` gets its group, and a test that uses a module- or class-scoped fixture
+    stays with the rest of its file (the fixture is then set up once). An explicit
+    ``@pytest.mark.xdist_group`` wins."""
+    tests = Path(__file__).resolve().parent
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        path = Path(item.path).resolve()
+        parts = path.relative_to(tests).parts if path.is_relative_to(tests) else ()
+        group = SERIAL_FILES.get(path.name) or (
+            SERIAL_DIRECTORIES.get(parts[0]) if len(parts) > 1 else None
+        )
+        if group is None and _shares_a_fixture(item):
+            group = "/".join(parts) or path.name
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _shares_a_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(
+        definition.scope in ("module", "class", "package")
+        for definitions in info.name2fixturedefs.values()
+        for definition in definitions
+    )
 
 
 def _server_url() -> Iterator[str]:

@@ -4,7 +4,7 @@ restarted 20 times while 8 clients submit tasks and a runtime heartbeats.
 Berth must answer every request with a 2xx or a 503 carrying ``Retry-After`` (never a 500,
 never a reset client connection), every task answered 2xx must exist afterwards, and
 placements must resume after each restart without anyone touching the process. The 503
-window and the time until placements resumed are printed per restart (``pytest -s``).
+window and the time until placements resumed are printed per restart (``pytest -s -n 0``).
 """
 
 from __future__ import annotations

@@ -35,8 +35,10 @@ CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--no-first-run",
 ]
-#: Where the test run saves a screenshot of each page (shown in the README).
+#: Where the README's screenshots are (docs/img/console-<name>.png). The tests take their
+#: screenshots into a temporary directory; ``BERTH_UPDATE_SCREENSHOTS=1`` saves them here.
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "img"
+_scratch: list[Path] = []
 #: Generous: the machine may be loaded; every wait is on a condition, never a fixed sleep.
 WAIT_MS = 30_000
 #: A runtime's heartbeat stays fresh for the whole test, however slow the machine is.
@@ -118,7 +120,17 @@ def reconcile(db: Database) -> Callable[[], Any]:
     return run
 
 
+@pytest.fixture(scope="session", autouse=True)
+def screenshot_scratch(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Give the session's screenshots a temporary directory (unless they update the README's)."""
+    _scratch[:] = [tmp_path_factory.mktemp("screenshots")]
+
+
 def screenshot_path(name: str) -> Path:
-    """Return where the screenshot ``name`` goes (docs/img/console-<name>.png)."""
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    return SCREENSHOTS / f"console-{name}.png"
+    """Return where the screenshot ``name`` goes: docs/img/console-<name>.png under
+    ``BERTH_UPDATE_SCREENSHOTS=1``, else the session's temporary directory (a test run leaves
+    the working tree as it was)."""
+    if os.environ.get("BERTH_UPDATE_SCREENSHOTS") == "1":
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        return SCREENSHOTS / f"console-{name}.png"
+    return _scratch[-1] / f"console-{name}.png"
