@@ -53,7 +53,7 @@ from app.ledger.nominations import (
 from app.ledger.preemption import PreemptionGrant, holds_read
 from app.reconciler.preempting import PassPreemption
 from app.scheduling.assumed import Assumed
-from app.scheduling.nomination import nominated_document, plan_nomination
+from app.scheduling.nomination import nominated_document, plan_nomination, vector_sum
 from app.scheduling.parking import pending_stage
 from app.scheduling.results import NoPlacement
 from app.scheduling.snapshot import Snapshot
@@ -63,15 +63,6 @@ from app.scheduling.spec import CompiledSpec
 CANDIDATES_MAX = 4
 
 Vector = tuple[int, int, int]
-
-
-def _sum(vectors: Iterable[Vector]) -> Vector:
-    acc = [0, 0, 0]
-    for v in vectors:
-        acc[0] += v[0]
-        acc[1] += v[1]
-        acc[2] += v[2]
-    return (acc[0], acc[1], acc[2])
 
 
 def _pending_since(task: ClaimedTask) -> datetime | None:
@@ -158,8 +149,8 @@ class PassNomination:
         self._kept.append((task, index, fallback))
         held = self._held.get(task.id, {})
         doc = nominated_document(
-            reason, pool_ids=pools, need=_sum(n.need for n in ns),
-            held=_sum(held.get(p, (0, 0, 0)) for p in pools), since=ns[0].created_at,
+            reason, pool_ids=pools, need=vector_sum(n.need for n in ns),
+            held=vector_sum(held.get(p, (0, 0, 0)) for p in pools), since=ns[0].created_at,
         )
         return Unclaim(task.id, NOMINATED, doc, parked=True, wake=None,
                        stage=pending_stage(str(reason.code)),

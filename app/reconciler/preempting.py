@@ -36,7 +36,7 @@ from app.ledger.reclaim import RECLAIMING
 from app.ledger.reservations import Vector
 from app.reconciler.reclaiming import reclaiming_document
 from app.scheduling.assumed import Assumed
-from app.scheduling.preemption import VictimIndex, plan_preemption
+from app.scheduling.preemption import VictimIndex, plan_preemption, waiting_document
 from app.scheduling.results import NoPlacement
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec
@@ -45,29 +45,16 @@ from app.scheduling.spec import CompiledSpec
 PREEMPTION_CONFLICT = "preemption_conflict"
 
 
-def _iso(at: datetime) -> str:
-    return at.isoformat().replace("+00:00", "Z")
-
-
 def preempting_document(
     victims: int, revoke_by: datetime, *, rejections: Mapping[str, int] | None = None,
     victim_ids: Iterable[str] = (), pool_ids: Iterable[str] = (),
 ) -> dict[str, Any]:
     """Build the pending reason of a preemptor waiting for ``victims`` tasks to stop."""
     noun = "task" if victims == 1 else "tasks"
-    doc: dict[str, Any] = {
-        "code": PREEMPTING,
-        "message": f"preempting: waiting for {victims} lower-priority {noun} of this tenant "
-        f"to stop, at the latest by {_iso(revoke_by)}",
-        "rejections": dict(rejections or {}),
-        "victims": victims,
-        "revokeBy": _iso(revoke_by),
-    }
-    if victim_ids:
-        doc["victimIds"] = list(victim_ids)
-    if pool_ids:
-        doc["poolIds"] = list(pool_ids)
-    return doc
+    return waiting_document(
+        PREEMPTING, f"preempting: waiting for {victims} lower-priority {noun} of this tenant "
+        "to stop", victims, revoke_by, rejections=rejections, victim_ids=victim_ids,
+        pool_ids=pool_ids)
 
 
 class PassPreemption:

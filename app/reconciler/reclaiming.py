@@ -43,6 +43,7 @@ from app.ledger.reclaim import (
 from app.scheduling.assumed import Assumed
 from app.scheduling.framework import feasible_but_capacity
 from app.scheduling.plugins.quota import RESOURCES, QuotaRow
+from app.scheduling.preemption import waiting_document
 from app.scheduling.reasons import Reason
 from app.scheduling.reclaim import ReclaimBook, ReclaimIndex, book_reclaimed, plan_reclaim
 from app.scheduling.results import NoPlacement
@@ -58,29 +59,16 @@ _CAPACITY = frozenset({Reason.INSUFFICIENT_CPU, Reason.INSUFFICIENT_MEMORY,
 _GANG = _CAPACITY | {Reason.GANG_UNSATISFIABLE}
 
 
-def _iso(at: datetime) -> str:
-    return at.isoformat().replace("+00:00", "Z")
-
-
 def reclaiming_document(
     victims: int, revoke_by: datetime, *, rejections: Mapping[str, int] | None = None,
     victim_ids: Iterable[str] = (), pool_ids: Iterable[str] = (),
 ) -> dict[str, Any]:
     """Build the pending reason of a task waiting for ``victims`` borrowed leases."""
     noun = "lease" if victims == 1 else "leases"
-    doc: dict[str, Any] = {
-        "code": RECLAIMING,
-        "message": f"reclaiming its tenant's nominal: waiting for {victims} borrowed {noun} "
-        f"of its cohort to stop, at the latest by {_iso(revoke_by)}",
-        "rejections": dict(rejections or {}),
-        "victims": victims,
-        "revokeBy": _iso(revoke_by),
-    }
-    if victim_ids:
-        doc["victimIds"] = list(victim_ids)
-    if pool_ids:
-        doc["poolIds"] = list(pool_ids)
-    return doc
+    return waiting_document(
+        RECLAIMING, f"reclaiming its tenant's nominal: waiting for {victims} borrowed {noun} "
+        "of its cohort to stop", victims, revoke_by, rejections=rejections,
+        victim_ids=victim_ids, pool_ids=pool_ids)
 
 
 class PassReclaim:

@@ -12,7 +12,7 @@ free now (held at once; the rest is held as the leases on those pools end).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -39,15 +39,16 @@ class NominationPlan:
     @property
     def need(self) -> Vector:
         """Return the need summed over the pools."""
-        return _sum(p[2] for p in self.pools)
+        return vector_sum(p[2] for p in self.pools)
 
     @property
     def free(self) -> Vector:
         """Return what is held at once, summed over the pools."""
-        return _sum(p[3] for p in self.pools)
+        return vector_sum(p[3] for p in self.pools)
 
 
-def _sum(vectors: Any) -> Vector:
+def vector_sum(vectors: Iterable[Vector]) -> Vector:
+    """Return the element-wise sum of resource vectors."""
     acc = [0, 0, 0]
     for v in vectors:
         acc[0] += v[0]

@@ -27,8 +27,10 @@ the free part of each pool (the victims' share is handed over as each of them en
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 import numpy as np
 
@@ -47,6 +49,7 @@ __all__ = [
     "plan_preemption",
     "victims_cheapest",
     "victims_key",
+    "waiting_document",
 ]
 
 Vector = tuple[int, int, int]
@@ -295,3 +298,24 @@ def plan_gang(
         members, tuple(picked), _holds(members, picked, req),
         tuple(candidates) if explain else (),
     )
+
+
+def waiting_document(
+    code: str, message: str, victims: int, revoke_by: datetime, *,
+    rejections: Mapping[str, int] | None = None, victim_ids: Iterable[str] = (),
+    pool_ids: Iterable[str] = (),
+) -> dict[str, Any]:
+    """Build the pending reason of a task waiting for ``victims`` leases to stop (a
+    preemptor's or a reclaimer's): ``message`` is followed by the deadline."""
+    doc: dict[str, Any] = {
+        "code": code,
+        "message": f"{message}, at the latest by {revoke_by.isoformat().replace('+00:00', 'Z')}",
+        "rejections": dict(rejections or {}),
+        "victims": victims,
+        "revokeBy": revoke_by.isoformat().replace('+00:00', 'Z'),
+    }
+    if victim_ids:
+        doc["victimIds"] = list(victim_ids)
+    if pool_ids:
+        doc["poolIds"] = list(pool_ids)
+    return doc
