@@ -32,6 +32,8 @@ from typing_extensions import TypedDict
 from app.auth import ADMIN, OPERATOR, Principal
 from app.config import Settings
 from app.db import Connection, Database
+from app.ledger.nominations import NOMINATED
+from app.ledger.preemption import PREEMPTING
 from app.ledger.queue import (
     pools_completions_count,
     pools_largest_totals,
@@ -39,6 +41,7 @@ from app.ledger.queue import (
     queue_class_read,
     queue_pending_counts,
 )
+from app.ledger.reclaim import RECLAIMING
 from app.ledger.tasks import TaskRow
 from app.scheduling.positions import ClassQueue
 from app.scheduling.reasons import Reason, Stage
@@ -212,7 +215,19 @@ async def task_queue(
         doc["estimate"] = "no estimate: not examined yet; a reconciler pass looks at it next"
         return doc
     code = str(reason.get("code"))
-    if stage < Stage.CAPACITY:
+    if code in (PREEMPTING, RECLAIMING) and reason.get("revokeBy"):
+        # Its capacity is taken from leases that must stop by their deadline.
+        revoke_by = str(reason["revokeBy"])
+        doc["estimatedStartAt"] = datetime.fromisoformat(revoke_by.replace("Z", "+00:00"))
+        leases = _plural(int(reason.get("victims") or 0), "lease", "leases")
+        doc["estimate"] = (
+            f"by {revoke_by} at the latest: the {leases} it takes capacity from must stop by "
+            "then (it starts as soon as they do)"
+        )
+        return doc
+    # A nominee waits for leases on its nominated pools to end: their capacity is held for it.
+    nominated = [str(p) for p in reason.get("poolIds") or []] if code == NOMINATED else []
+    if not nominated and stage < Stage.CAPACITY:
         # Released capacity cannot help it: it is behind no one and no one is behind it.
         doc["position"] = None
         if code in (Reason.QUOTA_EXCEEDED, Reason.QUOTA_BORROW_UNAVAILABLE):
@@ -232,15 +247,15 @@ async def task_queue(
             f"({reason.get('message', code)})"
         )
         return doc
-    if stage > Stage.CAPACITY:
+    if not nominated and stage > Stage.CAPACITY:
         why = {
             Reason.AFFINITY_UNSATISFIED: "it waits for a task it requires affinity with",
             Reason.ANTI_AFFINITY_VIOLATED: "it waits for a conflicting task to end",
         }.get(Reason(code), "a gang needs room on several pools at once")
         doc["estimate"] = f"no estimate: capacity is not the only blocker ({why})"
         return doc
-    pools = [k.removeprefix("pool:") for k in row.wake if k.startswith("pool:")]
-    broad = any(k.startswith("cap:") for k in row.wake)
+    pools = nominated or [k.removeprefix("pool:") for k in row.wake if k.startswith("pool:")]
+    broad = not nominated and any(k.startswith("cap:") for k in row.wake)
     if not pools and not broad:
         totals = await pools_largest_totals(
             conn, tenant_id=row.tenant_id, runtime_class=row.runtime_class
@@ -257,7 +272,9 @@ async def task_queue(
         # A busy class: the rate over the span of the most recent completions (bounded read).
         window = max((now - oldest).total_seconds(), 1.0)
     over = f"over the last {duration_words(window)}"
-    on = f"on its {_plural(candidates, 'candidate pool', 'candidate pools')}"
+    on = (f"on its {_plural(candidates, 'nominated pool', 'nominated pools')} (their freed "
+          "capacity is held for it)") if nominated else \
+        f"on its {_plural(candidates, 'candidate pool', 'candidate pools')}"
     if completed == 0:
         doc["estimate"] = (
             f"no estimate: capacity is the only blocker, but no lease {on} completed {over}"

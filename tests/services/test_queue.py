@@ -12,6 +12,7 @@ from app.db import Database
 from app.ledger.tasks import task_get
 from app.reconciler import Reconciler, ReconcilerConfig
 from app.scheduling.policies import QueuedTask, get_policy
+from app.scheduling.reasons import Stage
 from app.services.queue import task_queue
 from tests.factories import pool_add, spec_make, tasks_add
 
@@ -151,6 +152,58 @@ async def test_no_eta_when_no_completion_was_observed(db: Database) -> None:
     assert queue["estimate"] == (
         "no estimate: capacity is the only blocker, but no lease on its 1 candidate pool "
         "completed over the last 15 minutes"
+    )
+
+
+async def _pending_as(db: Database, task_id: uuid.UUID, reason: dict) -> None:
+    """Give ``task_id`` the pending reason a pass writes for a waiting preemptor, reclaimer
+    or nominee: parked at the capacity stage, with no wake keys (its holds unpark it)."""
+    async with db.transaction() as conn:
+        await conn.execute(
+            "UPDATE tasks SET pending_reason = $2::jsonb, pending_stage = $3, parked = true, "
+            "wake = '{}' WHERE id = $1", task_id, reason, int(Stage.CAPACITY))
+
+
+@pytest.mark.parametrize("code", ["preempting", "reclaiming"])
+async def test_a_task_waiting_for_victims_starts_by_their_deadline_at_the_latest(
+    db: Database, code: str,
+) -> None:
+    async with db.transaction() as conn:
+        await pool_add(conn, "p1", tenants=["t-a"], capacity=(1000, 1000, 0),
+                       reserved=(1000, 0, 0))
+        (task,) = await tasks_add(conn, tenant="t-a", spec=spec_make(cpu=500))
+    await _pending_as(db, task, {"code": code, "message": "m", "rejections": {},
+                                 "victims": 2, "revokeBy": "2026-11-29T12:00:30Z"})
+    queue = await _read(db, task, _settings())
+    assert queue["estimatedStartAt"] == NOW + timedelta(seconds=30)
+    assert queue["estimate"] == (
+        "by 2026-11-29T12:00:30Z at the latest: the 2 leases it takes capacity from must "
+        "stop by then (it starts as soon as they do)"
+    )
+
+
+async def test_a_nominee_is_estimated_from_completions_on_its_nominated_pools(
+    db: Database,
+) -> None:
+    async with db.transaction() as conn:
+        for pool in ("p1", "p2"):
+            await pool_add(conn, pool, tenants=["t-a"], capacity=(4000, 1000, 0),
+                           reserved=(4000, 0, 0))
+        (task,) = await tasks_add(conn, tenant="t-a", spec=spec_make(cpu=4000))
+    await _pending_as(db, task, {
+        "code": "nominated", "message": "m", "rejections": {}, "poolIds": ["p1"],
+        "need": {"cpuMillis": 4000, "memoryMiB": 0, "llmSlots": 0},
+        "held": {"cpuMillis": 1000, "memoryMiB": 0, "llmSlots": 0},
+        "nominatedAt": "2026-11-29T11:59:00Z"})
+    # Completions on p2 do not help it: its nominated pool is p1.
+    await _completed(db, "p1", [60, 300, 600])
+    await _completed(db, "p2", [10, 20, 30, 40, 50, 70])
+    queue = await _read(db, task, _settings())
+    assert queue["estimatedStartAt"] == NOW + timedelta(seconds=300)
+    assert queue["estimate"] == (
+        "about 5 minutes: 0 tasks ahead; leases on its 1 nominated pool (their freed capacity "
+        "is held for it) completed at 0.2 per minute over the last 15 minutes (each "
+        "completion is assumed to free room for one waiting task)"
     )
 
 
