@@ -27,16 +27,19 @@ from app.main import create_app
 from app.reconciler.retry import transient_kind
 from app.services.wakeups import submitted
 from tests.api.conftest import Keys, PoolMaker, settings_for_tests
-from tests.api.test_database_outage import SPEC, Proxy, assert_unavailable, client_of
+from tests.api.test_database_outage import (
+    SPEC,
+    Proxy,
+    assert_unavailable,
+    client_of,
+    proxy_to,
+)
 
 
 @contextlib.asynccontextmanager
 async def proxied(database_url: str) -> AsyncIterator[tuple[Proxy, FastAPI]]:
     """Yield a close-holding proxy and an app with one pooled connection, through it."""
-    url = make_url(database_url)
-    proxy = Proxy(url.host or "127.0.0.1", url.port or 5432)
-    await proxy.start()
-    through = url.set(host="127.0.0.1", port=proxy.listen_port).render_as_string(False)
+    proxy, through = await proxy_to(database_url)
     app = create_app(settings_for_tests(through, db_pool_size=1))
     try:
         async with app.router.lifespan_context(app):

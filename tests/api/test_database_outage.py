@@ -120,9 +120,9 @@ class Proxy:
             self._links.discard(link)
 
 
-@contextlib.asynccontextmanager
-async def proxied_app(database_url: str, **settings: Any) -> AsyncIterator[tuple[Proxy, FastAPI]]:
-    """Yield a proxy to the test database and an app that reaches it only through it."""
+async def proxy_to(database_url: str) -> tuple[Proxy, str]:
+    """Start a proxy to the test database, over TCP or to the Unix socket of the embedded
+    server; return it and the URL that reaches the database through it."""
     url = make_url(database_url)
     socket_dir = url.query.get("host")
     socket = None
@@ -130,11 +130,18 @@ async def proxied_app(database_url: str, **settings: Any) -> AsyncIterator[tuple
         socket = f"{socket_dir}/.s.PGSQL.{url.port or 5432}"
     proxy = Proxy(url.host or "127.0.0.1", url.port or 5432, socket)
     await proxy.start()
-    proxied = (
+    through = (
         url.difference_update_query(["host"])
         .set(host="127.0.0.1", port=proxy.listen_port)
         .render_as_string(False)
     )
+    return proxy, through
+
+
+@contextlib.asynccontextmanager
+async def proxied_app(database_url: str, **settings: Any) -> AsyncIterator[tuple[Proxy, FastAPI]]:
+    """Yield a proxy to the test database and an app that reaches it only through it."""
+    proxy, proxied = await proxy_to(database_url)
     app = create_app(settings_for_tests(proxied, db_connect_timeout_seconds=1, **settings))
     try:
         async with app.router.lifespan_context(app):
