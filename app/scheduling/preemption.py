@@ -46,6 +46,7 @@ __all__ = [
     "Victim",
     "VictimIndex",
     "plan_gang",
+    "plan_single",
     "plan_preemption",
     "victims_cheapest",
     "victims_key",
@@ -220,25 +221,47 @@ def plan_preemption(
             if v.priority < spec.priority and v.task_id not in taken
         ]
 
-    ids = snapshot.ids
     if not spec.is_gang:
-        options: list[tuple[tuple, float, int, PoolVictims]] = []
-        for pos, i in enumerate(idx.tolist()):
-            chosen = victims_cheapest(free_all[pos], req, eligible(i), ids[i])
-            if not chosen:  # None: no room even so; (): fits already (select places it)
-                continue
-            pv = PoolVictims(ids[i], float(total[pos]), chosen, victims_key(chosen))
-            options.append((pv.key, -pv.score, i, pv))
-        if not options:
-            return None
-        options.sort(key=lambda o: o[:3])
-        best = options[0][3]
-        members = ((best.pool_id, 1),)
-        return Preemption(
-            members, best.victims, _holds(members, best.victims, req),
-            tuple(o[3] for o in options) if explain else (),
-        )
+        return plan_single(snapshot, idx, total, free_all, req, eligible,
+                           cheapest=victims_cheapest, explain=explain)
     return plan_gang(spec, snapshot, idx, total, free_all, req, eligible, explain=explain)
+
+
+def plan_single(
+    snapshot: Snapshot,
+    idx: np.ndarray,
+    total: np.ndarray,
+    free_all: np.ndarray,
+    req: np.ndarray,
+    eligible: Callable[[int], Sequence[Victim]],
+    *,
+    cheapest: Callable[
+        [np.ndarray, np.ndarray, Sequence[Victim], str], tuple[Victim, ...] | None],
+    explain: bool = False,
+) -> Preemption | None:
+    """Plan a single task's preemption: on each pool (``idx``, totals ``total``, free
+    ``free_all``) the set ``cheapest`` picks from ``eligible(i)``; the cheapest set wins,
+    then the higher total, then the pool order. Reclaim plans with its own ``cheapest``."""
+    ids = snapshot.ids
+    options: list[tuple[tuple, float, int, PoolVictims]] = []
+    for pos, i in enumerate(idx.tolist()):
+        victims = eligible(i)
+        if not victims:
+            continue
+        chosen = cheapest(free_all[pos], req, victims, ids[i])
+        if not chosen:  # None: no room even so; (): fits already (select places it)
+            continue
+        pv = PoolVictims(ids[i], float(total[pos]), chosen, victims_key(chosen))
+        options.append((pv.key, -pv.score, i, pv))
+    if not options:
+        return None
+    options.sort(key=lambda o: o[:3])
+    best = options[0][3]
+    members = ((best.pool_id, 1),)
+    return Preemption(
+        members, best.victims, _holds(members, best.victims, req),
+        tuple(o[3] for o in options) if explain else (),
+    )
 
 
 def plan_gang(

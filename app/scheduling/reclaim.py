@@ -50,7 +50,7 @@ import numpy as np
 from app.scheduling.assumed import Assumed
 from app.scheduling.framework import feasible_but_capacity
 from app.scheduling.plugins.quota import RESOURCES, QuotaRow
-from app.scheduling.preemption import PoolVictims, Preemption, Victim, plan_gang, victims_key
+from app.scheduling.preemption import Preemption, Victim, plan_gang, plan_single
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec
 
@@ -245,7 +245,7 @@ def plan_reclaim(
             if v.task_id not in taken and v.leased_at <= leased_before and lender(v.tenant_id)
         ]
 
-    req, free_all, ids = cycle.req, cycle.available(idx), snapshot.ids
+    req, free_all = cycle.req, cycle.available(idx)
     if spec.is_gang:
         spent: dict[str, np.ndarray] = {}
 
@@ -260,26 +260,14 @@ def plan_reclaim(
 
         return plan_gang(spec, snapshot, idx, total, free_all, req, eligible_on,
                          cheapest=cheapest)
-    options: list[tuple[tuple, float, int, PoolVictims]] = []
-    for pos, i in enumerate(idx.tolist()):
-        eligible = eligible_on(i)
-        if not eligible:
-            continue
-        chosen = reclaim_victims(free_all[pos], req, eligible, ids[i], borrowed)
-        if not chosen:  # None: no room even so; (): fits already (select places it)
-            continue
-        pv = PoolVictims(ids[i], float(total[pos]), chosen, victims_key(chosen))
-        options.append((pv.key, -pv.score, i, pv))
-    if not options:
-        return None
-    options.sort(key=lambda o: o[:3])
-    best = options[0][3]
-    freed = sum((v.amount_on(best.pool_id) for v in best.victims), _zero())
-    now = np.maximum(req - freed, 0)
-    return Preemption(
-        ((best.pool_id, 1),), best.victims,
-        ((best.pool_id, 1, (int(now[0]), int(now[1]), int(now[2]))),),
-    )
+
+    def cheapest_single(
+        free: np.ndarray, need: np.ndarray, eligible: Sequence[Victim], pool_id: str
+    ) -> tuple[Victim, ...] | None:
+        return reclaim_victims(free, need, eligible, pool_id, borrowed)
+
+    return plan_single(snapshot, idx, total, free_all, req, eligible_on,
+                       cheapest=cheapest_single)
 
 
 def book_reclaimed(book: ReclaimBook, spec: CompiledSpec, plan: Preemption) -> None:
