@@ -51,6 +51,7 @@ from app.scheduling.stages import (
     N_REASONS,
     NO_VISIBLE_POOL,
     WAKE_POOLS_MAX,
+    best,
     counts_map,
     no_placement,
     rank,
@@ -129,7 +130,7 @@ def decide(
     if not (explain or spec.is_gang):
         return _ranked(cycle, pools, applied, total, top_k, rejections)
 
-    order = rank(pools, total, None)
+    order = rank(total)
 
     def candidate(pos: int, detail: bool) -> Candidate:
         i = int(pools[pos])
@@ -198,7 +199,7 @@ def feasible_but_capacity(
     if len(pools) == 0:
         return empty, np.zeros(0), cycle
     total = _score(state, cycle, pools)[1]
-    order = rank(pools, total, None)
+    order = rank(total)
     return pools[order], total[order], cycle
 
 
@@ -287,14 +288,13 @@ def _ranked(
 ) -> Ranked:
     """Return the best ``top_k`` of ``pools`` as plain values, with the placement's
     components as its plugins describe them."""
-    order = rank(pools, total, top_k)
-    head = int(order[0])
+    ranked = best(total, top_k)
+    head = ranked[0]
     pool = pools.item(head)
     parts = []
     for plugin, weight, values in applied:
         value = values.item(head)
         parts.append((plugin.NAME, value * weight, plugin.describe(cycle, pool, value)))
     ids = cycle.snapshot.ids
-    ranked = order.tolist()
     chosen = [ids[pools.item(p)] for p in ranked]
     return Ranked(chosen, [total.item(p) for p in ranked], tuple(parts), top_k, rejections)

@@ -15,6 +15,7 @@ __all__ = [
     "counts_map",
     "no_placement",
     "no_placement_result",
+    "best",
     "rank",
 ]
 
@@ -23,23 +24,38 @@ NO_VISIBLE_POOL = "no pool is available to this tenant"
 #: (``NoPlacement.wake_pools``); beyond it the wake condition is the runtime class as a whole.
 WAKE_POOLS_MAX = 16
 N_REASONS = len(REASONS)
-#: Up to this many feasible pools, ranking sorts them all rather than selecting the top k.
-RANK_SORT_MAX = 200
+#: From this many feasible pools, the best few are picked by repeated ``argmax`` (one pass
+#: over the totals per pick) rather than by sorting them all.
+RANK_PICK_MIN = 96
+#: Most pools picked by repeated ``argmax``; beyond it the totals are partitioned.
+RANK_PICK_MAX = 8
 
 
-def rank(idx: np.ndarray, total: np.ndarray, k: int | None) -> np.ndarray:
-    """Return positions into ``idx`` by total descending, then pool id (index) ascending."""
-    n = len(idx)
-    if k is None or n <= k:
-        return (-total).argsort(kind="stable")  # idx is ascending: stable keeps id order
-    if n <= RANK_SORT_MAX:
-        # The same first k as selecting them below.
-        return (-total).argsort(kind="stable")[:k]
+def rank(total: np.ndarray) -> np.ndarray:
+    """Return the positions of ``total`` by total descending, then position ascending (the
+    pools are in id order, so among equal totals the lowest id first)."""
+    return (-total).argsort(kind="stable")
+
+
+def best(total: np.ndarray, k: int) -> list[int]:
+    """Return the first ``k`` positions of :func:`rank`."""
+    n = len(total)
+    if n <= k or n < RANK_PICK_MIN:
+        return rank(total)[:k].tolist()
+    if k <= RANK_PICK_MAX:
+        # argmax gives the first of equal totals: the lowest position.
+        left = total.copy()
+        picked = []
+        for _ in range(k):
+            at = int(left.argmax())
+            picked.append(at)
+            left[at] = -np.inf
+        return picked
     part = total.copy()
     part.partition(n - k)
     thr = part[n - k]
     sel = (total >= thr).nonzero()[0]
-    return sel[(-total.take(sel)).argsort(kind="stable")[:k]]
+    return sel[(-total.take(sel)).argsort(kind="stable")[:k]].tolist()
 
 
 def counts_map(counts: np.ndarray) -> dict[Reason, int]:

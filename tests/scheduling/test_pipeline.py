@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from app.scheduling import stages
 from app.scheduling.assumed import Assumed
 from app.scheduling.cycle import Cycle
 from app.scheduling.framework import decide, select
@@ -227,3 +228,37 @@ def test_the_headline_is_the_latest_stage_any_pool_reached(world, s):
         return
     assert result.reason.code == closest
     assert STAGE[result.reason.code] == max(STAGE[r] for r in counts)
+
+
+# Totals of many pools with many ties (equal pools score equal), in every size the ranking
+# handles differently: sorted, picked one by one, partitioned.
+TOTALS = st.integers(1, 320).flatmap(
+    lambda n: st.lists(st.sampled_from([0.0, 12.5, 50.0, 99.9, 100.0, 187.25, 300.0]),
+                       min_size=n, max_size=n)
+    | st.lists(st.floats(0, 400, allow_nan=False), min_size=n, max_size=n)
+)
+
+
+@SETTINGS
+@given(TOTALS, st.integers(1, 12))
+def test_the_best_pools_are_the_head_of_the_ranking(totals, k):
+    total = np.array(totals)
+    by_definition = sorted(range(len(totals)), key=lambda p: (-totals[p], p))
+    assert stages.rank(total).tolist() == by_definition
+    assert stages.best(total, k) == by_definition[:k]
+
+
+@pytest.mark.parametrize("n", [40, 150, 400], ids=["sorted", "picked", "partitioned"])
+@pytest.mark.parametrize("k", [1, 5, 10])
+def test_a_large_class_ranks_its_head_as_the_explained_ranking(n, k):
+    # Pools in groups of equal load, so that many totals tie.
+    pools = [pool(f"p{i:03d}", failure_domain=f"fd{i % 4}", reserved=(i % 7 * 300, 0, 0))
+             for i in range(n)]
+    snap = snapshot(pools, [placed("x", "p001"), placed("y", "p002")])
+    s = spec(requests={"cpuMillis": 500})
+    lean = decide(s, snap, top_k=k)
+    assert isinstance(lean, Ranked)
+    explained = select(s, snap, explain=True, top_k=k)
+    assert lean.pool_ids == [c.pool_id for c in explained.candidates[:k]]
+    assert lean.scores == [c.score for c in explained.candidates[:k]]
+    assert lean.result() == select(s, snap, top_k=k)
