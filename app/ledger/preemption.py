@@ -41,7 +41,7 @@ from app.db import Connection
 from app.ledger.events import task_events_add
 from app.ledger.nominations import nominations_capture, nominees_lock
 from app.ledger.quotas import RETURN_CTES
-from app.ledger.reclaim import RECLAIMED, reclaimed_of
+from app.ledger.reclaim import RECLAIMED, reclaimed_of, victims_of
 from app.ledger.reservations import Vector, amounts_sum, reservations_release
 from app.ledger.wakeups import WakeSource, wakeup_notify
 from app.scheduling.preemption import Victim
@@ -99,12 +99,6 @@ _VICTIMS = (
 )
 
 
-def _vector(raw: Any) -> Vector:
-    raw = raw or {}
-    return (int(raw.get("cpuMillis", 0)), int(raw.get("memoryMiB", 0)),
-            int(raw.get("llmSlots", 0)))
-
-
 async def victims_read(conn: Connection, *, below: Mapping[str, int]) -> list[Victim]:
     """Return the leased tasks that preemptors could displace: per tenant, those with a
     priority below ``below[tenant]`` and no revoking lease."""
@@ -112,11 +106,7 @@ async def victims_read(conn: Connection, *, below: Mapping[str, int]) -> list[Vi
         return []
     tenants = sorted(below)
     rows = await conn.fetch(_VICTIMS, tenants, [below[t] for t in tenants])
-    return [
-        Victim(r[0], r[1], int(r[2]), r[3].timestamp() if r[3] else 0.0, _vector(r[4]),
-               tuple(zip(r[5], (int(m) for m in r[6]), strict=True)))
-        for r in rows
-    ]
+    return victims_of(rows)
 
 
 _HOLDS = (

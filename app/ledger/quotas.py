@@ -72,13 +72,10 @@ class QuotaPlan:
             who = of(task_id)
             if who is None:
                 continue
-            acc = by.get(who)
-            if acc is None:
-                by[who] = [cpu * members, memory * members, llm * members]
-            else:
-                acc[0] += cpu * members
-                acc[1] += memory * members
-                acc[2] += llm * members
+            acc = by.setdefault(who, [0, 0, 0])
+            acc[0] += cpu * members
+            acc[1] += memory * members
+            acc[2] += llm * members
         out: dict[tuple[str, str, str], int] = {}
         for (tenant_id, rc), acc in by.items():
             managed = self.managed[rc]

@@ -18,12 +18,12 @@ pending code ``reclaiming`` and holds the capacity they free. What differs is re
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
 from app.db import Connection
-from app.scheduling.preemption import Victim
+from app.scheduling.preemption import Vector, Victim
 
 __all__ = ["RECLAIMED", "RECLAIMING", "reclaim_revoking_read", "reclaim_victims_read",
            "reclaimed_of", "reclaimers_read"]
@@ -33,7 +33,6 @@ RECLAIMING = "reclaiming"
 #: Event reason of a reclaim's victim going back to the queue (released or revoked).
 RECLAIMED = "reclaimed"
 
-Vector = tuple[int, int, int]
 Key = tuple[str, str]
 
 # Reservations of leases being revoked (few, and indexed), by tenant and class.
@@ -93,6 +92,16 @@ def _vector(raw: Any) -> Vector:
             int(raw.get("llmSlots", 0)))
 
 
+def victims_of(rows: Iterable[Any]) -> list[Victim]:
+    """Return the victims of rows ``(id, tenant, priority, leased_at, requests JSON, pool ids,
+    members per pool)``."""
+    return [
+        Victim(r[0], r[1], int(r[2]), r[3].timestamp() if r[3] else 0.0, _vector(r[4]),
+               tuple(zip(r[5], (int(m) for m in r[6]), strict=True)))
+        for r in rows
+    ]
+
+
 async def reclaim_victims_read(
     conn: Connection,
     *,
@@ -106,11 +115,7 @@ async def reclaim_victims_read(
         return []
     rows = await conn.fetch(_VICTIMS, sorted(set(tenant_ids)), sorted(set(pool_ids)),
                             leased_before)
-    return [
-        Victim(r[0], r[1], int(r[2]), r[3].timestamp() if r[3] else 0.0, _vector(r[4]),
-               tuple(zip(r[5], (int(m) for m in r[6]), strict=True)))
-        for r in rows
-    ]
+    return victims_of(rows)
 
 
 _RECLAIMED = (

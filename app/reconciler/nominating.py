@@ -55,6 +55,7 @@ from app.reconciler.preempting import PassPreemption
 from app.scheduling.assumed import Assumed
 from app.scheduling.nomination import nominated_document, plan_nomination, vector_sum
 from app.scheduling.parking import pending_stage
+from app.scheduling.preemption import Vector
 from app.scheduling.results import NoPlacement
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec
@@ -62,7 +63,6 @@ from app.scheduling.spec import CompiledSpec
 #: Candidates planned per pass at most (the first in policy order).
 CANDIDATES_MAX = 4
 
-Vector = tuple[int, int, int]
 
 
 def _pending_since(task: ClaimedTask) -> datetime | None:

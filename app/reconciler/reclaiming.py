@@ -175,13 +175,13 @@ class PassReclaim:
                 self.outcomes["unavailable"] += 1
                 continue
             book_reclaimed(book, spec, planned)
-            ids = tuple(v.task_id for v in planned.victims)
-            taken.update(ids)
+            victim_ids = tuple(v.task_id for v in planned.victims)
+            taken.update(victim_ids)
             assumed.hold(spec.task_id or str(task.id), [(p, a) for p, _, a in planned.holds])
             grants[task.id] = PreemptionGrant(
-                task.id, tuple(uuid.UUID(v) for v in ids), planned.holds, revoke_by)
+                task.id, tuple(uuid.UUID(v) for v in victim_ids), planned.holds, revoke_by)
             self.planned.add(task.id)
             doc = reclaiming_document(
-                len(ids), revoke_by, rejections=reason.rejections, victim_ids=ids,
+                len(victim_ids), revoke_by, rejections=reason.rejections, victim_ids=victim_ids,
                 pool_ids=[p for p, _ in planned.members])
             unclaims[at] = Unclaim(task.id, RECLAIMING, doc, parked=True)

@@ -21,13 +21,13 @@ import numpy as np
 
 from app.scheduling.assumed import Assumed
 from app.scheduling.framework import decide
+from app.scheduling.preemption import Vector
 from app.scheduling.results import NoPlacement
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec
 
 __all__ = ["NominationPlan", "nominated_document", "plan_nomination"]
 
-Vector = tuple[int, int, int]
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,13 +50,12 @@ import numpy as np
 from app.scheduling.assumed import Assumed
 from app.scheduling.framework import feasible_but_capacity
 from app.scheduling.plugins.quota import RESOURCES, QuotaRow
-from app.scheduling.preemption import Preemption, Victim, plan_gang, plan_single
+from app.scheduling.preemption import Preemption, Vector, Victim, plan_gang, plan_single
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec
 
 __all__ = ["ReclaimBook", "ReclaimIndex", "plan_reclaim", "reclaim_victims", "victim_total"]
 
-Vector = tuple[int, int, int]
 Key = tuple[str, str]  # (tenant, runtime class)
 
 
