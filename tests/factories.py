@@ -11,6 +11,9 @@ test can set up 10,000 tasks in a fraction of a second. Use from any test packag
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -183,6 +186,25 @@ async def task_states(db: Database) -> dict[str, int]:
     async with db.connection() as conn:
         rows = await conn.fetch("SELECT state, count(*) FROM tasks GROUP BY state")
         return {r[0]: int(r[1]) for r in rows}
+
+
+async def task_events(db: Database, task_id: uuid.UUID) -> list[tuple[str, Any]]:
+    """Return the task's events as (reason, detail), oldest first."""
+    async with db.connection() as conn:
+        rows = await conn.fetch("SELECT reason, detail FROM task_events WHERE task_id = $1 "
+                                "ORDER BY id", task_id)
+    return [(r[0], r[1]) for r in rows]
+
+
+def reconcile_process(
+    database_url: str, *args: str, stdout: int = subprocess.PIPE, **settings: object
+) -> subprocess.Popen:
+    """Start ``berth reconcile *args`` on the database, logging warnings only, with
+    ``settings`` as ``BERTH_<NAME>`` variables (``batch_size=16``); stderr is a pipe."""
+    env = {**os.environ, "BERTH_DATABASE_URL": database_url, "BERTH_LOG_LEVEL": "warning"}
+    env.update({f"BERTH_{name.upper()}": str(value) for name, value in settings.items()})
+    return subprocess.Popen([sys.executable, "-m", "app.cli", "reconcile", *args], env=env,
+                            stdout=stdout, stderr=subprocess.PIPE)
 
 
 async def ledger_violations(db: Database) -> list[str]:

@@ -14,7 +14,11 @@ Fixtures (names are stable; other API tests rely on them):
   ``rt-2``); ``keys["admin"]`` works too, and ``keys.raw["admin"]`` is the bare key;
 * ``assert_problem(response, status)`` (a function, import it): checks an RFC 9457 body;
 * ``pool_make``: an async helper that creates a pool through the API as admin and, unless
-  told otherwise, registers its capacity — ``await pool_make("pool-x", tenant_ids=[...])``.
+  told otherwise, registers its capacity — ``await pool_make("pool-x", tenant_ids=[...])``;
+* ``reconciler`` (every shard slot, the app's settings; a module overrides it for others)
+  and ``reconcile``, a function running one pass of it now;
+* ``live``: an ``httpx.AsyncClient`` of a real Berth server (uvicorn in a thread) on the
+  same database, keys made.
 """
 
 from __future__ import annotations
@@ -22,17 +26,21 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
+import pytest
 import pytest_asyncio
 from fastapi import FastAPI
 
-from app.config import Settings
+from app.config import SHARD_SLOTS, Settings
 from app.db import Database
 from app.ledger.keys import api_key_create
 from app.ledger.wakeups import CHANNEL
 from app.main import create_app
+from app.reconciler.config import ReconcilerConfig
+from app.reconciler.loop import Reconciler
 
 BASE_URL = "http://berth.test"
 PROBLEM_JSON = "application/problem+json"
@@ -182,3 +190,31 @@ async def wakeups(db: Database) -> AsyncIterator[asyncio.Queue[str]]:
         yield queue
     finally:
         await conn.close()
+
+
+@pytest.fixture
+def reconciler(app: FastAPI, db: Database) -> Reconciler:
+    """Return a reconciler over every shard slot with the app's settings (a test module
+    overrides this fixture for other settings)."""
+    config = ReconcilerConfig.from_settings(app.state.settings)
+    return Reconciler(db, config, owner_id="api-test", slots=frozenset(range(SHARD_SLOTS)))
+
+
+@pytest.fixture
+def reconcile(reconciler: Reconciler) -> Callable[[], Awaitable[Any]]:
+    """Return a function running one pass of ``reconciler`` now."""
+
+    async def run() -> Any:
+        return await reconciler.run_once(now=datetime.now(UTC))
+
+    return run
+
+
+@pytest_asyncio.fixture
+async def live(app: FastAPI, keys: Keys, database_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    """Yield a client of a real Berth server on the clean test database (keys made)."""
+    from tests.api.live import live_server  # it imports this module
+
+    with live_server(database_url) as base_url:
+        async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
+            yield http

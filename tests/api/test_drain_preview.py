@@ -4,51 +4,19 @@ a unit, nothing written, and who may ask."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import pytest
-import pytest_asyncio
 
-from app.config import SHARD_SLOTS
 from app.db import Database
 from app.ledger.leases import pool_leases_revoke
-from app.reconciler.config import ReconcilerConfig
-from app.reconciler.loop import Reconciler
-from tests.api.conftest import Keys, assert_problem, pool_body, settings_for_tests
-from tests.api.live import live_server
+from tests.api.conftest import Keys, assert_problem, pool_body
 
 REQUESTS = {"cpuMillis": 1000, "memoryMiB": 1024, "llmSlots": 1}
 ONE_TASK = {"cpuMillis": 1000, "memoryMiB": 1024, "llmSlots": 1}
 THREE_TASKS = {"cpuMillis": 3000, "memoryMiB": 3072, "llmSlots": 3}
-
-
-@pytest_asyncio.fixture
-async def live(
-    app: Any, keys: Keys, database_url: str
-) -> AsyncIterator[httpx.AsyncClient]:
-    """Yield a client of a real Berth server on the clean test database (keys made)."""
-    with live_server(database_url) as base_url:
-        async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
-            yield http
-
-
-@pytest.fixture
-def reconcile(app: Any, db: Database):
-    """Return a function running one reconciler pass over every shard slot."""
-    reconciler = Reconciler(
-        db,
-        ReconcilerConfig.from_settings(settings_for_tests("postgresql://unused")),
-        owner_id="drain-preview-test",
-        slots=frozenset(range(SHARD_SLOTS)),
-    )
-
-    async def run():
-        return await reconciler.run_once(now=datetime.now(UTC))
-
-    return run
 
 
 async def _pool(live: httpx.AsyncClient, keys: Keys, pool_id: str, capacity: dict[str, int],

@@ -4,34 +4,9 @@ cancelled lease releasing its capacity."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
-import pytest
-from fastapi import FastAPI
-
-from app.config import SHARD_SLOTS
-from app.reconciler.config import ReconcilerConfig
-from app.reconciler.loop import Reconciler
-
 REQUESTS = {"cpuMillis": 1000, "memoryMiB": 2048, "llmSlots": 1}
 CAPACITY = {"cpuMillis": 4000, "memoryMiB": 8192, "llmSlots": 4}
 ZERO = {"cpuMillis": 0, "memoryMiB": 0, "llmSlots": 0}
-
-
-@pytest.fixture
-def reconcile(app: FastAPI, db):
-    """Return a function running one reconciler pass over every shard slot."""
-    reconciler = Reconciler(
-        db,
-        ReconcilerConfig.from_settings(app.state.settings),
-        owner_id="flow-test",
-        slots=frozenset(range(SHARD_SLOTS)),
-    )
-
-    async def run():
-        return await reconciler.run_once(now=datetime.now(UTC))
-
-    return run
 
 
 async def pool(client, keys, pool_id: str) -> dict:

@@ -4,31 +4,10 @@ victim's capacity goes at once to the task that preempted it."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
-import pytest
-from fastapi import FastAPI
-
-from app.config import SHARD_SLOTS
 from app.metrics import LEASES_COMPLETED, PREEMPTION_VICTIMS
-from app.reconciler.config import ReconcilerConfig
-from app.reconciler.loop import Reconciler
 from tests.factories import ledger_violations
 
 CAPACITY = {"cpuMillis": 2000, "memoryMiB": 8192, "llmSlots": 0}
-
-
-@pytest.fixture
-def reconcile(app: FastAPI, db):
-    """Return a function running one reconciler pass over every shard slot."""
-    config = ReconcilerConfig.from_settings(app.state.settings)
-    reconciler = Reconciler(db, config, owner_id="release-test",
-                            slots=frozenset(range(SHARD_SLOTS)))
-
-    async def run():
-        return await reconciler.run_once(now=datetime.now(UTC))
-
-    return run
 
 
 def spec(cpu: int = 1000, **fields) -> dict:

@@ -7,32 +7,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-from fastapi import FastAPI
 
-from app.config import SHARD_SLOTS
 from app.ledger.invariants import ledger_check
 from app.ledger.wakeups import Wakeup
 from app.metrics import QUOTA_BORROWED, QUOTA_NOMINAL, QUOTA_USED, TASKS_PENDING
-from app.reconciler.config import ReconcilerConfig
-from app.reconciler.loop import Reconciler
 from tests.api.conftest import TENANT_A, TENANT_B
 from tests.factories import ledger_violations
 
 BIG = {"cpuMillis": 32000, "memoryMiB": 65536, "llmSlots": 0}
-
-
-@pytest.fixture
-def reconciler(app: FastAPI, db) -> Reconciler:
-    config = ReconcilerConfig.from_settings(app.state.settings)
-    return Reconciler(db, config, owner_id="quota-test", slots=frozenset(range(SHARD_SLOTS)))
-
-
-@pytest.fixture
-def reconcile(reconciler: Reconciler):
-    async def run():
-        return await reconciler.run_once(now=datetime.now(UTC))
-
-    return run
 
 
 @pytest.fixture

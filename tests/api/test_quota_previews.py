@@ -4,47 +4,16 @@ the drained leases' usage as given back and its own predicted placements as take
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 import httpx
-import pytest
-import pytest_asyncio
 
-from app.config import SHARD_SLOTS
 from app.db import Database
 from app.ledger.leases import pool_leases_revoke
-from app.reconciler.config import ReconcilerConfig
-from app.reconciler.loop import Reconciler
-from tests.api.conftest import TENANT_A, TENANT_B, Keys, pool_body, settings_for_tests
-from tests.api.live import live_server
+from tests.api.conftest import TENANT_A, TENANT_B, Keys, pool_body
 
 BOTH = [TENANT_A, TENANT_B]
-
-
-@pytest_asyncio.fixture
-async def live(app: Any, keys: Keys, database_url: str) -> AsyncIterator[httpx.AsyncClient]:
-    """Yield a client of a real Berth server on the clean test database (keys made)."""
-    with live_server(database_url) as base_url:
-        async with httpx.AsyncClient(base_url=base_url, timeout=30) as http:
-            yield http
-
-
-@pytest.fixture
-def reconcile(app: Any, db: Database):
-    """Return a function running one reconciler pass over every shard slot."""
-    reconciler = Reconciler(
-        db,
-        ReconcilerConfig.from_settings(settings_for_tests("postgresql://unused")),
-        owner_id="quota-preview-test",
-        slots=frozenset(range(SHARD_SLOTS)),
-    )
-
-    async def run():
-        return await reconciler.run_once(now=datetime.now(UTC))
-
-    return run
 
 
 async def _pool(live: httpx.AsyncClient, keys: Keys, pool_id: str, cpu: int) -> None:

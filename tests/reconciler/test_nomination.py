@@ -14,7 +14,7 @@ from app.ledger.leases import lease_complete, runtime_heartbeat, task_cancel
 from app.ledger.queue import queue_pending_counts
 from app.ledger.wakeups import WakeSource, Wakeup
 from app.reconciler import Reconciler, ReconcilerConfig
-from tests.factories import NOW, ledger_violations, pool_add, spec_make, tasks_add
+from tests.factories import NOW, ledger_violations, pool_add, spec_make, task_events, tasks_add
 
 ALL = frozenset(range(SHARD_SLOTS))
 #: The stream: a 1-core task every STEP seconds, each running RUN seconds.
@@ -82,6 +82,18 @@ class Stream:
                 "SELECT count(*) FROM tasks WHERE state = 'LEASED' AND id = ANY($1::uuid[])",
                 self.small))
 
+    async def step_until_held(self, task_id: uuid.UUID) -> int:
+        """Step until the task holds capacity (its nomination's holds), at most 20 s of
+        stream time; return the cpu it holds."""
+        held = 0
+        while self.t < 20 and not held:
+            await self.step()
+            async with self.db.connection() as conn:
+                held = int(await conn.fetchval(
+                    "SELECT coalesce(sum(cpu), 0) FROM reservations WHERE task_id = $1",
+                    task_id))
+        return held
+
 
 async def _start(
     db: Database, pools: dict[str, int], nomination: float, policy: str = "fifo"
@@ -106,13 +118,6 @@ async def _start(
     stream.small += await stream.submit(spec_make(cpu=1000), count=2)
     stream.t = STEP
     return stream
-
-
-async def _events(db: Database, task_id: uuid.UUID) -> list[tuple[str, dict | None]]:
-    async with db.connection() as conn:
-        rows = await conn.fetch("SELECT reason, detail FROM task_events WHERE task_id = $1 "
-                                "ORDER BY id", task_id)
-    return [(r[0], r[1]) for r in rows]
 
 
 async def test_without_nomination_the_big_task_starves(db: Database) -> None:
@@ -160,9 +165,9 @@ async def test_a_4_core_task_behind_a_stream_of_1_core_tasks_is_leased_in_bounde
     assert state == "LEASED" and leased_at is not None and nominated_at is not None
     # Leased within the nomination time + the longest running lease + one pass (a step).
     assert (leased_at - admitted).total_seconds() <= NOMINATION + RUN + 2 * STEP
-    reasons = [r for r, _ in await _events(db, big)]
+    reasons = [r for r, _ in await task_events(db, big)]
     assert "nominated" in reasons
-    assert ("nomination_ended", {"outcome": "placed"}) in await _events(db, big)
+    assert ("nomination_ended", {"outcome": "placed"}) in await task_events(db, big)
     async with db.connection() as conn:
         assert await conn.fetchval("SELECT count(*) FROM nominations") == 0
         # Its holds became its lease: nothing else held.
@@ -214,13 +219,7 @@ async def test_a_gang_of_4_across_2_pools_with_backfill_on_a_third(db: Database)
 async def test_a_cancelled_nominee_gives_its_holds_back_at_once(db: Database) -> None:
     stream = await _start(db, {"p1": 4}, nomination=NOMINATION)
     (big,) = await stream.submit(spec_make(cpu=4000))
-    held = 0
-    while stream.t < 20 and not held:
-        await stream.step()
-        async with db.connection() as conn:
-            held = int(await conn.fetchval(
-                "SELECT coalesce(sum(cpu), 0) FROM reservations WHERE task_id = $1", big))
-    assert held > 0
+    assert await stream.step_until_held(big) > 0
     async with db.transaction() as conn:
         await task_cancel(conn, task_id=big, tenant_id="t1", now=stream.now)
     async with db.connection() as conn:
@@ -229,7 +228,7 @@ async def test_a_cancelled_nominee_gives_its_holds_back_at_once(db: Database) ->
     await stream.rec.recover_once(now=stream.now)
     async with db.connection() as conn:
         assert await conn.fetchval("SELECT count(*) FROM nominations") == 0
-    assert ("nomination_ended", {"outcome": "cancelled"}) in await _events(db, big)
+    assert ("nomination_ended", {"outcome": "cancelled"}) in await task_events(db, big)
     # The stream takes the capacity again.
     for _ in range(4):
         await stream.step()
@@ -250,26 +249,19 @@ async def test_higher_priority_work_is_not_held_back(db: Database) -> None:
         if (await stream.state(urgent))[0] == "LEASED":
             break
     assert (await stream.state(urgent))[0] == "LEASED"
-    assert ("nomination_ended", {"outcome": "passed"}) in await _events(db, big)
-
+    assert ("nomination_ended", {"outcome": "passed"}) in await task_events(db, big)
 
 
 async def test_a_nominee_its_pool_can_no_longer_help_gives_its_holds_back(db: Database) -> None:
     stream = await _start(db, {"p1": 4, "p2": 1}, nomination=NOMINATION)
     (big,) = await stream.submit(spec_make(cpu=4000))
-    held = 0
-    while stream.t < 20 and not held:
-        await stream.step()
-        async with db.connection() as conn:
-            held = int(await conn.fetchval(
-                "SELECT coalesce(sum(cpu), 0) FROM reservations WHERE task_id = $1", big))
-    assert held > 0
+    assert await stream.step_until_held(big) > 0
     async with db.transaction() as conn:
         await conn.execute("UPDATE pools SET status = 'CORDONED' WHERE id = 'p1'")
         await conn.execute("UPDATE tasks SET parked = false WHERE id = $1", big)
     stream.rec = reconciler(db, NOMINATION)  # a fresh snapshot of the pools
     await stream.rec.run_once(now=stream.now)
-    assert ("nomination_ended", {"outcome": "stale"}) in await _events(db, big)
+    assert ("nomination_ended", {"outcome": "stale"}) in await task_events(db, big)
     async with db.connection() as conn:
         assert await conn.fetchval("SELECT count(*) FROM reservations WHERE hold") == 0
         assert await conn.fetchval("SELECT count(*) FROM nominations") == 0

@@ -4,10 +4,8 @@ capacity for a starving task leaves no capacity held for nothing, and the ledger
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -18,23 +16,13 @@ from app.db import Database
 from app.ledger.invariants import ledger_check
 from app.ledger.leases import lease_complete, runtime_heartbeat
 from app.reconciler import Reconciler, ReconcilerConfig
-from tests.factories import ledger_violations, pool_add, spec_make, tasks_add
+from tests.factories import ledger_violations, pool_add, reconcile_process, spec_make, tasks_add
 
 pytestmark = pytest.mark.slow
 
 
 def _start(database_url: str) -> subprocess.Popen:
-    env = {
-        **os.environ,
-        "BERTH_DATABASE_URL": database_url,
-        "BERTH_NOMINATION_SECONDS": "1",
-        "BERTH_TICK_SECONDS": "0.05",
-        "BERTH_LOG_LEVEL": "warning",
-    }
-    return subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "reconcile"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )
+    return reconcile_process(database_url, nomination_seconds=1, tick_seconds=0.05)
 
 
 async def _held_for_nothing(db: Database) -> list:

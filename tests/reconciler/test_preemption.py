@@ -12,7 +12,15 @@ from app.config import SHARD_SLOTS
 from app.db import Database
 from app.ledger.leases import LeaseStale, lease_complete, runtime_heartbeat, runtime_leases_list
 from app.reconciler import Reconciler, ReconcilerConfig
-from tests.factories import NOW, ledger_violations, pool_add, spec_make, task_get, tasks_add
+from tests.factories import (
+    NOW,
+    ledger_violations,
+    pool_add,
+    spec_make,
+    task_events,
+    task_get,
+    tasks_add,
+)
 
 ALL = frozenset(range(SHARD_SLOTS))
 GRACE = 30.0
@@ -46,13 +54,6 @@ async def _lease(db: Database, task_id: uuid.UUID) -> tuple[uuid.UUID, int, str]
     return r[0], int(r[1]), r[2]
 
 
-async def _events(db: Database, task_id: uuid.UUID) -> list[tuple[str, dict | None]]:
-    async with db.connection() as conn:
-        rows = await conn.fetch("SELECT reason, detail FROM task_events WHERE task_id = $1 "
-                                "ORDER BY id", task_id)
-    return [(r[0], r[1]) for r in rows]
-
-
 async def _reserved(db: Database) -> int:
     async with db.connection() as conn:
         return int(await conn.fetchval("SELECT cpu_reserved FROM ledgers WHERE pool_id = 'p1'"))
@@ -80,7 +81,7 @@ async def _preempt(db: Database) -> tuple[list[uuid.UUID], uuid.UUID, uuid.UUID]
     assert [r["leaseId"] for r in beat.revoking] == [str(lease_id)]
     assert (await task_get_json(db, victim))["state"] == "LEASED"
     assert ("revoking", {"preemptorId": str(pre), "revokeBy": pending_iso(NOW)}) in [
-        (r, d) for r, d in await _events(db, victim)]
+        (r, d) for r, d in await task_events(db, victim)]
     assert await _reserved(db) == 2000
     assert await ledger_violations(db) == []
     return low, pre, victim
@@ -123,9 +124,9 @@ async def test_runtime_completes_before_the_deadline_and_the_preemptor_gets_the_
     assert (await task_get_json(db, other))["state"] == "ADMITTED"  # nominated: not its
     assert await _reserved(db) == 2000
     assert await ledger_violations(db) == []
-    reasons = [r for r, _ in await _events(db, pre)]
+    reasons = [r for r, _ in await task_events(db, pre)]
     assert reasons == ["preempting", "leased"]
-    preempting = dict(await _events(db, pre))["preempting"]
+    preempting = dict(await task_events(db, pre))["preempting"]
     assert preempting["victimIds"] == [str(victim)]
 
 
@@ -146,7 +147,7 @@ async def test_runtime_never_answers_so_the_victim_is_revoked_fenced_and_requeue
     task = await task_get_json(db, victim)
     assert task["state"] == "ADMITTED" and task["attempts"] == 0 and task["preemptions"] == 1
     assert (await _lease(db, victim))[2] == "REVOKED"
-    reason, detail = (await _events(db, victim))[-1]
+    reason, detail = (await task_events(db, victim))[-1]
     assert reason == "preempted" and detail["preemptorId"] == str(pre)
     assert await _reserved(db) == 2000  # handed over, not released
     assert await ledger_violations(db) == []

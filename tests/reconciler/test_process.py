@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -14,7 +12,14 @@ import pytest
 from app.config import SHARD_SLOTS
 from app.db import Database
 from app.reconciler import Reconciler, ReconcilerConfig
-from tests.factories import ledger_violations, pools_add, spec_make, task_states, tasks_add
+from tests.factories import (
+    ledger_violations,
+    pools_add,
+    reconcile_process,
+    spec_make,
+    task_states,
+    tasks_add,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -22,17 +27,7 @@ TASKS = 3000
 
 
 def _start(database_url: str, *args: str) -> subprocess.Popen:
-    env = {
-        **os.environ,
-        "BERTH_DATABASE_URL": database_url,
-        "BERTH_BATCH_SIZE": "20",
-        "BERTH_CLAIM_TTL_SECONDS": "30",
-        "BERTH_LOG_LEVEL": "warning",
-    }
-    return subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "reconcile", *args],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )
+    return reconcile_process(database_url, *args, batch_size=20, claim_ttl_seconds=30)
 
 
 async def _setup(db: Database) -> None:

@@ -16,10 +16,8 @@ borrowing only grow: a limit broken by any pass stays broken, and the checker's 
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -30,7 +28,7 @@ from app.ledger.tenants import Quota, tenant_put
 from app.ledger.wakeups import WakeSource, wakeup_notify
 from app.reconciler.listener import APPLICATION_NAME
 from app.shards import shard_of, shard_slots_static
-from tests.factories import ledger_violations, pools_add, spec_make, tasks_add
+from tests.factories import ledger_violations, pools_add, reconcile_process, spec_make, tasks_add
 
 pytestmark = pytest.mark.slow
 
@@ -60,16 +58,8 @@ def _borrowers() -> list[str]:
 
 
 def _start(database_url: str, index: int) -> subprocess.Popen:
-    env = {
-        **os.environ,
-        "BERTH_DATABASE_URL": database_url,
-        "BERTH_BATCH_SIZE": "16",
-        "BERTH_LOG_LEVEL": "warning",
-    }
-    return subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "reconcile", "--shard", f"{index}/{COUNT}"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
+    return reconcile_process(database_url, "--shard", f"{index}/{COUNT}",
+                             stdout=subprocess.DEVNULL, batch_size=16)
 
 
 async def _listening(conn: Connection) -> int:

@@ -7,9 +7,7 @@ lost, and the ledger and the quota usage rows match."""
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -18,7 +16,7 @@ from app.db import Database
 from app.ledger.invariants import ledger_check
 from app.ledger.leases import LeaseStale, lease_complete
 from app.ledger.tenants import Quota, tenant_put
-from tests.factories import ledger_violations, pools_add, spec_make, tasks_add
+from tests.factories import ledger_violations, pools_add, reconcile_process, spec_make, tasks_add
 
 pytestmark = pytest.mark.slow
 
@@ -29,15 +27,8 @@ STREAM = 12
 
 
 def _start(database_url: str) -> subprocess.Popen:
-    env = {
-        **os.environ,
-        "BERTH_DATABASE_URL": database_url,
-        "BERTH_PREEMPTION_GRACE_SECONDS": str(GRACE),
-        "BERTH_TICK_SECONDS": "0.2",
-        "BERTH_LOG_LEVEL": "warning",
-    }
-    return subprocess.Popen([sys.executable, "-m", "app.cli", "reconcile"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return reconcile_process(database_url, stdout=subprocess.DEVNULL,
+                             preemption_grace_seconds=GRACE, tick_seconds=0.2)
 
 
 async def _until(db: Database, sql: str, want: object, procs: list[subprocess.Popen],
