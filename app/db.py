@@ -28,100 +28,26 @@ from typing import Any, TypeAlias
 import asyncpg
 import orjson
 
-from app.dburl import MultiHostUrl, multi_host_parse
+from app.dburl import DatabaseUrl, database_url_parse
 from app.errors import ConfigurationError
 
-__all__ = ["Connection", "Database", "PoolBusy", "async_url", "describe_url", "plain_url"]
+__all__ = ["Connection", "Database", "PoolBusy", "describe_url"]
 
 #: The connection type ledger functions take.
 Connection: TypeAlias = asyncpg.Connection
 
 
-#: A PostgreSQL URL whose every part is plain (unreserved characters, no query): SQLAlchemy's
-#: ``make_url(url).render_as_string()`` gives it back unchanged but for the driver name, so
-#: it is rendered without importing SQLAlchemy (some 25 MiB of a reconciler process, which
-#: has no other use for it). Anything else goes through SQLAlchemy.
-_PLAIN_URL = re.compile(
-    r"(?:postgresql|postgres)(?:\+\w+)?://"
-    r"(?:(?P<user>[A-Za-z0-9._~-]+)(?::(?P<password>[A-Za-z0-9._~-]+))?@)?"
-    r"(?P<rest>[A-Za-z0-9._-]+(?::[1-9][0-9]{0,4})?(?:/[A-Za-z0-9._~-]+)?)"
-)
-
-
-def _plain(url: str, drivername: str | None, *, hide_password: bool) -> str | None:
-    """Return :func:`_url`'s rendering of a plain ``url`` (None if it is not plain)."""
-    m = _PLAIN_URL.fullmatch(url)
-    if m is None:
-        return None
-    scheme = drivername or url.split("://", 1)[0]
-    user, password = m["user"], m["password"]
-    auth = ""
-    if user is not None:
-        auth = user
-        if password is not None:
-            auth += ":" + ("***" if hide_password else password)
-        auth += "@"
-    return f"{scheme}://{auth}{m['rest']}"
-
-
-def _url(url: str):  # type: ignore[no-untyped-def]
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        parsed = make_url(url)
-    except (ArgumentError, ValueError):
-        raise ConfigurationError(
-            f"BERTH_DATABASE_URL is not a database URL ({MultiHostUrl.hide(url)!r}); "
-            "use postgresql://user:password@host:5432/dbname"
-        ) from None
-    if parsed.get_backend_name() not in ("postgresql", "postgres"):
-        raise ConfigurationError(
-            f"BERTH_DATABASE_URL must point at PostgreSQL, not {parsed.get_backend_name()!r}; "
-            "use postgresql://user:password@host:5432/dbname"
-        )
-    return parsed
-
-
-def plain_url(url: str) -> str:
-    """Return ``url`` as a libpq/asyncpg DSN (``postgresql://…``), or raise ConfigurationError."""
-    plain = _plain(url, "postgresql", hide_password=False)
-    if plain is not None:
-        return plain
-    multi = multi_host_parse(url)
-    if multi is not None:
-        return multi.libpq()
-    return _url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
-def async_url(url: str) -> str:
-    """Return ``url`` for SQLAlchemy's asyncpg dialect (Alembic), or raise ConfigurationError."""
-    plain = _plain(url, "postgresql+asyncpg", hide_password=False)
-    if plain is not None:
-        return plain
-    multi = multi_host_parse(url)
-    if multi is not None:
-        return multi.sqlalchemy("postgresql+asyncpg")
-    return _url(url).set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
-
-
 def describe_url(url: str) -> str:
     """Return ``url`` with its password hidden, for logs and start-up lines."""
-    plain = _plain(url, None, hide_password=True)
-    if plain is not None:
-        return plain
     try:
-        multi = multi_host_parse(url)
+        return database_url_parse(url).describe()
     except ConfigurationError:
-        return MultiHostUrl.hide(url)
-    if multi is not None:
-        return multi.libpq(hide_password=True)
-    from sqlalchemy.engine import make_url
+        return _password_hidden(url)
 
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return MultiHostUrl.hide(url)
+
+def _password_hidden(url: str) -> str:
+    """Return a URL Berth cannot parse with anything between ``:`` and ``@`` hidden."""
+    return re.sub(r"(://[^:/?#@]*:)[^@/?#]*@", r"\1***@", url)
 
 
 def _json_encode(value: Any) -> str:
@@ -166,7 +92,8 @@ class Database:
         pool_wait_seconds: float | None = None,
         application_name: str = "berth",
     ) -> None:
-        self.url = plain_url(url)
+        self.url = url
+        self.target: DatabaseUrl = database_url_parse(url)
         self.max_size = max_size
         self.connect_timeout_seconds = connect_timeout_seconds
         self.pool_wait_seconds = pool_wait_seconds
@@ -182,7 +109,7 @@ class Database:
         self._opening = asyncio.Lock()
 
     def __repr__(self) -> str:
-        return f"Database({describe_url(self.url)!r})"
+        return f"Database({self.target.describe()!r})"
 
     async def open(self) -> None:
         """Create the pool (connections are made on first use)."""
@@ -190,13 +117,11 @@ class Database:
             if self._pool is not None:
                 return
             self._pool = await asyncpg.create_pool(
-                self.url,
                 min_size=0,
                 max_size=self.max_size,
                 init=_connection_init,
                 reset=_no_reset,
-                timeout=self.connect_timeout_seconds,
-                server_settings={"application_name": self.application_name},
+                **self._connect_args(self.application_name),
             )
 
     async def close(self) -> None:
@@ -283,13 +208,16 @@ class Database:
         finally:
             await self._release(conn)
 
+    def _connect_args(self, application_name: str) -> dict[str, Any]:
+        return self.target.connect_args(
+            application_name=application_name, timeout=self.connect_timeout_seconds
+        )
+
     async def connect(self, *, application_name: str | None = None) -> Connection:
         """Open a dedicated connection outside the pool (LISTEN, session advisory locks);
         the caller closes it."""
         conn = await asyncpg.connect(
-            self.url,
-            timeout=self.connect_timeout_seconds,
-            server_settings={"application_name": application_name or self.application_name},
+            **self._connect_args(application_name or self.application_name)
         )
         await _connection_init(conn)
         return conn

@@ -10,11 +10,13 @@ import ast
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app.db import Connection, async_url
+from app.db import Connection
+from app.dburl import database_url_parse
 from app.ledger.meta import MIGRATION_LOCK, schema_revision_read
 
 if TYPE_CHECKING:
     from alembic.config import Config
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -72,21 +74,38 @@ async def schema_current(conn: Connection) -> str | None:
     return await schema_revision_read(conn)
 
 
-async def schema_upgrade(url: str, revision: str = "head") -> None:
+def schema_engine(url: str, *, connect_timeout_seconds: float = 5.0) -> AsyncEngine:
+    """Return a SQLAlchemy engine (for Alembic) whose connections asyncpg opens from ``url``
+    with the same arguments as every other connection of Berth's; it keeps no pool."""
+    import asyncpg
+    from sqlalchemy.ext.asyncio import create_async_engine
+    from sqlalchemy.pool import NullPool
+
+    args = database_url_parse(url).connect_args(
+        application_name="berth-migrate", timeout=connect_timeout_seconds
+    )
+
+    async def connect() -> asyncpg.Connection:
+        return await asyncpg.connect(**args)
+
+    return create_async_engine("postgresql+asyncpg://", async_creator=connect, poolclass=NullPool)
+
+
+async def schema_upgrade(
+    url: str, revision: str = "head", *, connect_timeout_seconds: float = 5.0
+) -> None:
     """Upgrade the database at ``url`` to ``revision`` (default: head)."""
-    await _run(url, "upgrade", revision)
+    await _run(url, "upgrade", revision, connect_timeout_seconds)
 
 
 async def schema_downgrade(url: str, revision: str = "base") -> None:
     """Downgrade the database at ``url`` to ``revision`` (default: base)."""
-    await _run(url, "downgrade", revision)
+    await _run(url, "downgrade", revision, 5.0)
 
 
-async def _run(url: str, direction: str, revision: str) -> None:
+async def _run(url: str, direction: str, revision: str, connect_timeout_seconds: float) -> None:
     from alembic import command
     from sqlalchemy import text
-    from sqlalchemy.ext.asyncio import create_async_engine
-    from sqlalchemy.pool import NullPool
 
     config = alembic_config()
 
@@ -94,7 +113,7 @@ async def _run(url: str, direction: str, revision: str) -> None:
         config.attributes["connection"] = sync_conn
         getattr(command, direction)(config, revision)
 
-    engine = create_async_engine(async_url(url), poolclass=NullPool)
+    engine = schema_engine(url, connect_timeout_seconds=connect_timeout_seconds)
     try:
         async with engine.begin() as conn:
             # One migrator at a time, even when several replicas start together.

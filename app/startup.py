@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 from pathlib import Path
 
 from app.config import Settings
@@ -31,6 +32,12 @@ def _unreachable_why(exc: BaseException) -> str:
         name = type(err).__name__
         if isinstance(err, ConnectionRefusedError):
             return "connection refused"
+        if isinstance(err, ssl.SSLCertVerificationError):
+            why = str(err.verify_message).rstrip(".")
+            return (f"the server's TLS certificate was refused: {why}; check sslrootcert (the "
+                    "CA that signed it) and the host name")
+        if isinstance(err, ssl.SSLError):
+            return f"TLS failed: {err.reason or err}"
         if isinstance(err, socket.gaierror):
             return "host name not found"
         if isinstance(err, TimeoutError | asyncio.TimeoutError):
@@ -112,7 +119,7 @@ async def database_migrate(url: str, *, connect_timeout_seconds: float = 5.0) ->
             raise
         except Exception as exc:
             raise _unreachable(url, exc) from None
-        await schema_upgrade(url)
+        await schema_upgrade(url, connect_timeout_seconds=connect_timeout_seconds)
         async with db.connection() as conn:
             current = await schema_current(conn)
     finally:

@@ -15,10 +15,10 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from app.dburl import DatabaseUrl, database_url_parse
 from bench.workers import REPO_ROOT, python_env
 
 __all__ = [
@@ -26,8 +26,8 @@ __all__ = [
     "database_create",
     "database_drop",
     "database_name",
+    "bench_connect",
     "describe_url",
-    "plain_url",
     "postgres_server",
     "scratch_database",
 ]
@@ -40,31 +40,29 @@ SERVER_HELP = (
 )
 
 
-def plain_url(url: str) -> str:
-    """Return ``url`` as a plain ``postgresql://`` DSN that asyncpg accepts."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or not scheme.startswith(("postgresql", "postgres")):
-        raise SystemExit(f"berth bench: not a PostgreSQL URL: {describe_url(url)}")
-    return "postgresql://" + rest
+def _parsed(url: str) -> DatabaseUrl:
+    return database_url_parse(url, source="--server-url")
 
 
 def describe_url(url: str) -> str:
     """Return ``url`` with its password hidden."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urlunsplit(parts._replace(netloc=netloc))
+    return _parsed(url).describe()
 
 
 def _with_database(url: str, name: str) -> str:
-    """Return the DSN of database ``name`` on the server of ``url``."""
-    return urlunsplit(urlsplit(plain_url(url))._replace(path="/" + name))
+    """Return the URL of database ``name`` on the server of ``url``."""
+    return _parsed(url).with_database(name).uri()
 
 
 def database_name(url: str) -> str:
     """Return the name of the database ``url`` points at."""
-    return urlsplit(plain_url(url)).path.lstrip("/")
+    return _parsed(url).get("dbname") or ""
+
+
+async def bench_connect(url: str) -> asyncpg.Connection:
+    """Open a connection to ``url`` as every Berth command reads it."""
+    return await asyncpg.connect(**_parsed(url).connect_args(application_name="berth-bench",
+                                                             timeout=10.0))
 
 
 @contextmanager
@@ -102,7 +100,7 @@ async def database_create(
     to profile the server side of a run).
     """
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-    conn = await asyncpg.connect(_with_database(server_url, "postgres"))
+    conn = await bench_connect(_with_database(server_url, "postgres"))
     try:
         await conn.execute(f'CREATE DATABASE "{name}"')
         for key, value in (settings or {}).items():
@@ -120,7 +118,7 @@ async def database_create(
 
 async def database_drop(server_url: str, url: str) -> None:
     """Drop the benchmark database ``url`` (closing its connections)."""
-    conn = await asyncpg.connect(_with_database(server_url, "postgres"))
+    conn = await bench_connect(_with_database(server_url, "postgres"))
     try:
         await conn.execute(f'DROP DATABASE IF EXISTS "{database_name(url)}" WITH (FORCE)')
     finally:

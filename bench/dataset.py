@@ -36,6 +36,7 @@ import orjson
 from app.ledger.wakeups import CHANNEL, WakeSource
 from app.scheduling.spec import TaskSpec
 from app.shards import shard_of
+from bench.database import bench_connect
 
 __all__ = [
     "MIXES",
@@ -258,7 +259,7 @@ def dataset_generate(*, pools: int, tasks: int, seed: int = 1, mix: str = "defau
 
 async def dataset_load(url: str, ds: Dataset, *, now: datetime) -> None:
     """COPY pools, ledgers and fresh runtime heartbeats; stage the tasks for admission."""
-    conn = await asyncpg.connect(url)
+    conn = await bench_connect(url)
     try:
         async with conn.transaction():
             await conn.copy_records_to_table(
@@ -292,7 +293,7 @@ async def dataset_load(url: str, ds: Dataset, *, now: datetime) -> None:
 async def dataset_admit(url: str) -> float:
     """Admit every staged task in one transaction (admitted_at = now()), notify, and return
     the admission's duration in seconds."""
-    conn = await asyncpg.connect(url)
+    conn = await bench_connect(url)
     try:
         started = await conn.fetchval("SELECT extract(epoch FROM clock_timestamp())")
         async with conn.transaction():

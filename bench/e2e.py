@@ -56,9 +56,9 @@ from app.ledger.invariants import ledger_check
 from app.ledger.tenants import Quota, tenant_put
 from bench.database import (
     SERVER_HELP,
+    bench_connect,
     database_name,
     env_server_url,
-    plain_url,
     postgres_server,
     scratch_database,
 )
@@ -322,7 +322,7 @@ async def _quotas_set(url: str, ds: Dataset) -> None:
     for (tenant_id, rc), (cpu, memory) in demand.items():
         quotas.setdefault(tenant_id, {})[rc] = {
             "cpuMillis": Quota(cpu), "memoryMiB": Quota(memory)}
-    conn = await asyncpg.connect(url)
+    conn = await bench_connect(url)
     try:
         async with conn.transaction():
             for tenant_id in sorted(quotas):
@@ -338,7 +338,7 @@ async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
     if cfg.quotas:
         await _quotas_set(url, ds)
     history_seconds = await history_load(url, ds, finished=cfg.finished, now=datetime.now(UTC))
-    conn = await asyncpg.connect(url)
+    conn = await bench_connect(url)
     procs = _start_reconcilers(url, cfg, logdir)
     spy = None
     tail = None
@@ -457,7 +457,7 @@ async def _place_naive(url: str, ds: Dataset, cfg: E2EConfig) -> dict[str, Any]:
     await dataset_load(url, ds, now=datetime.now(UTC))
     await dataset_admit(url)
     limit = None if len(ds.tasks) <= cfg.naive_tasks else cfg.naive_tasks
-    conn = await asyncpg.connect(url)
+    conn = await bench_connect(url)
     try:
         work = asyncio.ensure_future(asyncio.to_thread(
             naive_run, url, database_name(url), workers=cfg.reconcilers, limit=limit))
@@ -480,7 +480,7 @@ async def _place_floor(url: str, ds: Dataset, cfg: E2EConfig) -> dict[str, Any]:
     result = await asyncio.to_thread(
         floor_run, url, database_name(url), clients=cfg.floor_clients, batch=cfg.floor_batch,
         lease_ttl_seconds=LEASE_TTL_SECONDS)
-    conn = await asyncpg.connect(url)
+    conn = await bench_connect(url)
     try:
         invariants = await ledger_check(conn)
         leased = await conn.fetchval("SELECT count(*) FROM tasks WHERE state = 'LEASED'")
@@ -491,7 +491,7 @@ async def _place_floor(url: str, ds: Dataset, cfg: E2EConfig) -> dict[str, Any]:
 
 
 async def _server_facts(server_url: str) -> dict[str, Any]:
-    conn = await asyncpg.connect(plain_url(server_url))
+    conn = await bench_connect(server_url)
     try:
         return {
             "synchronousCommit": await conn.fetchval("SHOW synchronous_commit"),

@@ -37,9 +37,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-import asyncpg
 import orjson
 
+from bench.database import bench_connect
 from bench.dataset import Dataset
 from bench.workers import worker_serve, workers_run
 
@@ -113,7 +113,7 @@ async def floor_prepare(url: str, ds: Dataset) -> None:
         req = spec["requests"]
         rows.append((task[1], pool_id, f"rt-{pool_id}", members, members * req["cpuMillis"],
                      members * req["memoryMiB"], members * req["llmSlots"]))
-    conn = await asyncpg.connect(url)
+    conn = await bench_connect(url)
     try:
         await conn.execute(
             f"""CREATE TABLE {CHOICES} (task_id uuid PRIMARY KEY, pool_id text, instance text,
@@ -150,7 +150,7 @@ async def _place_batch(conn: Any, batch: int, skip: list[Any], ttl: float) -> tu
 
 
 async def _clients(url: str, clients: int, batch: int, lease_ttl: float) -> None:
-    conns = [await asyncpg.connect(url) for _ in range(clients)]
+    conns = [await bench_connect(url) for _ in range(clients)]
     try:
         async def one(conn: Any) -> tuple[int, int]:
             placed = 0

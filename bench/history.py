@@ -24,9 +24,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-import asyncpg
-
 from app.shards import shard_of
+from bench.database import bench_connect
 from bench.dataset import Dataset
 
 __all__ = ["history_load"]
@@ -81,7 +80,7 @@ async def history_load(
     classes = sorted({row[5] for row in ds.tasks}) or ["python-3.11"]
     pools = [row[0] for row in ds.pools]
     step = spread.total_seconds() / finished
-    conn = await asyncpg.connect(url)
+    conn = await bench_connect(url)
     try:
         started = await conn.fetchval("SELECT extract(epoch FROM clock_timestamp())")
         for hi in range(finished - 1, -1, -CHUNK):

@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 
 from app.config import SHARD_SLOTS
+from bench.database import bench_connect
 from bench.workers import worker_serve, workers_run
 
 __all__ = ["NaiveResult", "naive_run"]
@@ -141,9 +142,8 @@ async def _place_one(
 async def _worker(
     url: str, slots: list[int], quota: int, *, freshness: float, lease_ttl: float
 ) -> dict[str, Any]:
-    import asyncpg
 
-    conn = await asyncpg.connect(url)
+    conn = await bench_connect(url)
     try:
         async def work() -> dict[str, Any]:
             placed = parked = 0

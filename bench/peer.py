@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-import asyncpg
-
+from bench.database import bench_connect
 from bench.dataset import Dataset
 from bench.workers import worker_serve, workers_run
 
@@ -64,7 +63,7 @@ async def peer_prepare(url: str, ds: Dataset) -> None:
     """Install pgqueuer's schema in the empty database ``url`` and enqueue one job per task."""
     from pgqueuer import AsyncpgDriver, Queries
 
-    conn = await asyncpg.connect(url)
+    conn = await bench_connect(url)
     try:
         queries = Queries(AsyncpgDriver(conn))
         await queries.install()
@@ -81,7 +80,7 @@ async def _consumer(url: str, batch: int) -> None:
     from pgqueuer import AsyncpgDriver, Job, Queries, QueueManager
     from pgqueuer.types import QueueExecutionMode
 
-    conn = await asyncpg.connect(url)
+    conn = await bench_connect(url)
     try:
         done = 0
         manager = QueueManager(Queries(AsyncpgDriver(conn)))

@@ -11,10 +11,9 @@ import os
 
 from alembic import context
 from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import create_async_engine
 
-from app.db import async_url
 from app.ledger.tables import metadata
+from app.schema import schema_engine
 
 config = context.config
 target_metadata = metadata
@@ -35,7 +34,7 @@ async def _run_async() -> None:
     url = config.get_main_option("sqlalchemy.url") or os.environ.get("BERTH_DATABASE_URL")
     if not url:
         raise SystemExit("set BERTH_DATABASE_URL to the database to migrate")
-    engine = create_async_engine(async_url(url))
+    engine = schema_engine(url)
     try:
         async with engine.connect() as conn:
             await conn.run_sync(_do_run)

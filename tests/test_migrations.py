@@ -11,13 +11,17 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import create_async_engine
-from sqlalchemy.pool import NullPool
 
-from app.db import Database, async_url
+from app.db import Database
 from app.ledger.tables import metadata
 from app.scheduling.explain import PLACEMENT_FORMAT, placement_document
-from app.schema import schema_current, schema_downgrade, schema_head, schema_upgrade
+from app.schema import (
+    schema_current,
+    schema_downgrade,
+    schema_engine,
+    schema_head,
+    schema_upgrade,
+)
 from tests.conftest import _admin
 
 
@@ -70,7 +74,7 @@ async def test_migrations_match_table_models(database_url: str) -> None:
         ctx = MigrationContext.configure(sync_conn, opts={"compare_type": True})
         return compare_metadata(ctx, metadata)
 
-    engine = create_async_engine(async_url(database_url), poolclass=NullPool)
+    engine = schema_engine(database_url)
     try:
         async with engine.connect() as conn:
             diff = await conn.run_sync(_diff)

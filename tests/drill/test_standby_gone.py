@@ -21,7 +21,8 @@ import pytest
 import pytest_asyncio
 
 from app.config import Settings
-from app.db import Database, plain_url
+from app.db import Database
+from app.dburl import database_url_parse
 from app.embedded import EmbeddedPostgres
 from app.ledger.keys import api_key_create
 from app.main import create_app
@@ -48,7 +49,7 @@ async def server_url(tmp_path: Path) -> AsyncIterator[str]:
 
 
 async def _synchronous(url: str, names: str | None) -> None:
-    conn = await asyncpg.connect(plain_url(url))
+    conn = await asyncpg.connect(database_url_parse(url).dsn)
     try:
         if names is None:
             await conn.execute("ALTER SYSTEM RESET synchronous_standby_names")

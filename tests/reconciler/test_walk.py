@@ -16,7 +16,8 @@ import asyncpg
 import orjson
 
 from app.config import SHARD_SLOTS
-from app.db import Database, plain_url
+from app.db import Database
+from app.dburl import database_url_parse
 from app.ledger.claims import ClaimedTask
 from app.ledger.snapshot import LedgerRow
 from app.reconciler import Reconciler, ReconcilerConfig
@@ -49,7 +50,7 @@ def _rival_clock(dsn: str, sql: str):
             fired.append(True)
 
             async def rival() -> None:
-                conn = await asyncpg.connect(plain_url(dsn))
+                conn = await asyncpg.connect(database_url_parse(dsn).dsn)
                 try:
                     await conn.execute(sql)
                 finally:
@@ -270,7 +271,7 @@ async def test_a_later_round_skips_a_pool_another_transaction_holds(
             await pool_add(conn, pool, tenants=["t1"], capacity=(4000, 4000, 0))
             await heartbeat_add(conn, f"rt-{pool}", at=NOW)
         first, second = await tasks_add(conn, tenant="t1", count=2, spec=spec_make(cpu=1000))
-    holder = await asyncpg.connect(plain_url(database_url))
+    holder = await asyncpg.connect(database_url_parse(database_url).dsn)
     try:
         async with holder.transaction():
             # Another transaction holds every ledger row but those the pass placed on first.
