@@ -1,9 +1,10 @@
-"""A pg_auto_failover formation on this machine: a monitor, a primary and a secondary.
+"""A pg_auto_failover formation on this machine: a monitor, a primary and its standbys.
 
 Each node is a ``pg_autoctl create … --run`` process (its keeper and its PostgreSQL) in a
-temporary directory, on loopback ports, without TLS and with trust authentication. pg_autoctl
-refuses to run as root, so under root every node runs as the ``postgres`` user (setpriv), in
-a directory that user owns.
+temporary directory, on loopback ports, with TLS on (pg_autoctl's self-signed certificates:
+its URIs say ``sslmode=require``) and trust authentication. pg_autoctl refuses to run as
+root, so under root every node runs as the ``postgres`` user (setpriv), in a directory that
+user owns.
 """
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ class Formation:
     monitor: subprocess.Popen | None = None
 
     @classmethod
-    def create(cls) -> Formation:
-        """Start a monitor, then a primary, then a secondary; return when both are ready."""
+    def create(cls, *, nodes: int = 2, keeper: dict[str, str] | None = None) -> Formation:
+        """Start a monitor, then a primary, then its standbys one by one; return when every
+        node is ready. ``keeper``: pg_autoctl settings of every node (``timeout.…``)."""
         root = Path(tempfile.mkdtemp(prefix="berth-drill-"))
         if os.geteuid() == 0:
             pg = pwd.getpwnam("postgres")
@@ -83,13 +85,17 @@ class Formation:
         formation = cls(root=root, monitor_port=port_free())
         try:
             formation._monitor_start()
-            for index in (1, 2):
+            for index in range(1, nodes + 1):
                 node = Node(f"node{index}", port_free(), root / f"node{index}")
                 formation.nodes.append(node)
                 formation._node_start(node)
-                if index == 1:
-                    formation.wait_states({"node1": "single"})
-            formation.wait_states({"node1": "primary", "node2": "secondary"}, nudge="node1")
+                want = {"node1": "single" if index == 1 else "primary"}
+                want |= {f"node{i}": "secondary" for i in range(2, index + 1)}
+                formation.wait_states(want, nudge=None if index == 1 else "node1")
+            for node in formation.nodes:
+                for name, value in (keeper or {}).items():
+                    formation.autoctl("config", "set", name, value, pgdata=node.pgdata)
+                formation.autoctl("reload", pgdata=node.pgdata)
         except BaseException:
             formation.destroy()
             raise
@@ -117,11 +123,12 @@ class Formation:
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )
 
-    def autoctl(self, *args: str, timeout: float = 120) -> str:
-        """Run a pg_autoctl command against the monitor and return its output."""
+    def autoctl(self, *args: str, timeout: float = 120, pgdata: Path | None = None) -> str:
+        """Run a pg_autoctl command against the monitor (or the node of ``pgdata``) and
+        return its output."""
         result = subprocess.run(
             [*_as_postgres(), pg_autoctl_path() or "pg_autoctl", *args,
-             "--pgdata", str(self.root / "monitor")],
+             "--pgdata", str(pgdata or self.root / "monitor")],
             cwd=self.root, env=self._env(), capture_output=True, text=True, timeout=timeout,
         )
         if result.returncode != 0:
@@ -132,7 +139,7 @@ class Formation:
         self.monitor = self._popen(
             ["create", "monitor", "--pgdata", str(self.root / "monitor"),
              "--pgport", str(self.monitor_port), "--hostname", "127.0.0.1",
-             "--listen", "127.0.0.1", "--auth", "trust", "--no-ssl", "--run"],
+             "--listen", "127.0.0.1", "--auth", "trust", "--ssl-self-signed", "--run"],
             "monitor.log",
         )
         # Wait for the monitor's PostgreSQL before any other pg_autoctl command: two of them
@@ -159,9 +166,15 @@ class Formation:
             ["create", "postgres", "--pgdata", str(node.pgdata), "--pgport", str(node.port),
              "--pgctl", str(PG_BIN / "pg_ctl"), "--hostname", "127.0.0.1",
              "--listen", "127.0.0.1", "--name", node.name, "--dbname", DATABASE,
-             "--monitor", f"{monitor}?sslmode=disable", "--auth", "trust", "--no-ssl", "--run"],
+             "--monitor", f"{monitor}?sslmode=require", "--auth", "trust", "--ssl-self-signed",
+             "--run"],
             f"{node.name}.log",
         )
+
+    def node_restart(self, name: str) -> None:
+        """Start a killed node's keeper again (it rejoins as a standby of the new primary)."""
+        node = self.node(name)
+        node.proc = self._popen(["run", "--pgdata", str(node.pgdata)], f"{node.name}.log")
 
     def node_kill(self, name: str) -> None:
         """SIGKILL a node's keeper and its PostgreSQL (every process of it at once)."""
@@ -224,10 +237,13 @@ class Formation:
         logs = "\n".join(self.log(f"{n}.log") for n in want)
         raise AssertionError(f"states {states}, wanted {want}:\n{logs}")
 
-    def url(self, *, order: tuple[str, ...] = ("node1", "node2")) -> str:
-        """Return the multi-host URL of the formation's database, as a client gets it."""
-        hosts = ",".join(f"127.0.0.1:{self.node(n).port}" for n in order)
-        return f"postgresql://postgres@{hosts}/{DATABASE}?target_session_attrs=read-write"
+    def url(self) -> str:
+        """Return the multi-host URL of the formation's database as pg_autoctl hands it out:
+        every node, ``target_session_attrs=read-write&sslmode=require``, and no user (a
+        client takes it from PGUSER)."""
+        uri = self.autoctl("show", "uri", "--formation", "default").strip()
+        assert "sslmode=require" in uri and "target_session_attrs=read-write" in uri, uri
+        return uri
 
     def node_url(self, name: str) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.node(name).port}/{DATABASE}"

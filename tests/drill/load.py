@@ -16,22 +16,26 @@ TASK = {
     "labels": {"app": "drill"},
 }
 
+#: The kinds of request that write to the ledger.
+WRITES = ("submit", "heartbeat", "complete")
+
 
 @dataclass
 class Answer:
-    """One request: when it was answered (wall clock), what and how."""
+    """One request: when it was sent and answered (wall clock), what and how."""
 
     at: float
     kind: str
     status: int | None  # None: no HTTP answer (the client's connection failed)
     error: str | None = None
+    sent: float = 0.0
 
 
 @dataclass
 class Load:
-    """Clients and runtimes against ``base``; everything they saw."""
+    """Clients and runtimes spread over the APIs of ``bases``; everything they saw."""
 
-    base: str
+    bases: tuple[str, ...]
     tenant_key: str
     runtime_keys: dict[str, str]
     clients: int = 4
@@ -45,38 +49,41 @@ class Load:
 
     def start(self) -> None:
         """Start the clients and the runtimes as tasks of the running loop."""
-        self._tasks = [asyncio.ensure_future(self._client()) for _ in range(self.clients)]
-        self._tasks += [asyncio.ensure_future(self._runtime(rt, key))
-                        for rt, key in self.runtime_keys.items()]
-        self._tasks.append(asyncio.ensure_future(self._probe()))
+        n = len(self.bases)
+        self._tasks = [asyncio.ensure_future(self._client(self.bases[i % n]))
+                       for i in range(self.clients)]
+        self._tasks += [asyncio.ensure_future(self._runtime(rt, key, self.bases[i % n]))
+                        for i, (rt, key) in enumerate(self.runtime_keys.items())]
+        self._tasks += [asyncio.ensure_future(self._probe(base)) for base in self.bases]
 
     async def stop(self) -> None:
         """Stop every client and runtime after its current request."""
         self._stop.set()
         await asyncio.gather(*self._tasks)
 
-    def _record(self, kind: str, response: httpx.Response | None, error: str | None = None
-                ) -> None:
+    def _record(self, kind: str, sent: float, response: httpx.Response | None,
+                error: str | None = None) -> None:
         status = None if response is None else response.status_code
-        self.answers.append(Answer(time.time(), kind, status, error))
+        self.answers.append(Answer(time.time(), kind, status, error, sent))
 
     async def _call(self, http: httpx.AsyncClient, kind: str, method: str, url: str,
                     **kw: object) -> httpx.Response | None:
+        sent = time.time()
         try:
             response = await http.request(method, url, **kw)  # type: ignore[arg-type]
         except httpx.HTTPError as exc:
-            self._record(kind, None, type(exc).__name__)
+            self._record(kind, sent, None, type(exc).__name__)
             await asyncio.sleep(0.2)
             return None
-        self._record(kind, response)
+        self._record(kind, sent, response)
         if response.status_code == 503:
             retry = float(response.headers.get("retry-after", "1"))
             await asyncio.sleep(min(retry, 0.5))  # a hurried client, to measure the window
         return response
 
-    async def _client(self) -> None:
+    async def _client(self, base: str) -> None:
         headers = {"Authorization": f"Bearer {self.tenant_key}"}
-        async with httpx.AsyncClient(base_url=self.base, timeout=30) as http:
+        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
             while not self._stop.is_set():
                 r = await self._call(http, "submit", "POST", "/v1/tasks", json=TASK,
                                      headers=headers)
@@ -84,9 +91,9 @@ class Load:
                     self.acknowledged.add(r.json()["id"])
                 await asyncio.sleep(0.05)
 
-    async def _runtime(self, instance: str, key: str) -> None:
+    async def _runtime(self, instance: str, key: str, base: str) -> None:
         headers = {"Authorization": f"Bearer {key}"}
-        async with httpx.AsyncClient(base_url=self.base, timeout=30) as http:
+        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
             while not self._stop.is_set():
                 await self._call(http, "heartbeat", "POST", f"/v1/runtimes/{instance}/heartbeat",
                                  headers=headers)
@@ -105,9 +112,9 @@ class Load:
                         self.completed.add(lease["id"])
                 await asyncio.sleep(0.2)
 
-    async def _probe(self) -> None:
+    async def _probe(self, base: str) -> None:
         """Ask /readyz twice a second, as a Kubernetes readiness probe would."""
-        async with httpx.AsyncClient(base_url=self.base, timeout=10) as http:
+        async with httpx.AsyncClient(base_url=base, timeout=10) as http:
             while not self._stop.is_set():
                 try:
                     r = await http.get("/readyz")
@@ -129,6 +136,13 @@ class Load:
         times = [a.at for a in self.answers
                  if a.at >= since and (a.status == 503 or a.status is None)]
         return (min(times), max(times)) if times else None
+
+    def first_write_answered(self, since: float) -> float | None:
+        """Return when a write (submit, heartbeat, completion) sent after ``since`` was first
+        answered 2xx."""
+        times = [a.at for a in self.answers if a.sent >= since and a.status is not None
+                 and 200 <= a.status < 300 and a.kind in WRITES]
+        return min(times) if times else None
 
     def first_lease_after(self, since: float) -> float | None:
         """Return when a runtime first saw a lease it had not seen before ``since``."""
