@@ -44,6 +44,9 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "bootstrapAdminKey": {"secretName": "berth-bootstrap", "secretKey": "admin-key"},
     },
     "three-reconcilers": {"reconciler": {"replicas": 3}},
+    # verify-full against the database's CA, mounted from a Secret of TLS files.
+    "database-tls": {"database": {"secretName": "berth-db", "secretKey": "BERTH_DATABASE_URL",
+                                  "tlsSecretName": "berth-db-tls"}},
     "grafana-dashboard": {
         "grafanaDashboard": {"enabled": True, "labels": {"release": "kube-prometheus-stack"},
                              "annotations": {"grafana_folder": "Berth"}}
@@ -575,3 +578,20 @@ def test_the_grafana_dashboard_is_a_configmap_only_when_asked_for(value_set: str
     )
     shipped = (CHART.parent.parent / "grafana" / "berth.json").read_text()
     assert json.loads(dashboard["data"]["berth.json"]) == json.loads(shipped)
+
+
+@SETS
+def test_the_database_tls_files_are_mounted_in_every_pod_when_given(value_set: str) -> None:
+    secret = merged(value_set)["database"].get("tlsSecretName")
+    pods = _render(value_set).pod_specs()
+    assert {component_of(w) for w, _ in pods} >= {"api", "migrate"}
+    for workload, pod in pods:
+        volumes = [v for v in pod["spec"]["volumes"] if v["name"] == "database-tls"]
+        mounts = [m for c in containers(pod) for m in c["volumeMounts"]
+                  if m["name"] == "database-tls"]
+        if not secret:
+            assert not volumes and not mounts, workload["metadata"]["name"]
+            continue
+        assert [v["secret"]["secretName"] for v in volumes] == [secret]
+        assert [(m["mountPath"], m["readOnly"]) for m in mounts] == [
+            ("/etc/berth/postgresql", True)]

@@ -65,11 +65,26 @@ securityContext:
   {{- toYaml .Values.podSecurityContext | nindent 2 }}
 {{- end -}}
 
-{{/* The root filesystem is read-only: /tmp is the one writable place. */}}
-{{- define "berth.tmpVolume" -}}
+{{/* Volumes every Berth pod has: /tmp (the root filesystem is read-only: /tmp is the one
+writable place), and the database's TLS files when given. */}}
+{{- define "berth.volumes" -}}
 - name: tmp
   emptyDir:
     sizeLimit: 64Mi
+{{- with .Values.database.tlsSecretName }}
+- name: database-tls
+  secret:
+    secretName: {{ . }}
+    defaultMode: 0440
+{{- end }}
+{{- end -}}
+
+{{/* Mounts every Berth container has: /tmp, and the database's TLS files when given. */}}
+{{- define "berth.volumeMounts" -}}
+- {name: tmp, mountPath: /tmp}
+{{- if .Values.database.tlsSecretName }}
+- {name: database-tls, mountPath: /etc/berth/postgresql, readOnly: true}
+{{- end }}
 {{- end -}}
 
 {{- define "berth.podPlacement" -}}
