@@ -41,7 +41,7 @@ SERVER_HELP = (
 
 
 def _parsed(url: str) -> DatabaseUrl:
-    return database_url_parse(url, source="--server-url")
+    return database_url_parse(url, source="the server URL (--server-url or BERTH_DATABASE_URL)")
 
 
 def describe_url(url: str) -> str:

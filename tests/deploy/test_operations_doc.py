@@ -50,3 +50,13 @@ def test_every_metric_label_and_value_in_the_runbook_exists() -> None:
 def test_every_metric_berth_exports_is_in_the_runbook() -> None:
     for name in exported():
         assert name in DOC, f"docs/operations.md does not say what {name} tells"
+
+
+def test_the_failover_settings_are_the_ones_the_drill_runs_with() -> None:
+    from tests.drill.test_failover import KEEPER_SETTINGS, MONITOR_SETTINGS
+
+    rows = {line.split("|")[1].strip().split(" ")[0].strip("`"): line.split("|")[3].strip()
+            for line in DOC.splitlines()
+            if line.startswith(("| `pgautofailover.", "| `timeout."))}
+    assert rows == {**{name: f"{value} ms" for name, value in MONITOR_SETTINGS.items()},
+                    **{name: f"{value} s" for name, value in KEEPER_SETTINGS.items()}}

@@ -78,7 +78,8 @@ class Load:
         self._record(kind, sent, response)
         if response.status_code == 503:
             retry = float(response.headers.get("retry-after", "1"))
-            await asyncio.sleep(min(retry, 0.5))  # a hurried client, to measure the window
+            # A hurried client, to measure the window (and when Berth answers again) closely.
+            await asyncio.sleep(min(retry, 0.2))
         return response
 
     async def _client(self, base: str) -> None:
@@ -137,12 +138,12 @@ class Load:
                  if a.at >= since and (a.status == 503 or a.status is None)]
         return (min(times), max(times)) if times else None
 
-    def first_write_answered(self, since: float) -> float | None:
-        """Return when a write (submit, heartbeat, completion) sent after ``since`` was first
+    def first_write_answered(self, since: float) -> Answer | None:
+        """Return the first write (submit, heartbeat, completion) sent after ``since`` and
         answered 2xx."""
-        times = [a.at for a in self.answers if a.sent >= since and a.status is not None
-                 and 200 <= a.status < 300 and a.kind in WRITES]
-        return min(times) if times else None
+        answers = [a for a in self.answers if a.sent >= since and a.status is not None
+                   and 200 <= a.status < 300 and a.kind in WRITES]
+        return min(answers, key=lambda a: a.at) if answers else None
 
     def first_lease_after(self, since: float) -> float | None:
         """Return when a runtime first saw a lease it had not seen before ``since``."""

@@ -76,6 +76,7 @@ class Figures:
     new_primary: str
     writable_after: float  # the new primary first accepted a write
     answered_after: float  # Berth's first 2xx to a write
+    answered_sent_after: float  # when the request of that 2xx was sent
     unavailable: float  # first to last 503 (or failed request)
     placements_after_promotion: float
     reconciler_cpu: float  # CPU seconds per second of both reconcilers while no primary
@@ -88,7 +89,8 @@ class Figures:
     def line(self) -> str:
         return (f"{self.event}: kill -> writable ({self.new_primary}) {self.writable_after:.1f} s "
                 f"-> Berth's first 2xx {self.answered_after:.1f} s "
-                f"({self.answered_after_writable:.2f} s after writable); 503 for "
+                f"({self.answered_after_writable:.2f} s after writable, to a request sent at "
+                f"{self.answered_sent_after:.2f} s); 503 for "
                 f"{self.unavailable:.1f} s; placements {self.placements_after_promotion:.1f} s "
                 f"after promotion; reconcilers {self.reconciler_cpu:.2f} CPU s/s meanwhile, all "
                 f"reconnected {self.reconnected_after_promotion:.1f} s after promotion")
@@ -226,7 +228,7 @@ async def _kill(name: str, formation: Formation, load: Load,
     window = load.unavailable_window(start)
     figures = Figures(
         event=f"loss of {name}", new_primary=new, writable_after=writable - start,
-        answered_after=answered - start,
+        answered_after=answered.at - start, answered_sent_after=answered.sent - start,
         unavailable=0.0 if window is None else window[1] - window[0],
         placements_after_promotion=float(placed) - writable,  # type: ignore[arg-type]
         reconciler_cpu=cpu_outage,
