@@ -114,7 +114,7 @@
     + "(1 GiB = 1,024 MiB, the API's memoryMiB).";
 
   function unitsNote() {
-    return h("p", { class: "muted units", "data-units": "" }, UNITS);
+    return h("p", { class: "muted", "data-units": "" }, UNITS);
   }
 
   const shortId = (id) => String(id).slice(0, 8) + "…" + String(id).slice(-4);
