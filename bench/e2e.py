@@ -343,12 +343,12 @@ async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
         await _quotas_set(url, ds)
     history_seconds = await history_load(url, ds, finished=cfg.finished, now=datetime.now(UTC))
     conn = await asyncpg.connect(url)
-    progress.phase(f"starting {cfg.reconcilers} reconcilers")
     procs = _start_reconcilers(url, cfg, logdir)
     spy = None
     tail = None
     finished = False
     try:
+        progress.phase(f"starting {cfg.reconcilers} reconcilers")
         await _wait_ready(conn, procs, logdir, cfg.ready_timeout_seconds)
         await asyncio.sleep(0.5)  # let the start-up passes over an empty queue finish
         await runtimes_heartbeat(conn)

@@ -256,9 +256,7 @@
     $("view").hidden = false;
     clearInterval(state.timer);
     state.timer = setInterval(() => refresh(false), REFRESH_MS);
-    // No page asked for, or one this role may not read: its landing page (hashchange refreshes).
-    const { page } = route();
-    if (location.hash.replace(/^#\/?/, "").split("/")[0] !== page) location.hash = `#/${page}`;
+    if (!location.hash || location.hash === "#") location.hash = "#/queue";
     else refresh(true);
   }
 
@@ -281,6 +279,10 @@
     if ($("dialog").open && !moved) return;
     const generation = ++state.generation;
     const { page, args } = route();
+    // A page this key may not read (or none) was asked for: the address shows the landing page.
+    if (moved && location.hash.replace(/^#\/?/, "").split("/")[0] !== page) {
+      history.replaceState(null, "", `#/${page}`);
+    }
     for (const link of document.querySelectorAll("#nav a")) {
       if (link.dataset.page === page) link.setAttribute("aria-current", "page");
       else link.removeAttribute("aria-current");
