@@ -12,7 +12,8 @@ skips it). The clients run in a separate process with a minimal HTTP/1.1 client 
 cost the server as little CPU as possible; on a small machine client, server and PostgreSQL
 still share the cores, which the output reports.
 
-Prints ONE JSON line::
+Shows its phases on stderr while it runs, then prints a short table of the headline figures;
+with ``--json``, ONE JSON line instead::
 
     {"submissions": {"count", "rps", "p50Ms", "p99Ms", "errors"}, "reads": {...},
      "batches": {..., "tasksAccepted", "batchSize"}, "batchTasksPerSec",
@@ -24,14 +25,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +48,7 @@ from bench.database import (
     env_server_url,
     postgres_server,
 )
+from bench.report import Progress, json_option, result_print
 from bench.workers import REPO_ROOT, postgres_cpu_seconds, python_env
 
 SPEC = {
@@ -306,6 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batches", type=int, default=50, help="max batches (50)")
     p.add_argument("--batch-clients", type=int, default=4,
                    help="concurrent connections of the batch phase (4)")
+    json_option(p)
     return p
 
 
@@ -316,9 +318,19 @@ def _cpu_seconds(pid: int | None) -> float:
     return times.user + times.system
 
 
+def _shown(progress: Progress, name: str, total: int, unit: str,
+           running: Future[PhaseResult]) -> PhaseResult:
+    """Show the phase ``name`` on ``progress`` while ``running`` works; return its result."""
+    progress.phase(name, total=total, unit=unit)
+    result = running.result()
+    done = len(result.latencies)
+    progress.end(done, rate=done / result.elapsed if result.elapsed else None)
+    return result
+
+
 def _measure(
-    url: str, key: str, args: argparse.Namespace, server_pid: int | None = None,
-    batch_key: str | None = None, database: str | None = None,
+    url: str, key: str, args: argparse.Namespace, progress: Progress,
+    server_pid: int | None = None, batch_key: str | None = None, database: str | None = None,
 ) -> dict[str, Any]:
     """Run the warm-up, submission and read phases; return their summaries.
 
@@ -331,30 +343,35 @@ def _measure(
     batch_key = batch_key or key
     with ProcessPoolExecutor(max_workers=1) as pool:
         if args.warmup:
-            pool.submit(drive, url, key, phase="submit", clients=args.clients,
-                        count=args.warmup, seconds=args.seconds).result()
+            _shown(progress, "warm-up", args.warmup, "requests",
+                   pool.submit(drive, url, key, phase="submit", clients=args.clients,
+                               count=args.warmup, seconds=args.seconds))
         cpu0 = _cpu_seconds(server_pid)
-        submitted = pool.submit(drive, url, key, phase="submit", clients=args.clients,
-                                count=args.count, seconds=args.seconds).result()
+        submitted = _shown(progress, "submissions", args.count, "tasks",
+                           pool.submit(drive, url, key, phase="submit", clients=args.clients,
+                                       count=args.count, seconds=args.seconds))
         cpu1 = _cpu_seconds(server_pid)
         ids = submitted.ids
         if not ids:
             raise RuntimeError(f"no submission succeeded (statuses {submitted.statuses})")
-        reads = pool.submit(drive, url, key, phase="read", clients=args.clients,
-                            count=args.reads, seconds=args.seconds, ids=ids).result()
+        reads = _shown(progress, "reads", args.reads, "reads",
+                       pool.submit(drive, url, key, phase="read", clients=args.clients,
+                                   count=args.reads, seconds=args.seconds, ids=ids))
         cpu2 = _cpu_seconds(server_pid)
         batches = None
         if args.batch_size:
             # One warm-up batch per connection, then the measured ones.
-            pool.submit(drive, url, batch_key, phase="batch", clients=args.batch_clients,
-                        count=args.batch_clients, seconds=args.seconds,
-                        batch_size=args.batch_size).result()
+            _shown(progress, "batch warm-up", args.batch_clients, "batches",
+                   pool.submit(drive, url, batch_key, phase="batch", clients=args.batch_clients,
+                               count=args.batch_clients, seconds=args.seconds,
+                               batch_size=args.batch_size))
             cpu3 = _cpu_seconds(server_pid)
             pg3 = postgres_cpu_seconds(database) if database else None
-            batches = pool.submit(drive, url, batch_key, phase="batch",
-                                  clients=args.batch_clients,
-                                  count=args.batches, seconds=args.seconds,
-                                  batch_size=args.batch_size).result()
+            batches = _shown(progress, "batches", args.batches, "batches",
+                             pool.submit(drive, url, batch_key, phase="batch",
+                                         clients=args.batch_clients,
+                                         count=args.batches, seconds=args.seconds,
+                                         batch_size=args.batch_size))
             cpu4 = _cpu_seconds(server_pid)
             pg_batches = postgres_cpu_seconds(database, pg3) if pg3 is not None else None
     out: dict[str, Any] = {"submissions": _summary(submitted), "reads": _summary(reads)}
@@ -402,18 +419,44 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("berth bench api: --url needs --key (a tenant API key)", file=sys.stderr)
             return 2
         info["server"] = args.url
-        result = _measure(args.url, args.key, args)
+        with Progress("berth bench api") as progress:
+            result = _measure(args.url, args.key, args, progress)
     else:
         with ExitStack() as stack:
+            progress = stack.enter_context(Progress("berth bench api"))
+            progress.phase("starting the server on a fresh database")
             url, described = stack.enter_context(_fresh_database(args.server_url))
             key = _tenant_key(url, "bench-tenant")
             batch_key = _tenant_key(url, "bench-batch-tenant")
             base, pid = stack.enter_context(_uvicorn(url, _free_port(), args.pool_size))
             info["server"] = "uvicorn, 1 worker, uvloop + httptools, same machine"
             info["database"] = described
-            result = _measure(base, key, args, pid, batch_key, database_name(url))
-    print(json.dumps({**result, **info}), flush=True)
+            result = _measure(base, key, args, progress, pid, batch_key, database_name(url))
+    result_print({**result, **info}, as_json=args.json, title=_title(info), rows=_headline)
     return 0
+
+
+def _title(info: dict[str, Any]) -> str:
+    return (f"berth bench api: {info['clients']} clients; {info['server']}; {info['cpus']} "
+            f"CPUs, load {info['loadAverage1m']}")
+
+
+def _headline(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """Return the figures a person reads first, as (name, value) rows."""
+    rows = []
+    for name in ("submissions", "reads"):
+        s = r[name]
+        cpu = s.get("serverCpuMsPerRequest")
+        rows.append((name, f"{s['rps']:,.1f}/s, p50 {s['p50Ms']} ms, p99 {s['p99Ms']} ms"
+                           + (f", server CPU {cpu} ms/request" if cpu is not None else "")
+                           + (f", {s['errors']:,} errors" if s["errors"] else "")))
+    if "batches" in r:
+        b = r["batches"]
+        cpu = r.get("batchServerCpuMsPerTask")
+        rows.append(("tasks in batches", f"{r['batchTasksPerSec']:,.1f}/s in batches of "
+                                         f"{b['batchSize']:,}"
+                                         + (f", server CPU {cpu} ms/task" if cpu else "")))
+    return rows
 
 
 if __name__ == "__main__":

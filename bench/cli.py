@@ -23,7 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     """Build the parser of ``berth bench``: a target and that target's options."""
     p = argparse.ArgumentParser(
         prog="berth bench",
-        description="Run a benchmark and print one JSON line. Each runs on the PostgreSQL "
+        description="Run a benchmark: its phases show on stderr as it runs (a progress bar on "
+        "a terminal), then a short table of its headline figures, or with --json one JSON "
+        "line of every figure, goes to stdout. Each runs on the PostgreSQL "
         "server of its --server-url option (default BERTH_DATABASE_URL); without either, on an "
         "embedded PostgreSQL started in a temporary directory for the run. 'berth bench TARGET "
         "--help' lists a target's options; docs/benchmarks.md gives the figures and how to "

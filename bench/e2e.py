@@ -17,8 +17,10 @@ embedded PostgreSQL started for the run):
    on all T tasks: ``fractionOfFloor`` = placementsPerSec / floorPlacementsPerSec;
 6. unless ``--skip-peer`` (or pgqueuer is not installed), move T jobs through pgqueuer in a
    fourth (:mod:`bench.peer`);
-7. print ONE JSON line. ``placementsPerSec`` = T / (wall time from the start of the
-   admission transaction to the poll that saw the last task leased); lease latencies come
+7. print a short table of the headline figures (with ``--json``, ONE JSON line; either way
+   the phases show on stderr while they run). ``placementsPerSec`` = T / (wall time from
+   the start of the admission transaction to the poll that saw the last task leased);
+   lease latencies come
    from ``leased_at - admitted_at`` in the database; ``cpuMsPerPlacement`` is the CPU of the
    reconcilers and of PostgreSQL's processes serving the run's database, per placement.
 
@@ -74,6 +76,7 @@ from bench.floor import FLOOR_BATCH, floor_prepare, floor_run
 from bench.history import history_load
 from bench.naive import naive_run
 from bench.peer import PEER_BATCH, peer_available, peer_prepare, peer_run
+from bench.report import Progress, json_option, result_print, table_print
 from bench.workers import REPO_ROOT, postgres_cpu_seconds, python_env
 
 __all__ = ["E2EConfig", "e2e_run", "main"]
@@ -333,7 +336,8 @@ async def _quotas_set(url: str, ds: Dataset) -> None:
 
 
 async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
-                                  logdir: Path) -> dict[str, Any]:
+                                  logdir: Path, progress: Progress) -> dict[str, Any]:
+    progress.phase(f"loading {len(ds.pools):,} pools and {len(ds.tasks):,} tasks")
     await dataset_load(url, ds, now=datetime.now(UTC))
     if cfg.quotas:
         await _quotas_set(url, ds)
@@ -344,6 +348,7 @@ async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
     tail = None
     finished = False
     try:
+        progress.phase(f"starting {cfg.reconcilers} reconcilers")
         await _wait_ready(conn, procs, logdir, cfg.ready_timeout_seconds)
         await asyncio.sleep(0.5)  # let the start-up passes over an empty queue finish
         await runtimes_heartbeat(conn)
@@ -356,6 +361,7 @@ async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
         database = database_name(url)
         cpu_before = _cpu_sample(procs, database)
         wal_before = await conn.fetchval("SELECT pg_current_wal_lsn()")
+        progress.phase("placing", total=len(ds.tasks), unit="leased")
         admit_seconds = await dataset_admit(url)
         peak_rss = _rss(procs)
         last_beat = last_count = time.monotonic()
@@ -366,7 +372,8 @@ async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
             now = time.monotonic()
             # The pass log lines say when the work should be done; the database confirms
             # (and is asked once a second anyway, in case a log line was missed).
-            if tail.poll() >= total or now - last_count >= COUNT_EVERY_SECONDS:
+            progress.update(max(leased, tail.poll()))
+            if tail.leased >= total or now - last_count >= COUNT_EVERY_SECONDS:
                 leased = await conn.fetchval("SELECT count(*) FROM tasks WHERE state = 'LEASED'")
                 last_count = now
                 if leased >= total:
@@ -389,6 +396,7 @@ async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
                 last_beat = now
             await asyncio.sleep(POLL_SECONDS)
         wall = time.monotonic() - started
+        progress.end(leased, rate=leased / wall if wall > 0 else None)
         peak_rss = max(peak_rss, _rss(procs))
         cpu = _cpu_used(cpu_before, _cpu_sample(procs, database))
         wal = await conn.fetchval(
@@ -511,30 +519,39 @@ def _per_placement(cpu_seconds: float, placed: int) -> float | None:
     return round(1000 * cpu_seconds / placed, 3) if placed and cpu_seconds > 0 else None
 
 
-async def e2e_run(cfg: E2EConfig) -> dict[str, Any]:
+async def e2e_run(cfg: E2EConfig, progress: Progress | None = None) -> dict[str, Any]:
     """Run the benchmark described by ``cfg`` on ``cfg.server_url`` and return its one-line
-    JSON result."""
+    JSON result; show its phases on ``progress``."""
+    progress = progress or Progress("berth bench e2e")
+    progress.phase("generating the dataset")
     ds = dataset_generate(pools=cfg.pools, tasks=cfg.tasks, seed=cfg.seed, mix=cfg.mix)
     facts = await _server_facts(cfg.server_url)
     with tempfile.TemporaryDirectory(prefix="berth-bench-") as tmp:
         logdir = _logdir(cfg.keep_logs or tmp)
         async with scratch_database(cfg.server_url, settings=dict(cfg.pg_settings)) as url:
-            run = await _place_with_reconcilers(url, ds, cfg, logdir)
+            run = await _place_with_reconcilers(url, ds, cfg, logdir, progress)
     naive: dict[str, Any] | None = None
     if not cfg.skip_naive:
+        progress.phase("naive baseline", total=min(cfg.tasks, cfg.naive_tasks), unit="placed")
         async with scratch_database(cfg.server_url) as url:
             naive = await _place_naive(url, ds, cfg)
+        progress.end(naive["result"].placed, rate=naive["result"].rate)
     floor: dict[str, Any] | None = None
     if not cfg.skip_floor:
+        progress.phase("SQL floor", total=cfg.tasks, unit="placed")
         async with scratch_database(cfg.server_url) as url:
             floor = await _place_floor(url, ds, cfg)
+        progress.end(floor["result"].placed, rate=floor["result"].rate)
     peer = None
     if not cfg.skip_peer and peer_available():
+        progress.phase("peer queue (pgqueuer)", total=cfg.tasks, unit="jobs")
         async with scratch_database(cfg.server_url, prefix="berth_bench_peer",
                                     migrate=False) as url:
             await peer_prepare(url, ds)
             peer = await asyncio.to_thread(peer_run, url, database_name(url),
                                            clients=cfg.peer_clients, batch=PEER_BATCH)
+        progress.end(peer.jobs, rate=peer.rate)
+    progress.end()
     rate = cfg.tasks / run["wall"] if run["wall"] > 0 else 0.0
     lat = run["latency"]
     cpu_work = run["cpu"]["reconcilers"] + run["cpu"]["postgres"]
@@ -701,6 +718,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=1,
                    help="with --sweep: runs per point; the chart shows the best (default 1)")
     p.add_argument("--chart", metavar="PATH", help="with --sweep: write a PNG chart to PATH")
+    json_option(p)
     return p
 
 
@@ -710,35 +728,80 @@ def _sound(result: dict[str, Any]) -> bool:
             and result["naiveInvariantsOk"] is not False)
 
 
-def _run_printed(cfg: E2EConfig, label: str = "") -> dict[str, Any] | None:
-    """Run once and print its JSON line; on failure say why on stderr and return None."""
+def _headline(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """Return the figures a person reads first, as (name, value) rows."""
+    rows = [
+        ("placements per second", f"{r['placementsPerSec']:,.1f}"),
+        ("lease latency p50 / p99", f"{r['p50LeaseMs']:,.1f} ms / {r['p99LeaseMs']:,.1f} ms"),
+        ("CPU per placement", f"{r['cpuMsPerPlacement']} ms (reconcilers and PostgreSQL)"),
+        ("tasks leased", f"{r['leased']:,} of {r['tasks']:,}; ledger invariants "
+                         + ("hold" if r["invariantsOk"] else "BROKEN")),
+        ("peak reconciler memory", f"{r['peakRssMiB']:,.1f} MiB"),
+    ]
+    if r["naivePlacementsPerSec"] is not None:
+        rows.append(("naive scheduler", f"{r['naivePlacementsPerSec']:,.1f} placements/s "
+                                        f"(Berth: {r['ratioVsNaive']}x)"))
+    if r["floorPlacementsPerSec"] is not None:
+        rows.append(("SQL floor", f"{r['floorPlacementsPerSec']:,.1f} placements/s "
+                                  f"(Berth: {100 * (r['fractionOfFloor'] or 0):.0f} % of it)"))
+    if r["peerJobsPerSec"] is not None:
+        rows.append(("peer queue", f"{r['peerJobsPerSec']:,.1f} jobs/s ({r['peer']})"))
+    return rows
+
+
+def _title(r: dict[str, Any]) -> str:
+    return (f"berth bench e2e: {r['pools']:,} pools, {r['tasks']:,} tasks, {r['reconcilers']} "
+            f"reconcilers; PostgreSQL {r['postgres']}, {r['cpus']} CPUs, "
+            f"load {r['loadAverage1m']}")
+
+
+def _run_printed(cfg: E2EConfig, progress: Progress, *, as_json: bool, table: bool = True,
+                 label: str = "") -> dict[str, Any] | None:
+    """Run once and print its JSON line (or, with ``table``, its headline table); on failure
+    say why on stderr and return None."""
     try:
-        result = asyncio.run(e2e_run(cfg))
+        result = asyncio.run(e2e_run(cfg, progress))
     except BenchFailed as exc:
+        progress.end()
         print(f"berth bench e2e: {label}{exc}", file=sys.stderr)
         return None
-    print(orjson.dumps(result).decode(), flush=True)
+    if as_json or table:
+        result_print(result, as_json=as_json, title=_title(result), rows=_headline,
+                     dumps=lambda r: orjson.dumps(r).decode())
     return result
 
 
-def _sweep(base: E2EConfig, args: argparse.Namespace) -> int:
+def _sweep_row(r: dict[str, Any]) -> tuple[str, str]:
+    """Return one sweep run's point and figures as a (name, value) row."""
+    point = f"{r['pools']} pools, {r['tasks']} tasks, {r['reconcilers']} rec., " + (
+        "quotas" if r["quotas"] else "no quotas")
+    return point, (f"{r['placementsPerSec']:>10,.1f}/s  p99 {r['p99LeaseMs']:,.1f} ms  "
+                   f"{r['cpuMsPerPlacement']} CPU ms/placement")
+
+
+def _sweep(base: E2EConfig, args: argparse.Namespace, progress: Progress) -> int:
     axes = _sweep_axes(args.sweep)
     keys = list(axes)
     best: list[dict[str, Any]] = []
     every: list[dict[str, Any]] = []
-    for combo in itertools.product(*(axes[k] for k in keys)):
+    points = list(itertools.product(*(axes[k] for k in keys)))
+    for index, combo in enumerate(points, 1):
         point = dict(zip(keys, combo, strict=True))
         cfg = replace(base, **point, skip_naive=True, skip_floor=True, skip_peer=True,
                       py_spy=None)
         runs = []
         for _ in range(max(1, args.repeat)):
-            result = _run_printed(cfg, f"{point}: ")
+            progress.context = f"[{index}/{len(points)} {point}] "
+            result = _run_printed(cfg, progress, as_json=args.json, table=False,
+                                  label=f"{point}: ")
             if result is None:
                 return 1
             runs.append(result)
             every.append(result)
         # The machine may be shared: the best run is the one least disturbed by other work.
         best.append(max(runs, key=lambda r: r["placementsPerSec"]))
+    if not args.json:
+        table_print("berth bench e2e --sweep: every run", [_sweep_row(r) for r in every])
     if args.chart:
         from bench.chart import chart_write
 
@@ -769,7 +832,8 @@ def main(argv: list[str]) -> int:
             peer_clients=args.peer_clients, mix=args.mix, finished=args.finished,
             quotas=int(args.quotas),
         )
-        if args.sweep:
-            return _sweep(base, args)
-        result = _run_printed(base)
+        with Progress("berth bench e2e") as progress:
+            if args.sweep:
+                return _sweep(base, args, progress)
+            result = _run_printed(base, progress, as_json=args.json)
         return 1 if result is None else (0 if _sound(result) else 1)

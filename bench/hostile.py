@@ -14,8 +14,9 @@ keep-alive client with that key, one request after another, in three phases:
    send the head of ``POST /v1/task-batches`` with ``Content-Length: 100`` and one byte of
    body, and opens a new one whenever the server answers or closes one.
 
-Prints ONE JSON line: each phase's p50 (ms) and statuses, the flood's achieved rate and its
-answers, the share of the client's reads answered 200 under slow bodies, and
+Shows its phases on stderr, then prints a short table of the headline figures; with
+``--json``, ONE JSON line: each phase's p50 (ms) and statuses, the flood's achieved rate and
+its answers, the share of the client's reads answered 200 under slow bodies, and
 ``floodP50Ratio``. Exits 1 when the flood did not reach ``--flood-rate`` (the figures would
 not show what they claim), else 0.
 """
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import secrets
 import signal
@@ -39,6 +39,7 @@ from typing import Any
 
 from bench.api import _free_port, _fresh_database, _read_response, _tenant_key
 from bench.database import SERVER_HELP, env_server_url
+from bench.report import Progress, json_option, result_print
 from bench.workers import REPO_ROOT, python_env
 
 __all__ = ["build_parser", "main", "reads_measure", "slow_bodies", "flood_invalid_keys"]
@@ -252,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep-alive connections per flood process (16)")
     p.add_argument("--slow-connections", type=int, default=300,
                    help="slow-body connections held at once (300)")
+    json_option(p)
     return p
 
 
@@ -269,11 +271,20 @@ def _phase(latencies: list[float], statuses: dict[int, int]) -> dict[str, Any]:
             "statuses": {str(k): v for k, v in sorted(statuses.items())}}
 
 
-def _attack(port: int, key: str, args: argparse.Namespace) -> dict[str, Any]:
+def _reads_shown(progress: Progress, name: str, port: int, key: str,
+                 seconds: float) -> tuple[list[float], dict[int, int]]:
+    """Measure the authenticated reads for ``seconds`` as the phase ``name`` of ``progress``."""
+    progress.phase(name, unit="reads")
+    latencies, statuses = reads_measure(port, key, seconds)
+    progress.end(sum(statuses.values()))
+    return latencies, statuses
+
+
+def _attack(port: int, key: str, args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     """Run the three phases against the server on ``port``; return their figures."""
     warm = args.seconds / 5
-    reads_measure(port, key, warm)  # caches warm, connection pool filled
-    alone = _phase(*reads_measure(port, key, args.seconds))
+    _reads_shown(progress, "warm-up", port, key, warm)  # caches warm, connection pool filled
+    alone = _phase(*_reads_shown(progress, "reads alone", port, key, args.seconds))
 
     per_process = args.flood_rate / args.flood_processes
     with ProcessPoolExecutor(max_workers=args.flood_processes) as pool:
@@ -282,8 +293,10 @@ def _attack(port: int, key: str, args: argparse.Namespace) -> dict[str, Any]:
                         args.seconds + 2 * warm, args.flood_connections)
             for _ in range(args.flood_processes)
         ]
+        progress.phase("starting the flood of invalid keys")
         time.sleep(warm)
-        flooded = _phase(*reads_measure(port, key, args.seconds))
+        flooded = _phase(*_reads_shown(progress, "reads under the flood", port, key,
+                                       args.seconds))
         tallies = [f.result() for f in floods]
     answered = sum(t.answered for t in tallies)
     elapsed = max(t.elapsed for t in tallies)
@@ -297,8 +310,10 @@ def _attack(port: int, key: str, args: argparse.Namespace) -> dict[str, Any]:
 
     with ProcessPoolExecutor(max_workers=1) as pool:
         held = pool.submit(slow_bodies, port, args.slow_connections, args.seconds + 2 * warm)
+        progress.phase("opening slow-body connections")
         time.sleep(warm)
-        slowed = _phase(*reads_measure(port, key, args.seconds))
+        slowed = _phase(*_reads_shown(progress, "reads under slow bodies", port, key,
+                                      args.seconds))
         slow = held.result()
     attack = {"connections": args.slow_connections, "opened": slow.opened,
               "statuses": {str(k): v for k, v in sorted(slow.statuses.items())}}
@@ -307,6 +322,23 @@ def _attack(port: int, key: str, args: argparse.Namespace) -> dict[str, Any]:
              if flooded["p50Ms"] and alone["p50Ms"] else None)
     return {"alone": alone, "flood": {**flood, "reads": flooded}, "floodP50Ratio": ratio,
             "slowBodies": {**attack, "reads": slowed}}
+
+
+def _headline(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """Return the figures a person reads first, as (name, value) rows."""
+    def reads(phase: dict[str, Any]) -> str:
+        return f"p50 {phase['p50Ms']} ms, {100 * phase['okShare']:.1f} % answered 200"
+
+    flood, slow = r["flood"], r["slowBodies"]
+    return [
+        ("reads alone", reads(r["alone"])),
+        ("reads under the flood", reads(flood["reads"])
+         + (f" ({r['floodP50Ratio']}x the p50 alone)" if r["floodP50Ratio"] else "")),
+        ("flood of invalid keys", f"{flood['rate']:,.1f} requests/s of "
+                                  f"{flood['targetRate']:,.0f} asked"),
+        ("reads under slow bodies", reads(slow["reads"])
+         + f" ({slow['opened']:,} slow connections opened)"),
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -318,17 +350,21 @@ def main(argv: Sequence[str] | None = None) -> int:
               "counts must be positive", file=sys.stderr)
         return 2
     with ExitStack() as stack:
+        progress = stack.enter_context(Progress("berth bench hostile"))
+        progress.phase("starting berth serve on a fresh database")
         url, described = stack.enter_context(_fresh_database(args.server_url))
         key = _tenant_key(url, "bench-tenant")
         port = _free_port()
         stack.enter_context(berth_serve(url, port))
-        result = _attack(port, key, args)
+        result = _attack(port, key, args, progress)
     result.update({
         "server": "berth serve (no reconciler), same machine", "database": described,
         "cpus": os.cpu_count(), "loadAverage1m": round(os.getloadavg()[0], 2),
         "seconds": args.seconds,
     })
-    print(json.dumps(result), flush=True)
+    result_print(result, as_json=args.json, rows=_headline,
+                 title=f"berth bench hostile: {result['server']}; {result['cpus']} CPUs, "
+                       f"load {result['loadAverage1m']}")
     if result["flood"]["rate"] < args.flood_rate:
         print(f"berth bench hostile: the flood reached {result['flood']['rate']:g} requests "
               f"per second, not {args.flood_rate:g}: add --flood-processes", file=sys.stderr)

@@ -81,23 +81,49 @@ def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "must be positive" in capsys.readouterr().err
 
 
+def server_stubbed(monkeypatch: pytest.MonkeyPatch, measured: dict[str, Any]) -> None:
+    """Replace the database, the server and the attack with stubs answering ``measured``."""
+    @contextlib.contextmanager
+    def nothing(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        yield ("postgresql://nowhere/db", "a fresh database") if not kwargs else 1
+
+    monkeypatch.setattr(hostile, "_fresh_database", nothing)
+    monkeypatch.setattr(hostile, "berth_serve", lambda url, port: contextlib.nullcontext(1))
+    monkeypatch.setattr(hostile, "_tenant_key", lambda url, tenant: "berth_key")
+    monkeypatch.setattr(hostile, "_attack", lambda port, key, args, progress: dict(measured))
+
+
 @pytest.mark.parametrize("rate, status", [(999.9, 1), (1000.0, 0)])
 def test_the_exit_status_says_whether_the_flood_reached_its_rate(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], rate: float,
     status: int,
 ) -> None:
-    @contextlib.contextmanager
-    def nothing(*args: Any, **kwargs: Any) -> Iterator[Any]:
-        yield ("postgresql://nowhere/db", "a fresh database") if not kwargs else 1
-
-    measured = {"alone": {"p50Ms": 1.0}, "flood": {"rate": rate}, "floodP50Ratio": 1.0,
-                "slowBodies": {}}
-    monkeypatch.setattr(hostile, "_fresh_database", nothing)
-    monkeypatch.setattr(hostile, "berth_serve", lambda url, port: contextlib.nullcontext(1))
-    monkeypatch.setattr(hostile, "_tenant_key", lambda url, tenant: "berth_key")
-    monkeypatch.setattr(hostile, "_attack", lambda port, key, args: dict(measured))
-
-    assert hostile.main(["--flood-rate", "1000"]) == status
+    server_stubbed(monkeypatch, {"alone": {"p50Ms": 1.0}, "flood": {"rate": rate},
+                                 "floodP50Ratio": 1.0, "slowBodies": {}})
+    assert hostile.main(["--flood-rate", "1000", "--json"]) == status
     out, err = capsys.readouterr()
     assert json.loads(out)["flood"]["rate"] == rate
     assert ("not 1000" in err) == (status == 1)
+
+
+def test_without_json_it_ends_with_a_table_of_the_headline_figures(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def reads(p50: float, ok: float) -> dict[str, Any]:
+        return {"count": 100, "p50Ms": p50, "okShare": ok, "statuses": {"200": 100}}
+
+    server_stubbed(monkeypatch, {
+        "alone": reads(2.0, 1.0), "floodP50Ratio": 2.5,
+        "flood": {"targetRate": 1000.0, "rate": 1052.3, "reads": reads(5.0, 1.0)},
+        "slowBodies": {"opened": 612, "reads": reads(6.8, 0.98)}})
+    assert hostile.main(["--flood-rate", "1000"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[1:] == [
+        "  reads alone              p50 2.0 ms, 100.0 % answered 200",
+        "  reads under the flood    p50 5.0 ms, 100.0 % answered 200 (2.5x the p50 alone)",
+        "  flood of invalid keys    1,052.3 requests/s of 1,000 asked",
+        "  reads under slow bodies  p50 6.8 ms, 98.0 % answered 200 (612 slow connections "
+        "opened)",
+    ]
+    assert out.startswith("berth bench hostile: berth serve (no reconciler), same machine;")
+    assert "berth bench hostile: starting berth serve on a fresh database ..." in err

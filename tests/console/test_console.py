@@ -215,27 +215,3 @@ async def test_every_role_signs_in_and_a_bad_key_shows_the_problem(
         await page.get_by_role("button", name="Sign out").click()
         await expect(page.locator("#signin")).to_be_visible()
 
-
-async def test_readable_on_a_phone(
-    server: str, keys: Keys, browser: Any, reconcile: Any
-) -> None:
-    http, api = await api_of(server, keys)
-    async with http:
-        await api.pool("pool-x", ONE_TASK)
-        await api.call("POST", "/v1/runtimes/rt-1/heartbeat", "runtime_1")
-        await api.submit()
-        await api.submit()
-        await reconcile()
-    context = await browser.new_context(viewport={"width": 390, "height": 844},
-                                        device_scale_factor=2, is_mobile=True, has_touch=True)
-    try:
-        page = await context.new_page()
-        await sign_in(page, server, keys.raw["tenant_a"], "tenant")
-        await expect(page.locator("tr[data-task]").first).to_be_visible()
-        # Wide tables scroll inside their frame; the page itself never scrolls sideways.
-        assert await page.evaluate(
-            "document.documentElement.scrollWidth <= window.innerWidth + 1"
-        )
-        await page.screenshot(path=screenshot_path("phone"), full_page=False)
-    finally:
-        await context.close()

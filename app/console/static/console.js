@@ -40,13 +40,18 @@
 
   const $ = (id) => document.getElementById(id);
 
-  function table(headers, rows, empty) {
+  /** Build a table; with ``stack``, a narrow screen shows each row as a block of labelled cells. */
+  function table(headers, rows, empty, { stack = false } = {}) {
     if (!rows.length) return h("p", { class: "empty" }, empty || "Nothing to show.");
+    const labels = headers.map((c) => (Array.isArray(c) ? c[0] : c));
     const head = h("tr", {}, headers.map((c) => {
       const [label, cls] = Array.isArray(c) ? c : [c, null];
       return h("th", { scope: "col", class: cls }, label);
     }));
-    return h("div", { class: "table-wrap" },
+    if (stack) {
+      for (const row of rows) [...row.children].forEach((cell, i) => { cell.dataset.label = labels[i] || ""; });
+    }
+    return h("div", { class: stack ? "table-wrap stack" : "table-wrap" },
       h("table", {}, h("thead", {}, head), h("tbody", {}, rows)));
   }
 
@@ -96,11 +101,21 @@
     return `${(s / 86400).toFixed(1)} days`;
   }
 
+  /** Write ``v`` with thousands grouped and at most ``digits`` decimals: 1,500 or 0.25. */
+  const grouped = (v, digits = 0) => v.toLocaleString("en-US", { maximumFractionDigits: digits });
+
+  // The API counts CPU in millicores and memory in MiB; people read cores and GiB.
   const RESOURCES = [
-    ["cpuMillis", "CPU", (v) => (v === 1000 ? "1 core" : v >= 1000 ? `${+(v / 1000).toFixed(2)} cores` : `${v}m`)],
-    ["memoryMiB", "Memory", (v) => (v >= 1024 ? `${+(v / 1024).toFixed(1)} GiB` : `${v} MiB`)],
-    ["llmSlots", "LLM slots", (v) => `${v}`],
+    ["cpuMillis", "CPU", (v) => `${grouped(v / 1000, 2)} ${v === 1000 ? "core" : "cores"}`],
+    ["memoryMiB", "Memory", (v) => (v >= 1024 ? `${grouped(v / 1024, 1)} GiB` : `${grouped(v)} MiB`)],
+    ["llmSlots", "LLM slots", (v) => grouped(v)],
   ];
+  const UNITS = "CPU in cores (1 core = 1,000 millicores, the API's cpuMillis) and memory in GiB "
+    + "(1 GiB = 1,024 MiB, the API's memoryMiB).";
+
+  function unitsNote() {
+    return h("p", { class: "muted", "data-units": "" }, UNITS);
+  }
 
   const shortId = (id) => String(id).slice(0, 8) + "…" + String(id).slice(-4);
   const num = (v, digits = 1) => (typeof v === "number" ? v.toFixed(digits) : "—");
@@ -172,6 +187,14 @@
     }
   }
 
+  // The pages of the navigation each role may read; the first is where it lands.
+  const ROLE_PAGES = {
+    admin: ["queue", "pools", "tenants"],
+    operator: ["queue", "pools"],
+    tenant: ["queue", "pools", "tenants"],
+    runtime: ["pools"],
+  };
+
   async function roleProbe() {
     if (await allowed("/v1/keys?limit=1")) return "admin";
     if (await allowed("/v1/tasks?limit=1")) return "tenant";
@@ -227,9 +250,9 @@
     $("nav").hidden = false;
     $("signout").hidden = false;
     $("who").textContent = `Signed in as ${state.role} (key ${key.slice(0, 12)}…)`;
-    // Tenants and quotas are for admins and tenant keys (a tenant sees its own).
-    document.querySelector('#nav a[data-page="tenants"]').hidden =
-      !["admin", "tenant"].includes(state.role);
+    for (const link of document.querySelectorAll("#nav a")) {
+      link.hidden = !ROLE_PAGES[state.role].includes(link.dataset.page);
+    }
     $("view").hidden = false;
     clearInterval(state.timer);
     state.timer = setInterval(() => refresh(false), REFRESH_MS);
@@ -242,9 +265,12 @@
   const pages = {};
 
   function route() {
-    const parts = (location.hash.replace(/^#\/?/, "") || "queue").split("/").map(decodeURIComponent);
-    const page = pages[parts[0]] ? parts[0] : "queue";
-    return { page, args: parts.slice(1) };
+    const readable = ROLE_PAGES[state.role];
+    const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
+    // A task's page is open to any key (the API answers for it); a page of the navigation only
+    // to the roles that may read it. Anything else is the role's landing page.
+    const open = pages[parts[0]] && (readable.includes(parts[0]) || !ROLE_PAGES.admin.includes(parts[0]));
+    return open ? { page: parts[0], args: parts.slice(1) } : { page: readable[0], args: [] };
   }
 
   /** Load the current page and swap it in whole; ``moved`` says the route changed. */
@@ -253,6 +279,10 @@
     if ($("dialog").open && !moved) return;
     const generation = ++state.generation;
     const { page, args } = route();
+    // A page this key may not read (or none) was asked for: the address shows the landing page.
+    if (moved && location.hash.replace(/^#\/?/, "").split("/")[0] !== page) {
+      history.replaceState(null, "", `#/${page}`);
+    }
     for (const link of document.querySelectorAll("#nav a")) {
       if (link.dataset.page === page) link.setAttribute("aria-current", "page");
       else link.removeAttribute("aria-current");
@@ -317,7 +347,7 @@
         h("td", { class: "num" }, i.pending),
         h("td", {}, bar(i.pending, most, "plain")),
         h("td", { class: "num" }, i.parked))),
-      "Nothing is waiting.",
+      "Nothing is waiting.", { stack: true },
     ));
     if (state.role === "tenant") {
       out.push(...await tenantTasks());
@@ -362,7 +392,7 @@
             q && q.estimatedStartAt ? `${when(q.estimatedStartAt)} (${ago(q.estimatedStartAt)})`
               : h("span", { class: "muted" }, q ? q.estimate : "—")));
       }),
-      "None of your tasks is waiting.",
+      "None of your tasks is waiting.", { stack: true },
     );
     const leased = table(
       ["Task", "Runtime class", "Pool", ["Score", "num"], "Leased"],
@@ -372,12 +402,14 @@
         h("td", { class: "mono" }, t.placement ? t.placement.poolId : "—"),
         h("td", { class: "num" }, t.placement ? num(t.placement.score) : "—"),
         h("td", {}, ago(t.leasedAt)))),
-      "None of your tasks is running.",
+      "None of your tasks is running.", { stack: true },
     );
     return [h("h2", {}, "Your waiting tasks"), pending, h("h2", {}, "Running now"), leased];
   }
 
   // --- Task --------------------------------------------------------------------------------
+
+  const FINISHED_STATES = ["SUCCEEDED", "FAILED", "CANCELLED"];
 
   pages.tasks = async (args) => {
     const id = args[0];
@@ -390,13 +422,17 @@
       api("GET", path),
       listAll(`${path}/events?limit=200`, 5),
     ]);
+    // A finished task goes nowhere again: its page previews nothing (and so re-runs nothing).
+    const finished = FINISHED_STATES.includes(task.state);
     let preview = null;
     let previewProblem = null;
-    try {
-      preview = await api("POST", "/v1/placements/preview",
-        { body: task.spec, headers: { "X-Berth-Tenant": task.tenantId } });
-    } catch (error) {
-      previewProblem = error;
+    if (!finished) {
+      try {
+        preview = await api("POST", "/v1/placements/preview",
+          { body: task.spec, headers: { "X-Berth-Tenant": task.tenantId } });
+      } catch (error) {
+        previewProblem = error;
+      }
     }
     const stateKind = { ADMITTED: "warn", LEASED: "ok", SUCCEEDED: "ok", FAILED: "bad", CANCELLED: "info" };
     const out = [
@@ -405,7 +441,7 @@
       h("dl", { class: "kv" },
         h("dt", {}, "Tenant"), h("dd", { class: "mono" }, task.tenantId),
         h("dt", {}, "Runtime class"), h("dd", { class: "mono" }, task.spec.runtimeClass),
-        h("dt", {}, "Requests"), h("dd", {}, RESOURCES.map(([k, label, fmt]) =>
+        h("dt", {}, "Requests"), h("dd", { title: UNITS }, RESOURCES.map(([k, label, fmt]) =>
           `${label} ${fmt((task.spec.requests || {})[k] || 0)}`).join(" · ")),
         h("dt", {}, "Priority"), h("dd", {}, task.priority),
         h("dt", {}, "Attempts"), h("dd", {}, `${task.attempts} of ${task.maxAttempts} used`),
@@ -415,7 +451,7 @@
     ];
     if (task.pendingReason) out.push(...waitingSection(task));
     if (task.placement) out.push(...decisionSection(task.placement));
-    out.push(...previewSection(preview, previewProblem, task));
+    if (!finished) out.push(...previewSection(preview, previewProblem, task));
     out.push(...leaseSection(task));
     out.push(h("h2", {}, "Events"), timeline(events));
     return h("div", {}, out);
@@ -550,6 +586,7 @@
         stat(pools.reduce((n, p) => n + p.activeLeases, 0), "live leases")),
     ];
     if (!pools.length) out.push(h("p", { class: "empty" }, "No pool is visible to this key."));
+    else out.push(unitsNote());
     out.push(h("div", { class: "cards" }, pools.map(poolCard)));
     return h("div", {}, out);
   };
@@ -678,6 +715,7 @@
     if (!tenants.some((t) => Object.keys(t.quotas || {}).length)) {
       out.push(noQuotas("No quotas configured: every tenant runs without a quota (an admin sets them with PUT /v1/tenants/{tenantId})."));
     }
+    if (shown.length) out.push(unitsNote());
     out.push(h("div", { class: "cards wide" }, shown.map(tenantCard)));
     return h("div", {}, out);
   };
@@ -686,7 +724,7 @@
     return h("p", { class: "closest", "data-empty": "quotas" }, text);
   }
 
-  function quotaBar(used, nominal, borrowed, scale) {
+  function quotaBar(used, nominal, borrowed, scale, fmt) {
     const within = Math.max(0, used - borrowed);
     const own = h("span");
     own.style.width = `${Math.min(100, (100 * within) / scale).toFixed(1)}%`;
@@ -697,7 +735,7 @@
     mark.style.left = `${Math.min(100, (100 * nominal) / scale).toFixed(1)}%`;
     return h("div", {
       class: "bar quota", role: "img",
-      "aria-label": `${used} used of ${nominal} nominal, ${borrowed} borrowed`,
+      "aria-label": `${fmt(used)} used of ${fmt(nominal)} nominal, ${fmt(borrowed)} borrowed`,
     }, own, extra, mark);
   }
 
@@ -724,7 +762,7 @@
               h("td", { class: "num" }, fmt(used)),
               h("td", { class: "num" }, fmt(borrowed)),
               h("td", { class: "num" }, borrowable == null ? "—" : fmt(borrowable)),
-              h("td", {}, q ? quotaBar(used, nominal, borrowed, scale) : null));
+              h("td", {}, q ? quotaBar(used, nominal, borrowed, scale, fmt) : null));
           }))];
       }));
   }
