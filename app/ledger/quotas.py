@@ -283,8 +283,8 @@ async def quota_uncharge(
 #: order) and their cohorts' borrowed totals in the same statement. Rows of unmanaged
 #: classes do not exist, so nothing is updated for them.
 RETURN_CTES = (
-    "gone_q AS (SELECT t.tenant_id, p.runtime_class, x.resource, sum(x.amount) AS amount "
-    "FROM gone g JOIN tasks t ON t.id = g.task_id JOIN pools p ON p.id = g.pool_id "
+    "gone_q AS (SELECT t.tenant_id, t.runtime_class, x.resource, sum(x.amount) AS amount "
+    "FROM gone g JOIN tasks t ON t.id = g.task_id "
     "CROSS JOIN LATERAL (VALUES ('cpuMillis', g.cpu), ('memoryMiB', g.memory), "
     "('llmSlots', g.llm)) AS x(resource, amount) WHERE x.amount > 0 GROUP BY 1, 2, 3), "
     "gone_locked AS (SELECT q.tenant_id FROM quota_usage q JOIN gone_q a "
@@ -308,20 +308,19 @@ _REBUILD_LOCK = "SELECT pg_advisory_xact_lock($1)"
 # The tasks holding live reservations in the classes: a lease end locks its task first, so
 # holding these makes every lease end wait for the rebuild (and the rebuild for them).
 _LEASED_LOCK = (
-    "SELECT t.id FROM tasks t WHERE t.id IN (SELECT r.task_id FROM reservations r "
-    "JOIN pools p ON p.id = r.pool_id WHERE NOT r.hold AND p.runtime_class = ANY($1::text[])) "
-    "ORDER BY t.id FOR SHARE OF t"
+    "SELECT t.id FROM tasks t WHERE t.runtime_class = ANY($1::text[]) AND t.id IN (SELECT "
+    "r.task_id FROM reservations r WHERE NOT r.hold) ORDER BY t.id FOR SHARE OF t"
 )
 _USAGE_DELETE = "DELETE FROM quota_usage WHERE runtime_class = ANY($1::text[])"
 _COHORT_DELETE = "DELETE FROM cohort_usage WHERE runtime_class = ANY($1::text[])"
 _USAGE_INSERT = (
     "WITH managed AS (SELECT DISTINCT runtime_class, resource FROM tenant_quotas "
     "WHERE runtime_class = ANY($1::text[])), "
-    "used AS (SELECT t.tenant_id, p.runtime_class, x.resource, sum(x.amount) AS amount "
-    "FROM reservations r JOIN tasks t ON t.id = r.task_id JOIN pools p ON p.id = r.pool_id "
+    "used AS (SELECT t.tenant_id, t.runtime_class, x.resource, sum(x.amount) AS amount "
+    "FROM reservations r JOIN tasks t ON t.id = r.task_id "
     "CROSS JOIN LATERAL (VALUES ('cpuMillis', r.cpu), ('memoryMiB', r.memory), "
     "('llmSlots', r.llm)) AS x(resource, amount) "
-    "WHERE NOT r.hold AND p.runtime_class = ANY($1::text[]) GROUP BY 1, 2, 3), "
+    "WHERE NOT r.hold AND t.runtime_class = ANY($1::text[]) GROUP BY 1, 2, 3), "
     "who AS (SELECT tenant_id, runtime_class, resource FROM tenant_quotas "
     "WHERE runtime_class = ANY($1::text[]) UNION SELECT u.tenant_id, u.runtime_class, "
     "u.resource FROM used u JOIN managed m USING (runtime_class, resource) WHERE u.amount > 0) "
