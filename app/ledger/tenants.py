@@ -128,6 +128,19 @@ _CLASSES_OF = (
     "SELECT runtime_class FROM tenant_quotas WHERE tenant_id = $1 "
     "UNION SELECT runtime_class FROM quota_usage WHERE tenant_id = $1"
 )
+_COHORT_OF = "SELECT cohort FROM tenants WHERE id = $1"
+# The tasks parked by a quota reason in the classes $3, of the tenant $1 and of the members
+# of the cohorts $2 (tenants nobody configured are in the default cohort). Rows a pass holds
+# are skipped: it is examining them now, under the quota this change leaves.
+_QUOTA_PARKED_WAKE = (
+    "WITH c AS (SELECT t.id FROM tasks t LEFT JOIN tenants n ON n.id = t.tenant_id "
+    "WHERE t.state = 'ADMITTED' AND t.parked AND t.runtime_class = ANY($3::text[]) "
+    "AND (t.pending_reason ->> 'code') IN ('quota_exceeded', 'quota_borrow_unavailable') "
+    "AND (t.tenant_id = $1 OR coalesce(n.cohort, 'default') = ANY($2::text[])) "
+    "ORDER BY t.id FOR UPDATE OF t SKIP LOCKED) "
+    "UPDATE tasks t SET parked = false, updated_at = $4 FROM c WHERE t.id = c.id "
+    "RETURNING t.id"
+)
 _QUOTAS_INSERT = (
     "INSERT INTO tenant_quotas (tenant_id, runtime_class, resource, nominal, borrowing_limit, "
     "lending_limit) SELECT $1, q.rc, q.resource, q.nominal, q.borrowing, q.lending "
@@ -149,11 +162,14 @@ async def tenant_put(
 
     The quota usage rows of every runtime class the tenant had or now has a quota in, or
     uses under quota, are computed again from the live leases (a 409 when a new quota is
-    below what the tenant uses now), and every parked task is woken.
+    below what the tenant uses now), and the tasks parked by a quota reason in those
+    classes, of the tenant and of the cohorts it leaves and joins (whose members borrow
+    from it), are woken; no other parked task is.
 
     The upsert locks the tenant's row first: a concurrent PUT of the same tenant waits for
     this one to commit, then reads the classes it left (the last write wins whole).
     """
+    was = await conn.fetchval(_COHORT_OF, tenant_id)
     await conn.execute(_UPSERT, tenant_id, cohort, fair_weight, now)
     before = {r[0] for r in await conn.fetch(_CLASSES_OF, tenant_id)}
     await conn.execute(_QUOTAS_DELETE, tenant_id)
@@ -173,7 +189,11 @@ async def tenant_put(
             f"a quota of tenant {tenant_id} is below what it uses now (nominal + "
             "borrowingLimit must hold its live leases); nothing was changed"
         ) from None
-    await wakeup_notify(conn, source=WakeSource.QUOTA_CHANGED)
+    classes = sorted(before | set(quotas))
+    cohorts = sorted({cohort, was or DEFAULT_COHORT})
+    if classes and await conn.fetch(_QUOTA_PARKED_WAKE, tenant_id, cohorts, classes, now):
+        # The tasks are unparked already: the wakeup names nothing, it only starts a pass.
+        await wakeup_notify(conn, source=WakeSource.QUOTA_CHANGED, pools=())
     return (await tenants_read(conn, tenant_ids=[tenant_id]))[tenant_id]
 
 
