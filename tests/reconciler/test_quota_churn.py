@@ -3,14 +3,14 @@ cancel tasks, submit more and change quotas, all at once, against a real Berth s
 
 Borrowers push their cohort over what it lends, a lender's own work reclaims borrowed
 capacity (victims revoking for a second, then revoked by the leader), runtimes complete
-leases (revoking ones too), tenants cancel leased and waiting tasks, and an admin rewrites
-quotas. After every step of every client, one read-only snapshot of the ledger must show
-every quota usage row equal to the sum of the live leases it covers, every cohort row equal
-to what its tenants borrow, no tenant past its cap, and every quota row carrying the quota
-its tenant has now (:func:`~app.ledger.invariants.ledger_check`). A complete or a cancel
-that Berth's own bookkeeping refuses (a constraint's 409) fails the run: only the answers
-a runtime or a tenant can act on are allowed (a lease already ended, a task already
-finished or being placed right now).
+leases (revoking ones too), tenants cancel leased and waiting tasks, and two admins rewrite
+one tenant's quotas at once. After every step of every client, one read-only snapshot of
+the ledger must show every quota usage row equal to the sum of the live leases it covers,
+every cohort row equal to what its tenants borrow, no tenant past its cap, and every quota
+row carrying the quota its tenant has now (:func:`~app.ledger.invariants.ledger_check`). A
+complete or a cancel that Berth's own bookkeeping refuses (a constraint's 409) fails the
+run: only the answers a runtime or a tenant can act on are allowed (a lease already ended,
+a task already finished or being placed right now).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def _quota_body(rng: random.Random, tenant: str) -> dict[str, Any]:
                                "borrowingLimit": rng.choice([None, 0, 500, 2000])}
     if rng.random() < 0.5:
         amounts["lendingLimit"] = rng.choice([0, nominal // 2, nominal])
-    quotas = {} if rng.random() < 0.15 else {"standard": {"cpuMillis": amounts}}
+    quotas = {} if rng.random() < 0.3 else {"standard": {"cpuMillis": amounts}}
     return {"cohort": cohort, "fairWeight": 1, "quotas": quotas}
 
 
@@ -119,9 +119,11 @@ async def _step(http: httpx.AsyncClient, churn: Churn, rng: random.Random) -> No
             churn.answer("complete", r)
         await http.post(f"/v1/runtimes/{instance}/heartbeat", headers=churn.runtime)
     else:
-        r = await http.put(f"/v1/tenants/{tenant}", json=_quota_body(rng, tenant),
-                           headers=churn.admin)
-        churn.answer("put", r)
+        # Two admins change the same tenant at once: the last write wins whole.
+        bodies = [_quota_body(rng, tenant), _quota_body(rng, tenant)]
+        for r in await asyncio.gather(*(http.put(f"/v1/tenants/{tenant}", json=b,
+                                                 headers=churn.admin) for b in bodies)):
+            churn.answer("put", r)
 
 
 async def _sound(db: Database) -> dict[str, int]:
@@ -199,7 +201,4 @@ async def test_usage_rows_equal_live_leases_through_churn(
         assert churn.seen.get(action, 0) >= least, churn.seen
     async with db.connection() as conn:
         leased = await conn.fetchval("SELECT count(*) FROM leases")
-        revoked = await conn.fetchval(
-            "SELECT count(*) FROM leases WHERE revoke_by IS NOT NULL")
     assert leased >= 60, leased
-    print(churn.seen, "leases", leased, "reclaimed", revoked)
