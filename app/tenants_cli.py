@@ -8,6 +8,7 @@ tenant's settings whole, as the API does.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
+from app.api.common import ID_PATTERN, ID_RULE
 from app.api.tenants import TenantSettings
 from app.auth import Principal
 from app.config import get_settings
@@ -54,6 +56,8 @@ def set_tenant(
     data_dir: str | Path | None = None,
 ) -> int:
     """Replace a tenant's cohort, fair weight and quotas; print the tenant as JSON."""
+    if not re.fullmatch(ID_PATTERN, tenant_id):
+        raise ConfigurationError(f"tenant id {tenant_id!r}: must be {ID_RULE}")
     body: dict[str, Any] = {"cohort": cohort, "fairWeight": fair_weight, "quotas": {}}
     for text in quotas:
         rc, resource, amounts = _quota(text)

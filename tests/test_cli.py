@@ -244,3 +244,7 @@ async def test_tenants_set_get_and_list(db: Database, database_url: str, tmp_pat
         cwd=tmp_path, BERTH_DATABASE_URL=database_url,
     )
     assert_one_line(bad, "lendingLimit 20 is above nominal 10")
+    bad = await asyncio.to_thread(
+        berth_run, "tenants", "set", "Acme Corp", cwd=tmp_path, BERTH_DATABASE_URL=database_url,
+    )
+    assert_one_line(bad, "tenant id 'Acme Corp': must be 1 to 63 characters")

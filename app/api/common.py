@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
-import base64
 from typing import Annotated, Any, Generic, TypeVar
 
-import orjson
 from fastapi import Query
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
 from app.errors import BadRequest
+from app.services.tokens import InvalidToken, Tokens
 
 T = TypeVar("T")
+
+
+#: Tenant and cohort ids: lowercase letters, digits, '.', '_' and '-', starting with a letter
+#: or a digit, at most 63 characters.
+ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,62}$"
+ID_RULE = (
+    "1 to 63 characters: lowercase letters, digits, '.', '_' or '-', the first a letter or "
+    "a digit"
+)
 
 
 class CamelModel(BaseModel):
@@ -41,17 +49,18 @@ class Page(CamelModel, Generic[T]):
     next_cursor: str | None = None
 
 
-def cursor_encode(position: Any) -> str:
-    """Return an opaque cursor for ``position`` (any JSON value)."""
-    return base64.urlsafe_b64encode(orjson.dumps(position)).decode().rstrip("=")
+def cursor_encode(tokens: Tokens, position: Any, *, scope: str) -> str:
+    """Return an opaque cursor for ``position`` (any JSON value) in the list ``scope``:
+    sealed, so that a cursor Berth did not make for this list does not open."""
+    return tokens.seal_json(position, scope=scope)
 
 
-def cursor_decode(cursor: str) -> Any:
-    """Return the position inside ``cursor``, or raise 400 for a cursor Berth did not make."""
+def cursor_decode(tokens: Tokens, cursor: str, *, scope: str) -> Any:
+    """Return the position inside ``cursor``, or raise 400 for a cursor Berth did not make
+    for the list ``scope``."""
     try:
-        padded = cursor + "=" * (-len(cursor) % 4)
-        return orjson.loads(base64.urlsafe_b64decode(padded.encode()))
-    except (ValueError, TypeError):
+        return tokens.open_json(cursor, scope=scope)
+    except InvalidToken:
         raise BadRequest("the cursor is not valid; pass back the nextCursor of a list") from None
 
 

@@ -29,6 +29,7 @@ from app.auth import AdminDep
 from app.errors import BadRequest
 from app.ledger.keys import ApiKeyNotFound, ApiKeyRow
 from app.services import keys as service
+from app.services.tokens import Tokens
 
 router = APIRouter(prefix="/v1", tags=["keys"], route_class=StrictRoute)
 
@@ -104,10 +105,14 @@ class ApiKeyPage(Page[ApiKey]):
     """One page of keys, oldest first."""
 
 
-def _after(cursor: str | None) -> tuple[datetime, uuid.UUID] | None:
+#: The list scope of key cursors.
+_SCOPE = "keys"
+
+
+def _after(tokens: Tokens, cursor: str | None) -> tuple[datetime, uuid.UUID] | None:
     if cursor is None:
         return None
-    position = cursor_decode(cursor)
+    position = cursor_decode(tokens, cursor, scope=_SCOPE)
     try:
         created, key_id = position
         return datetime.fromisoformat(created), uuid.UUID(key_id)
@@ -140,12 +145,15 @@ async def list_keys(
 ) -> ApiKeyPage:
     """List keys oldest first with prefix, role, subject, scopes, creation, last use and
     revocation — never a secret. Admin only."""
+    tokens = await request.app.state.tokens.get()
     rows, last = await service.keys_page(
-        request.app.state.db, after=_after(cursor), include_revoked=include_revoked, limit=limit
+        request.app.state.db, after=_after(tokens, cursor), include_revoked=include_revoked,
+        limit=limit,
     )
     return ApiKeyPage(
         items=[ApiKey.of(r) for r in rows],
-        next_cursor=cursor_encode([last[0].isoformat(), str(last[1])]) if last else None,
+        next_cursor=cursor_encode(tokens, [last[0].isoformat(), str(last[1])], scope=_SCOPE)
+        if last else None,
     )
 
 

@@ -31,12 +31,14 @@ from app.api.pool_schemas import (
     StatusChange,
     if_match_versions,
 )
+from app.api.tasks import TenantHeader
 from app.auth import AdminDep, Principal, PrincipalDep
 from app.errors import BadRequest
 from app.ledger.pools import PoolNotFound, PoolRecord
 from app.reconciler.config import ReconcilerConfig
 from app.services import pools as service
 from app.services.drains import drain_preview
+from app.services.tenancy import principal_narrowed
 
 router = APIRouter(prefix="/v1", route_class=StrictRoute)
 
@@ -135,15 +137,19 @@ async def list_pools(
         str | None,
         Query(alias="runtimeClass", max_length=64, description="Only pools of this class."),
     ] = None,
+    tenant: TenantHeader = None,
 ) -> PoolPage:
     """List visible pools in id order with their ledger view and health: an admin sees all,
     a tenant those listing it, an operator those it operates or that list its tenants, a
-    runtime those of its instances."""
+    runtime those of its instances. `X-Berth-Tenant` narrows a key's tenants to the one it
+    names."""
+    tokens = await request.app.state.tokens.get()
     after = None
     if cursor is not None:
-        after = cursor_decode(cursor)
+        after = cursor_decode(tokens, cursor, scope="pools")
         if not isinstance(after, str):
             raise BadRequest("the cursor is not valid; pass back the nextCursor of a list")
+    principal = principal_narrowed(principal, tenant)
     records, last = await service.list_pools(
         request.app.state.db,
         principal=principal,
@@ -154,7 +160,7 @@ async def list_pools(
     )
     return PoolPage(
         items=[_pool_view(request, r, principal) for r in records],
-        next_cursor=cursor_encode(last) if last is not None else None,
+        next_cursor=cursor_encode(tokens, last, scope="pools") if last is not None else None,
     )
 
 
@@ -167,10 +173,12 @@ async def list_pools(
     responses=problems(401, 404),
 )
 async def get_pool(
-    pool_id: PoolIdPath, principal: PrincipalDep, request: Request, response: Response
+    pool_id: PoolIdPath, principal: PrincipalDep, request: Request, response: Response,
+    tenant: TenantHeader = None,
 ) -> Pool:
     """Return one pool with its ledger view, health and drain progress; 404 when it does not
-    exist or is not visible to the caller."""
+    exist or is not visible to the caller (as narrowed by `X-Berth-Tenant`)."""
+    principal = principal_narrowed(principal, tenant)
     record = await service.get_pool(request.app.state.db, principal=principal, pool_id=pool_id)
     return _tag(response, _pool_view(request, record, principal))
 

@@ -8,7 +8,7 @@ path the caller chose, so nothing is revealed by saying no).
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Request
 from pydantic import Field
@@ -168,9 +168,11 @@ async def list_runtime_leases(
     leases = await service.runtime_leases(
         request.app.state.db, principal=principal, instance_id=instance_id
     )
+    tokens = await request.app.state.tokens.get()
+    scope = f"leases:{instance_id}"
     start = 0
     if cursor is not None:
-        position = _position_decode(cursor)
+        position = _position_decode(cursor_decode(tokens, cursor, scope=scope))
         # Leases are ordered by (grantedAt, id); resume after the last one seen.
         start = next(
             (i for i, lease in enumerate(leases) if _position(lease) > position), len(leases)
@@ -178,7 +180,8 @@ async def list_runtime_leases(
     page = leases[start : start + limit]
     more = start + limit < len(leases)
     next_cursor = (
-        cursor_encode([page[-1]["grantedAt"], page[-1]["id"]]) if more and page else None
+        cursor_encode(tokens, [page[-1]["grantedAt"], page[-1]["id"]], scope=scope)
+        if more and page else None
     )
     return RuntimeLeasePage(
         items=[RuntimeLease.model_validate(lease) for lease in page], next_cursor=next_cursor
@@ -189,9 +192,8 @@ def _position(lease: dict) -> tuple[datetime, str]:
     return (datetime.fromisoformat(lease["grantedAt"]), lease["id"])
 
 
-def _position_decode(cursor: str) -> tuple[datetime, str]:
+def _position_decode(after: Any) -> tuple[datetime, str]:
     invalid = BadRequest("the cursor is not valid; pass back the nextCursor of a list")
-    after = cursor_decode(cursor)
     if not (isinstance(after, list) and len(after) == 2 and all(isinstance(p, str) for p in after)):
         raise invalid
     try:

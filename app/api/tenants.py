@@ -15,6 +15,8 @@ from pydantic import ConfigDict, Field, model_validator
 
 from app.api.bodies import StrictRoute
 from app.api.common import (
+    ID_PATTERN,
+    ID_RULE,
     CamelModel,
     CursorQuery,
     LimitQuery,
@@ -24,18 +26,23 @@ from app.api.common import (
     cursor_encode,
     problems,
 )
+from app.api.tasks import TenantHeader
 from app.auth import PrincipalDep
 from app.errors import BadRequest
 from app.ledger.tenants import DEFAULT_COHORT, Quota
 from app.scheduling.spec import RuntimeClass
 from app.services import tenants as service
+from app.services.tokens import Tokens
 
 router = APIRouter(prefix="/v1", tags=["tenants"], route_class=StrictRoute)
 
 #: Largest quota amount (the largest integer a JSON client reads exactly).
 MAX_AMOUNT = 2**53
+#: The range of a fair weight.
+MIN_WEIGHT = 0.001
+MAX_WEIGHT = 1000.0
 TenantIdPath = Annotated[
-    str, Path(alias="tenantId", min_length=1, max_length=128, description="The tenant id.")
+    str, Path(alias="tenantId", pattern=ID_PATTERN, description=f"The tenant id: {ID_RULE}.")
 ]
 _EXAMPLE: dict[str, Any] = {
     "cohort": "research",
@@ -95,13 +102,13 @@ class TenantSettings(RequestModel):
     model_config = ConfigDict(json_schema_extra={"examples": [_EXAMPLE]})
 
     cohort: str = Field(
-        default=DEFAULT_COHORT, min_length=1, max_length=128,
-        pattern=r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$",
-        description="Tenants of one cohort lend each other their unused quota.",
+        default=DEFAULT_COHORT, pattern=ID_PATTERN,
+        description=f"Tenants of one cohort lend each other their unused quota; {ID_RULE}.",
     )
     fair_weight: float = Field(
-        default=1.0, gt=0, le=1_000_000,
-        description="Weight of the tenant's share under the `fair` policy.",
+        default=1.0, ge=MIN_WEIGHT, le=MAX_WEIGHT,
+        description=f"Weight of the tenant's share under the `fair` policy "
+        f"({MIN_WEIGHT} to {MAX_WEIGHT}).",
     )
     quotas: dict[RuntimeClass, ClassQuotas] = Field(
         default_factory=dict, max_length=200, description="Quotas by runtime class."
@@ -160,10 +167,14 @@ class TenantPage(Page[Tenant]):
     """One page of tenants, by id."""
 
 
-def _after(cursor: str | None) -> str | None:
+#: The list scope of tenant cursors.
+_SCOPE = "tenants"
+
+
+def _after(tokens: Tokens, cursor: str | None) -> str | None:
     if cursor is None:
         return None
-    after = cursor_decode(cursor)
+    after = cursor_decode(tokens, cursor, scope=_SCOPE)
     if not isinstance(after, str):
         raise BadRequest("the cursor is not valid; pass back the nextCursor of a list")
     return after
@@ -182,14 +193,18 @@ def _tenant(doc: dict[str, Any]) -> Tenant:
 )
 async def list_tenants(
     principal: PrincipalDep, request: Request, limit: LimitQuery = 100,
-    cursor: CursorQuery = None,
+    cursor: CursorQuery = None, tenant: TenantHeader = None,
 ) -> TenantPage:
-    """List tenants by id: every configured tenant for an admin, its own for a tenant key."""
+    """List tenants by id: every configured tenant for an admin, its own for a tenant key;
+    only the one `X-Berth-Tenant` names with that header."""
+    tokens = await request.app.state.tokens.get()
     docs, last = await service.tenants_page(
-        request.app.state.db, principal=principal, after=_after(cursor), limit=limit
+        request.app.state.db, principal=principal, after=_after(tokens, cursor), limit=limit,
+        tenant=tenant,
     )
     return TenantPage(
-        items=[_tenant(d) for d in docs], next_cursor=cursor_encode(last) if last else None
+        items=[_tenant(d) for d in docs],
+        next_cursor=cursor_encode(tokens, last, scope=_SCOPE) if last else None,
     )
 
 
@@ -200,10 +215,14 @@ async def list_tenants(
     response_model=Tenant,
     responses=problems(401, 403, 404, 422),
 )
-async def get_tenant(tenant_id: TenantIdPath, principal: PrincipalDep, request: Request) -> Tenant:
-    """Read a tenant: an admin any, a tenant key its own (another is 404)."""
+async def get_tenant(
+    tenant_id: TenantIdPath, principal: PrincipalDep, request: Request,
+    tenant: TenantHeader = None,
+) -> Tenant:
+    """Read a tenant: an admin any, a tenant key its own (another is 404, and so is one
+    other than the `X-Berth-Tenant` header names)."""
     doc = await service.tenant_get(
-        request.app.state.db, principal=principal, tenant_id=tenant_id
+        request.app.state.db, principal=principal, tenant_id=tenant_id, tenant=tenant
     )
     return _tenant(doc)
 
@@ -216,14 +235,17 @@ async def get_tenant(tenant_id: TenantIdPath, principal: PrincipalDep, request: 
     responses=problems(400, 401, 403, 409, 413, 422),
 )
 async def put_tenant(
-    tenant_id: TenantIdPath, body: TenantSettings, principal: PrincipalDep, request: Request
+    tenant_id: TenantIdPath, body: TenantSettings, principal: PrincipalDep, request: Request,
+    tenant: TenantHeader = None,
 ) -> Tenant:
     """Replace the tenant's settings whole (a quota left out is removed); 409 when a new
-    quota is below what the tenant uses now. Admin only."""
+    quota is below what the tenant uses now; 400 when `X-Berth-Tenant` names another
+    tenant. Admin only."""
     doc = await service.tenant_put(
         request.app.state.db,
         principal=principal,
         tenant_id=tenant_id,
+        tenant=tenant,
         cohort=body.cohort,
         fair_weight=body.fair_weight,
         quotas={rc: q.quotas() for rc, q in body.quotas.items()},

@@ -41,8 +41,8 @@ _RELEASED_ELSEWHERE = (
 # What the tasks' live leases use, per tenant and runtime class: the quota usage their
 # revocation gives back (every lease end lowers its tenant's usage rows).
 _USAGE_RETURNED = (
-    "SELECT t.tenant_id, p.runtime_class, SUM(r.cpu), SUM(r.memory), SUM(r.llm) "
-    "FROM reservations r JOIN tasks t ON t.id = r.task_id JOIN pools p ON p.id = r.pool_id "
+    "SELECT t.tenant_id, t.runtime_class, SUM(r.cpu), SUM(r.memory), SUM(r.llm) "
+    "FROM reservations r JOIN tasks t ON t.id = r.task_id "
     "WHERE r.task_id = ANY($1::uuid[]) AND NOT r.hold GROUP BY 1, 2"
 )
 

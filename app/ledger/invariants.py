@@ -42,9 +42,8 @@ _CHECKS = {
     # there, and a tenant with such usage has a row.
     "quota_usage_not_sum_of_leases": """
         WITH managed AS (SELECT DISTINCT runtime_class, resource FROM tenant_quotas),
-        live AS (SELECT t.tenant_id, p.runtime_class, x.resource, sum(x.amount) AS amount
+        live AS (SELECT t.tenant_id, t.runtime_class, x.resource, sum(x.amount) AS amount
             FROM reservations r JOIN tasks t ON t.id = r.task_id
-            JOIN pools p ON p.id = r.pool_id
             CROSS JOIN LATERAL (VALUES ('cpuMillis', r.cpu), ('memoryMiB', r.memory),
                 ('llmSlots', r.llm)) AS x(resource, amount)
             WHERE NOT r.hold GROUP BY 1, 2, 3),
@@ -62,6 +61,24 @@ _CHECKS = {
         WHERE coalesce(c.borrowed, 0) <> coalesce(s.b, 0)""",
     "quota_usage_over_cap": """
         SELECT count(*) FROM quota_usage WHERE cap IS NOT NULL AND used > cap""",
+    # Each usage row carries its tenant's quota and cohort as they are now (a tenant without
+    # a quota there: nominal 0, no cap, nothing lent), only managed (class, resource) have
+    # rows, and every quota has its row.
+    "quota_usage_not_its_quota": """
+        WITH managed AS (SELECT DISTINCT runtime_class, resource FROM tenant_quotas)
+        SELECT count(*) FROM quota_usage u
+            LEFT JOIN tenant_quotas q USING (tenant_id, runtime_class, resource)
+            LEFT JOIN tenants n ON n.id = u.tenant_id
+            LEFT JOIN managed m USING (runtime_class, resource)
+        WHERE m.resource IS NULL OR u.nominal <> coalesce(q.nominal, 0)
+            OR u.cap IS DISTINCT FROM q.nominal + q.borrowing_limit
+            OR u.lend IS DISTINCT FROM (CASE WHEN q.tenant_id IS NULL THEN 0
+                ELSE q.lending_limit END)
+            OR u.cohort <> coalesce(n.cohort, 'default')""",
+    "quota_without_usage_row": """
+        SELECT count(*) FROM tenant_quotas q WHERE NOT EXISTS (SELECT 1 FROM quota_usage u
+            WHERE (u.tenant_id, u.runtime_class, u.resource)
+                = (q.tenant_id, q.runtime_class, q.resource))""",
 }
 
 

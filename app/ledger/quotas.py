@@ -9,10 +9,13 @@ copied in, and ``cohort_usage`` a row per cohort with what its tenants borrow in
 * **Charge** (a pass, :func:`quota_charge`, after its leases, before its ledger statement):
   one conditional update raises the tenants' rows where ``used + amount <= cap`` (CHECKed
   too), rows locked in key order. A placement that stays within nominal touches only its
-  tenant's rows. One that borrows then raises its cohort's row where ``borrowed + more`` is
-  at most what the cohort's other tenants lend now (``min(lend, unused nominal)`` summed);
-  borrowers serialize on that row, so racing reconcilers never lend more than exists. A
-  refused (tenant, class) is given back whole and its placements are undone by the caller.
+  tenant's rows. One that borrows then raises its cohort's rows, all of its resources or
+  none, where each ``borrowed + more`` is at most what the cohort's other tenants lend now
+  (``min(lend, unused nominal)`` summed); borrowers serialize on those rows, so racing
+  reconcilers never lend more than exists. A refused (tenant, class) raised no cohort row;
+  the usage it added is given back, and its placements are undone by the caller. Every
+  decrement anywhere is computed by the statement from the row it locks, never from a
+  value read before.
 * **Return** (every path that ends a lease: completion, release, cancel, expiry, revocation,
   drain, preemption hand-over): the statement that deletes the lease's reservations lowers
   the rows in the same statement (:data:`RETURN_CTES`).
@@ -149,15 +152,22 @@ _CHARGE = (
     "RETURNING q.tenant_id, q.runtime_class, q.resource, q.cohort, "
     "greatest(0, q.used - q.nominal) - greatest(0, q.used - v.amount - q.nominal)"
 )
-# One (tenant, class)'s more borrowing, where the cohort's other tenants lend enough.
+# One (tenant, class)'s more borrowing, all of its resources or none: the cohort's rows are
+# locked first (``FOR UPDATE`` reads them as committed last), and they rise only when every
+# one of them stays within what the cohort's other tenants lend now.
 _BORROW = (
-    "WITH v AS (SELECT * FROM unnest($3::text[], $4::bigint[]) AS v(resource, more)) "
-    "UPDATE cohort_usage c SET borrowed = c.borrowed + v.more FROM v "
-    "WHERE c.cohort = $2 AND c.runtime_class = $5 AND c.resource = v.resource "
-    "AND c.borrowed + v.more <= (SELECT coalesce(sum(CASE WHEN o.lend IS NULL "
+    "WITH v AS (SELECT * FROM unnest($3::text[], $4::bigint[]) AS v(resource, more)), "
+    "lk AS (SELECT c.resource, c.borrowed FROM cohort_usage c WHERE c.cohort = $2 "
+    "AND c.runtime_class = $5 AND c.resource = ANY($3::text[]) ORDER BY c.resource "
+    "FOR UPDATE), "
+    "fit AS (SELECT count(*) AS n FROM lk JOIN v USING (resource) "
+    "WHERE lk.borrowed + v.more <= (SELECT coalesce(sum(CASE WHEN o.lend IS NULL "
     "THEN greatest(0, o.nominal - o.used) ELSE least(o.lend, greatest(0, o.nominal - o.used)) "
     "END), 0) FROM quota_usage o WHERE o.cohort = $2 AND o.runtime_class = $5 "
-    "AND o.resource = v.resource AND o.tenant_id <> $1) "
+    "AND o.resource = v.resource AND o.tenant_id <> $1)) "
+    "UPDATE cohort_usage c SET borrowed = c.borrowed + v.more FROM v "
+    "WHERE c.cohort = $2 AND c.runtime_class = $5 AND c.resource = v.resource "
+    "AND (SELECT n FROM fit) = cardinality($3::text[]) "
     "RETURNING c.resource"
 )
 _UNCHARGE = (
@@ -221,49 +231,29 @@ async def quota_charge(
         keys = [(t, rc, res) for (t, rc), by in more.items() for res in by]
         k = list(zip(*keys, strict=True))
         await conn.execute(_COHORTS_ENSURE, list(k[0]), list(k[1]), list(k[2]))
-    borrowed: dict[Key, dict[str, int]] = {}
     for key in sorted(more):
         by = more[key]
         res = sorted(by)
-        got = {r[0] for r in await conn.fetch(
-            _BORROW, key[0], cohort_of[key], res, [by[x] for x in res], key[1])}
-        if got != set(res):
+        # All or nothing: a refused pair raised no cohort row.
+        if not await conn.fetch(
+            _BORROW, key[0], cohort_of[key], res, [by[x] for x in res], key[1]
+        ):
             refused.add(key)
-            # The part of this (tenant, class) that was borrowed goes back below.
-            if got:
-                borrowed[key] = {x: by[x] for x in got}
     if refused:
-        # Give back what the refused pairs added: their usage, and what they borrowed.
+        # Give back the usage the refused pairs added; no cohort row rose for them.
         back = {k: a for k, a in amounts.items() if (k[0], k[1]) in refused
                 and k in charged}
-        await _give_back(conn, back, borrowed)
+        if back:
+            await conn.execute(_USED_LOWER, *_columns(back))
     return refused
 
 
-# Lower the cohort row of one tenant's (class, resource) rows by what they borrowed.
-_COHORT_LOWER = (
-    "UPDATE cohort_usage c SET borrowed = c.borrowed - v.less FROM unnest($2::text[], "
-    "$3::bigint[]) AS v(resource, less) JOIN quota_usage q ON q.tenant_id = $1 "
-    "AND q.runtime_class = $4 AND q.resource = v.resource "
-    "WHERE (c.cohort, c.runtime_class, c.resource) = (q.cohort, $4, v.resource)"
-)
+# Undo a refused pair's charge (rows this transaction raised and holds locked).
 _USED_LOWER = (
     "UPDATE quota_usage q SET used = q.used - v.amount FROM unnest($1::text[], $2::text[], "
     "$3::text[], $4::bigint[]) AS v(tenant_id, rc, resource, amount) "
     "WHERE (q.tenant_id, q.runtime_class, q.resource) = (v.tenant_id, v.rc, v.resource)"
 )
-
-
-async def _give_back(
-    conn: Connection, used: Mapping[tuple[str, str, str], int],
-    borrowed: Mapping[Key, Mapping[str, int]],
-) -> None:
-    """Undo a refused charge: the usage it added and the borrowing its cohort accepted."""
-    if used:
-        await conn.execute(_USED_LOWER, *_columns(used))
-    for (tenant_id, rc), by in sorted(borrowed.items()):
-        res = sorted(by)
-        await conn.execute(_COHORT_LOWER, tenant_id, res, [by[x] for x in res], rc)
 
 
 async def quota_uncharge(
@@ -283,8 +273,8 @@ async def quota_uncharge(
 #: order) and their cohorts' borrowed totals in the same statement. Rows of unmanaged
 #: classes do not exist, so nothing is updated for them.
 RETURN_CTES = (
-    "gone_q AS (SELECT t.tenant_id, p.runtime_class, x.resource, sum(x.amount) AS amount "
-    "FROM gone g JOIN tasks t ON t.id = g.task_id JOIN pools p ON p.id = g.pool_id "
+    "gone_q AS (SELECT t.tenant_id, t.runtime_class, x.resource, sum(x.amount) AS amount "
+    "FROM gone g JOIN tasks t ON t.id = g.task_id "
     "CROSS JOIN LATERAL (VALUES ('cpuMillis', g.cpu), ('memoryMiB', g.memory), "
     "('llmSlots', g.llm)) AS x(resource, amount) WHERE x.amount > 0 GROUP BY 1, 2, 3), "
     "gone_locked AS (SELECT q.tenant_id FROM quota_usage q JOIN gone_q a "
@@ -308,20 +298,19 @@ _REBUILD_LOCK = "SELECT pg_advisory_xact_lock($1)"
 # The tasks holding live reservations in the classes: a lease end locks its task first, so
 # holding these makes every lease end wait for the rebuild (and the rebuild for them).
 _LEASED_LOCK = (
-    "SELECT t.id FROM tasks t WHERE t.id IN (SELECT r.task_id FROM reservations r "
-    "JOIN pools p ON p.id = r.pool_id WHERE NOT r.hold AND p.runtime_class = ANY($1::text[])) "
-    "ORDER BY t.id FOR SHARE OF t"
+    "SELECT t.id FROM tasks t WHERE t.runtime_class = ANY($1::text[]) AND t.id IN (SELECT "
+    "r.task_id FROM reservations r WHERE NOT r.hold) ORDER BY t.id FOR SHARE OF t"
 )
 _USAGE_DELETE = "DELETE FROM quota_usage WHERE runtime_class = ANY($1::text[])"
 _COHORT_DELETE = "DELETE FROM cohort_usage WHERE runtime_class = ANY($1::text[])"
 _USAGE_INSERT = (
     "WITH managed AS (SELECT DISTINCT runtime_class, resource FROM tenant_quotas "
     "WHERE runtime_class = ANY($1::text[])), "
-    "used AS (SELECT t.tenant_id, p.runtime_class, x.resource, sum(x.amount) AS amount "
-    "FROM reservations r JOIN tasks t ON t.id = r.task_id JOIN pools p ON p.id = r.pool_id "
+    "used AS (SELECT t.tenant_id, t.runtime_class, x.resource, sum(x.amount) AS amount "
+    "FROM reservations r JOIN tasks t ON t.id = r.task_id "
     "CROSS JOIN LATERAL (VALUES ('cpuMillis', r.cpu), ('memoryMiB', r.memory), "
     "('llmSlots', r.llm)) AS x(resource, amount) "
-    "WHERE NOT r.hold AND p.runtime_class = ANY($1::text[]) GROUP BY 1, 2, 3), "
+    "WHERE NOT r.hold AND t.runtime_class = ANY($1::text[]) GROUP BY 1, 2, 3), "
     "who AS (SELECT tenant_id, runtime_class, resource FROM tenant_quotas "
     "WHERE runtime_class = ANY($1::text[]) UNION SELECT u.tenant_id, u.runtime_class, "
     "u.resource FROM used u JOIN managed m USING (runtime_class, resource) WHERE u.amount > 0) "

@@ -37,9 +37,9 @@ Key = tuple[str, str]
 
 # Reservations of leases being revoked (few, and indexed), by tenant and class.
 _REVOKING = (
-    "SELECT t.tenant_id, p.runtime_class, sum(r.cpu), sum(r.memory), sum(r.llm) "
-    "FROM reservations r JOIN pools p ON p.id = r.pool_id JOIN tasks t ON t.id = r.task_id "
-    "WHERE NOT r.hold AND p.runtime_class = ANY($1::text[]) AND r.task_id IN (SELECT "
+    "SELECT t.tenant_id, t.runtime_class, sum(r.cpu), sum(r.memory), sum(r.llm) "
+    "FROM reservations r JOIN tasks t ON t.id = r.task_id "
+    "WHERE NOT r.hold AND t.runtime_class = ANY($1::text[]) AND r.task_id IN (SELECT "
     "l.task_id FROM leases l WHERE l.state = 'REVOKING' AND l.revoke_by IS NOT NULL) "
     "GROUP BY 1, 2"
 )

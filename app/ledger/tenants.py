@@ -2,7 +2,9 @@
 
 A tenant nobody configured has the defaults (cohort ``default``, fair weight 1, no quota).
 Usage is read from the ledger itself: a tenant's usage in a runtime class is the sum of the
-reservations of its live leases on pools of that class (a preemptor's holds are not usage).
+reservations of the live leases of its tasks of that class (a preemptor's holds are not
+usage); the task's class, not its pool's, so a pool an admin moves to another class takes
+nothing charged with it.
 What is above the tenant's nominal is borrowed; what it could borrow now is the lendable
 quota its cohort has left (the sum over the cohort's other tenants of their unused nominal,
 capped by their lending limits, minus what the cohort borrowed), capped by its own
@@ -126,6 +128,19 @@ _CLASSES_OF = (
     "SELECT runtime_class FROM tenant_quotas WHERE tenant_id = $1 "
     "UNION SELECT runtime_class FROM quota_usage WHERE tenant_id = $1"
 )
+_COHORT_OF = "SELECT cohort FROM tenants WHERE id = $1"
+# The tasks parked by a quota reason in the classes $3, of the tenant $1 and of the members
+# of the cohorts $2 (tenants nobody configured are in the default cohort). Rows a pass holds
+# are skipped: it is examining them now, under the quota this change leaves.
+_QUOTA_PARKED_WAKE = (
+    "WITH c AS (SELECT t.id FROM tasks t LEFT JOIN tenants n ON n.id = t.tenant_id "
+    "WHERE t.state = 'ADMITTED' AND t.parked AND t.runtime_class = ANY($3::text[]) "
+    "AND (t.pending_reason ->> 'code') IN ('quota_exceeded', 'quota_borrow_unavailable') "
+    "AND (t.tenant_id = $1 OR coalesce(n.cohort, 'default') = ANY($2::text[])) "
+    "ORDER BY t.id FOR UPDATE OF t SKIP LOCKED) "
+    "UPDATE tasks t SET parked = false, updated_at = $4 FROM c WHERE t.id = c.id "
+    "RETURNING t.id"
+)
 _QUOTAS_INSERT = (
     "INSERT INTO tenant_quotas (tenant_id, runtime_class, resource, nominal, borrowing_limit, "
     "lending_limit) SELECT $1, q.rc, q.resource, q.nominal, q.borrowing, q.lending "
@@ -147,10 +162,16 @@ async def tenant_put(
 
     The quota usage rows of every runtime class the tenant had or now has a quota in, or
     uses under quota, are computed again from the live leases (a 409 when a new quota is
-    below what the tenant uses now), and every parked task is woken.
+    below what the tenant uses now), and the tasks parked by a quota reason in those
+    classes, of the tenant and of the cohorts it leaves and joins (whose members borrow
+    from it), are woken; no other parked task is.
+
+    The upsert locks the tenant's row first: a concurrent PUT of the same tenant waits for
+    this one to commit, then reads the classes it left (the last write wins whole).
     """
-    before = {r[0] for r in await conn.fetch(_CLASSES_OF, tenant_id)}
+    was = await conn.fetchval(_COHORT_OF, tenant_id)
     await conn.execute(_UPSERT, tenant_id, cohort, fair_weight, now)
+    before = {r[0] for r in await conn.fetch(_CLASSES_OF, tenant_id)}
     await conn.execute(_QUOTAS_DELETE, tenant_id)
     items = sorted(
         (rc, res, q) for rc, by_res in quotas.items() for res, q in by_res.items()
@@ -168,7 +189,11 @@ async def tenant_put(
             f"a quota of tenant {tenant_id} is below what it uses now (nominal + "
             "borrowingLimit must hold its live leases); nothing was changed"
         ) from None
-    await wakeup_notify(conn, source=WakeSource.QUOTA_CHANGED)
+    classes = sorted(before | set(quotas))
+    cohorts = sorted({cohort, was or DEFAULT_COHORT})
+    if classes and await conn.fetch(_QUOTA_PARKED_WAKE, tenant_id, cohorts, classes, now):
+        # The tasks are unparked already: the wakeup names nothing, it only starts a pass.
+        await wakeup_notify(conn, source=WakeSource.QUOTA_CHANGED, pools=())
     return (await tenants_read(conn, tenant_ids=[tenant_id]))[tenant_id]
 
 
@@ -194,14 +219,14 @@ async def tenants_entitlements(
 
 # Usage by tenant in the runtime classes ``$1``: the reservations of live leases (not holds).
 _USAGE = (
-    "SELECT t.tenant_id, p.runtime_class, sum(r.cpu), sum(r.memory), sum(r.llm) "
-    "FROM reservations r JOIN tasks t ON t.id = r.task_id JOIN pools p ON p.id = r.pool_id "
-    "WHERE NOT r.hold AND p.runtime_class = ANY($1::text[]) GROUP BY 1, 2"
+    "SELECT t.tenant_id, t.runtime_class, sum(r.cpu), sum(r.memory), sum(r.llm) "
+    "FROM reservations r JOIN tasks t ON t.id = r.task_id "
+    "WHERE NOT r.hold AND t.runtime_class = ANY($1::text[]) GROUP BY 1, 2"
 )
 # The runtime classes the tenants ``$1`` use now or have a quota in.
 _CLASSES = (
-    "SELECT DISTINCT p.runtime_class FROM reservations r JOIN tasks t ON t.id = r.task_id "
-    "JOIN pools p ON p.id = r.pool_id WHERE NOT r.hold AND t.tenant_id = ANY($1::text[]) "
+    "SELECT DISTINCT t.runtime_class FROM reservations r JOIN tasks t ON t.id = r.task_id "
+    "WHERE NOT r.hold AND t.tenant_id = ANY($1::text[]) "
     "UNION SELECT runtime_class FROM tenant_quotas WHERE tenant_id = ANY($1::text[])"
 )
 # The cohort members of ``$1`` (configured tenants of the same cohorts), with their cohort.

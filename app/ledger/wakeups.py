@@ -38,7 +38,9 @@ class WakeSource(StrEnum):
     #: A pass leased a labelled task: parked tasks of its tenant waiting for an affinity
     #: match are unparked in the same commit.
     TASK_PLACED = "task_placed"
-    #: An admin changed a tenant's quotas or cohort: every parked task may fit (or not) now.
+    #: An admin changed a tenant's quotas or cohort: the change unparked the tasks it could
+    #: help in its own transaction (app.ledger.tenants); the wakeup names nothing and only
+    #: starts a pass.
     QUOTA_CHANGED = "quota_changed"
     #: The periodic pass (claims nothing parked; re-takes expired claims).
     TICK = "tick"

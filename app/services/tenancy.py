@@ -6,10 +6,14 @@ reads cover all of its tenants unless that header narrows them.
 
 from __future__ import annotations
 
+import dataclasses
+
 from app.auth import Principal
 from app.errors import BadRequest
 
-__all__ = ["TenantAmbiguous", "TenantUnknown", "tenant_acting", "tenants_reading"]
+__all__ = [
+    "TenantAmbiguous", "TenantUnknown", "principal_narrowed", "tenant_acting", "tenants_reading",
+]
 
 
 class TenantAmbiguous(BadRequest):
@@ -40,3 +44,13 @@ def tenants_reading(principal: Principal, header: str | None) -> frozenset[str]:
     if header not in principal.tenant_ids:
         raise TenantUnknown()
     return frozenset((header,))
+
+
+def principal_narrowed(principal: Principal, header: str | None) -> Principal:
+    """Return ``principal`` acting only for the tenant ``X-Berth-Tenant`` names (as it is
+    without the header); 400 when the key does not act for that tenant."""
+    if header is None:
+        return principal
+    if header not in principal.tenant_ids:
+        raise TenantUnknown()
+    return dataclasses.replace(principal, tenant_ids=frozenset((header,)))

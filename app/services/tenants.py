@@ -7,6 +7,7 @@ than admin and tenant are refused (403). Writes commit before :func:`tenant_put`
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -22,6 +23,7 @@ from app.ledger.tenants import (
     tenants_read,
     tenants_usage,
 )
+from app.services.tenancy import TenantUnknown, principal_narrowed
 
 __all__ = ["tenant_get", "tenant_put", "tenants_page"]
 
@@ -44,12 +46,23 @@ def _document(row: TenantRow, usage: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _narrowed(principal: Principal, tenant: str | None) -> Principal:
+    """Return the principal as ``X-Berth-Tenant`` narrows it: an admin to the one tenant it
+    names, a tenant key to that one of its tenants (400 for another)."""
+    if tenant is not None and principal.role == ADMIN:
+        return dataclasses.replace(principal, role=TENANT, tenant_ids=frozenset((tenant,)))
+    return principal_narrowed(principal, tenant)
+
+
 async def tenants_page(
-    db: Database, *, principal: Principal, after: str | None, limit: int
+    db: Database, *, principal: Principal, after: str | None, limit: int,
+    tenant: str | None = None,
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Return a page of tenants with their usage and the id the next page starts after:
-    every configured tenant for an admin, the key's own tenants for a tenant key."""
+    every configured tenant for an admin, the key's own tenants for a tenant key, only the
+    one ``tenant`` (``X-Berth-Tenant``) names when given."""
     role_check(principal, ADMIN, TENANT)
+    principal = _narrowed(principal, tenant)
     async with db.connection() as conn:
         if principal.role == ADMIN:
             rows = await tenants_list(conn, after=after, limit=limit)
@@ -62,9 +75,13 @@ async def tenants_page(
     return [_document(r, usage.get(r.id, {})) for r in rows], last
 
 
-async def tenant_get(db: Database, *, principal: Principal, tenant_id: str) -> dict[str, Any]:
-    """Return the tenant with its usage; a tenant key only its own (else 404)."""
+async def tenant_get(
+    db: Database, *, principal: Principal, tenant_id: str, tenant: str | None = None
+) -> dict[str, Any]:
+    """Return the tenant with its usage; a tenant key only its own (else 404), and only the
+    one ``tenant`` (``X-Berth-Tenant``) names when given."""
     role_check(principal, ADMIN, TENANT)
+    principal = _narrowed(principal, tenant)
     if principal.role != ADMIN and tenant_id not in principal.tenant_ids:
         raise TenantNotFound(f"tenant {tenant_id} does not exist")
     async with db.connection() as conn:
@@ -82,9 +99,13 @@ async def tenant_put(
     fair_weight: float,
     quotas: Mapping[str, Mapping[str, Quota]],
     now: datetime,
+    tenant: str | None = None,
 ) -> dict[str, Any]:
-    """Replace the tenant's cohort, fair weight and quotas (admin only); return the tenant."""
+    """Replace the tenant's cohort, fair weight and quotas (admin only); return the tenant.
+    With ``tenant`` (``X-Berth-Tenant``), it must name ``tenant_id`` (else 400)."""
     role_check(principal, ADMIN)
+    if tenant is not None and tenant != tenant_id:
+        raise TenantUnknown(f"X-Berth-Tenant names {tenant}, the request changes {tenant_id}")
     async with db.transaction() as conn:
         row = await ledger.tenant_put(
             conn, tenant_id=tenant_id, cohort=cohort, fair_weight=fair_weight, quotas=quotas,

@@ -194,12 +194,13 @@ async def test_a_class_nobody_has_a_quota_in_is_not_limited(
     assert got[-1] == ("ADMITTED", "quota_borrow_unavailable")
     await sound(db)
     # The admin removes a's quota: nobody has one in gpu-small now, so nothing limits it,
-    # and the change wakes the parked tasks.
+    # and the change unparks the parked tasks of its cohort in that class itself.
+    async with db.connection() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM tasks WHERE parked") == 4
     assert (await client.put(f"/v1/tenants/{TENANT_A}", json={"cohort": "c"},
                              headers=keys.admin)).status_code == 200
-    while not wakeups.empty():
-        reconciler.wakeup(Wakeup.parse(wakeups.get_nowait()))
-    assert await reconciler.unpark(now=datetime.now(UTC)) == 4
+    async with db.connection() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM tasks WHERE parked") == 0
     await reconcile()
     assert [s for s, _ in await states(client, keys, "tenant_b", ids)] == ["LEASED"] * 5
     await sound(db)
