@@ -128,10 +128,15 @@ class Nominate:
         if ns is None:
             return None
         pools = [n.pool_id for n in ns]
-        # Capacity released on its pools can no longer help it (a pool cordoned, a label
-        # changed): a new one is planned when it starves again.
-        if reason.wake_pools is not None and not set(pools) & set(reason.wake_pools):
+        # Its own quota refuses it, or capacity released on its pools can no longer help it
+        # (a pool cordoned, a label changed): a new one is planned when it starves again.
+        if reason.code in _QUOTA or (
+                reason.wake_pools is not None and not set(pools) & set(reason.wake_pools)):
             self.ended[task.id] = "stale"
+            if step.held:
+                # Its holds go back at commit: later tasks of the pass may use them now.
+                self._assumed.hold(f"{task.id}:released", [
+                    (p, (-a[0], -a[1], -a[2])) for p, a in step.held.items()])
             return fallback
         self._kept.append((task, step.at, fallback))
         held = step.held or {}
