@@ -41,6 +41,7 @@ from app.pass_config import ReconcilerConfig
 from app.scheduling.displacement.nominate import CANDIDATES_MAX, class_head, pending_since
 from app.scheduling.inputs import NominationInputs, PassInputs, ReclaimInputs
 from app.scheduling.plugins.quota import RESOURCES, QuotaRow
+from app.scheduling.plugins.registry import profile
 from app.scheduling.records import PREEMPTING, RECLAIMING, ClaimedTask, Vector
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec, StoredSpecs
@@ -83,7 +84,8 @@ async def pass_read(
         # A claimed nominee decides with its holds, even none yet.
         holds.setdefault(task_id, {})
     return PassInputs(
-        now=now, settings=config.pass_settings(), snapshot=snapshot, tasks=tuple(compiled),
+        now=now, settings=config.pass_settings(), profile=profile(config.strategy),
+        snapshot=snapshot, tasks=tuple(compiled),
         invalid=tuple(invalid), usage=usage, entitlements=entitlements,
         quota_rows=tuple(rows), cohorts=cohorts, holds=holds,
         waiting=await preemptors_waiting(conn, task_ids=holders) if holders else {},

@@ -4,7 +4,8 @@ The reconciler's read phase fills it from the ledger (:mod:`app.reconciler.readi
 previews fill it for their own question (a placement, a drain). Everything the planner
 (:func:`app.scheduling.planner.plan_pass`) decides from is here: the snapshot, the claimed
 tasks in claim order, the quota book's rows, the holds and the displacements under way,
-the nominations, the settings that decide, and the pass clock ``now``.
+the nominations, the plugin profile and the settings that decide, and the pass clock
+``now``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from app.scheduling.plugins.quota import QuotaRow
+from app.scheduling.plugins.registry import Profile
 from app.scheduling.preemption import Victim
 from app.scheduling.records import ClaimedTask, Nomination, Vector
 from app.scheduling.snapshot import Snapshot
@@ -87,6 +89,8 @@ class PassInputs:
 
     now: datetime
     settings: PassSettings
+    #: The plugins that decide.
+    profile: Profile
     snapshot: Snapshot
     #: The claimed tasks whose specs compiled, with their specs, in claim order.
     tasks: tuple[tuple[ClaimedTask, CompiledSpec], ...]

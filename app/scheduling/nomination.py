@@ -19,6 +19,7 @@ import numpy as np
 
 from app.scheduling.assumed import Assumed
 from app.scheduling.framework import decide
+from app.scheduling.plugins.registry import Profile
 from app.scheduling.records import Vector, vector_sum
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec
@@ -51,6 +52,7 @@ def plan_nomination(
     lower: Mapping[str, Vector],
     assumed: Assumed | None = None,
     exclude: frozenset[str] = frozenset(),
+    profile: Profile | None = None,
 ) -> NominationPlan | None:
     """Plan the nomination of ``spec``: where ``select`` places it when the reservations of
     lower-ranked work (``lower``, per pool) are free for it; None when it would not fit even
@@ -58,7 +60,8 @@ def plan_nomination(
 
     The free part of each pool's need is read from ``assumed`` (the pass's decisions so
     far) when given, else from the snapshot."""
-    outcome = decide(spec, snapshot, assumed=None, top_k=1, holds=dict(lower) or None)
+    outcome = decide(spec, snapshot, assumed=None, top_k=1, holds=dict(lower) or None,
+                     profile=profile)
     members = outcome.members
     if members is None or any(p in exclude for p, _ in members):
         return None

@@ -29,6 +29,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import NamedTuple
 
 from app.scheduling.assumed import Assumed
 from app.scheduling.displacement import Displacement, Holds, HoldsPlan, Settling, Step
@@ -77,9 +78,9 @@ SCHEDULER_ERROR = "scheduler_error"
 _QUOTA_CODES = frozenset({Reason.QUOTA_EXCEEDED, Reason.QUOTA_BORROW_UNAVAILABLE})
 
 
-@dataclass(frozen=True, slots=True)
-class Placed:
-    """A task the planner placed: its spec, the core's decision and its members."""
+class Placed(NamedTuple):
+    """A task the planner placed: its spec, the core's decision and its members (a named
+    tuple: one per placement of a pass)."""
 
     task: ClaimedTask
     spec: CompiledSpec
@@ -218,25 +219,30 @@ class _Planning:
         ) if inputs.reclaim is not None and inputs.quota_rows else None
         preempt = Preempt(inputs.snapshot, inputs.victims, holds=self.holds,
                           assumed=self.assumed, now=inputs.now,
-                          grace_seconds=settings.preemption_grace_seconds)
+                          grace_seconds=settings.preemption_grace_seconds,
+                          profile=inputs.profile)
         self.planners: tuple[Displacement, ...] = tuple(
             p for p in (preempt, self.reclaim, self.nominate) if p is not None)
 
     def task(self, task: ClaimedTask, spec: CompiledSpec) -> None:
         """Plan one task: wait, place, or hand it back (displacing when it can)."""
-        waiting = self.holds.wait(task)
-        if waiting is not None:
-            self.unclaims.append(waiting)
-            return
+        holds = self.holds
+        if holds.waiting:
+            waiting = holds.wait(task)
+            if waiting is not None:
+                self.unclaims.append(waiting)
+                return
         # A task holding capacity is not like the others of its fingerprint.
-        held = self.holds.of(task.id)
+        held = holds.of(task.id) if holds.held else None
         reason = self.cache.get(spec) if held is None and self.unsatisfiable else None
         if reason is None:
-            outcome = self._decide(task, spec, held)
+            # A waiting reclaimer's need is in the book already.
+            counted = self.reclaim is not None and self.reclaim.counted(task.id)
+            outcome = self._decide(task, spec, held, counted)
             if outcome is None:
                 return
             if outcome.members is not None:
-                self._place(task, spec, outcome, held)
+                self._place(task, spec, outcome, held, counted)
                 return
             reason = outcome.reason
             assert reason is not None  # decide gives a reason for every miss
@@ -246,14 +252,13 @@ class _Planning:
         self._fits_nowhere(Step(len(self.unclaims), task, spec, reason, held))
 
     def _decide(self, task: ClaimedTask, spec: CompiledSpec,
-                held: Mapping[str, Vector] | None) -> Result | Ranked | None:
-        # A waiting reclaimer's need is in the book already.
-        counted = self.reclaim is not None and self.reclaim.counted(task.id)
+                held: Mapping[str, Vector] | None, counted: bool) -> Result | Ranked | None:
         try:
             outcome = decide(spec, self.inputs.snapshot, assumed=self.assumed,
                              top_k=self.inputs.settings.top_k,
                              holds=dict(held) if held is not None else None,
-                             quotas=None if counted else self.book)
+                             quotas=None if counted else self.book,
+                             profile=self.inputs.profile)
         except Exception as exc:
             # One task the core cannot evaluate must not poison the batch it came in.
             log.exception("select failed for a task; parking it",
@@ -274,7 +279,7 @@ class _Planning:
         return outcome
 
     def _place(self, task: ClaimedTask, spec: CompiledSpec, outcome: Result | Ranked,
-               held: Mapping[str, Vector] | None) -> None:
+               held: Mapping[str, Vector] | None, counted: bool) -> None:
         members = outcome.members
         assert members is not None
         key = str(task.id)
@@ -283,9 +288,9 @@ class _Planning:
             # tasks must not see them twice (another holder on the same pool).
             self.assumed.hold(f"{key}:held", [
                 (p, (-a[0], -a[1], -a[2])) for p, a in held.items()])
-        self.nominate.placed(task)
+        if self.nominate.of:
+            self.nominate.placed(task)
         self.assumed.add(spec, members, task_id=key)
-        counted = self.reclaim is not None and self.reclaim.counted(task.id)
         if self.book is not None and not counted:
             self.book.add(spec.tenant_id, spec.runtime_class, spec.total_requests)
         self.placed.append(Placed(task, spec, outcome, tuple(members)))

@@ -35,6 +35,7 @@ import numpy as np
 from app.scheduling.assumed import Assumed
 from app.scheduling.framework import feasible_but_capacity
 from app.scheduling.gangs import place_gang
+from app.scheduling.plugins.registry import Profile
 from app.scheduling.records import Vector
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec
@@ -202,6 +203,7 @@ def plan_preemption(
     taken: Collection[str] = frozenset(),
     holds: dict[str, Vector] | None = None,
     explain: bool = False,
+    profile: Profile | None = None,
 ) -> Preemption | None:
     """Plan the cheapest preemption that would let ``spec`` fit, or None (see the module doc).
 
@@ -210,7 +212,8 @@ def plan_preemption(
     """
     if not spec.may_preempt:
         return None
-    idx, total, cycle = feasible_but_capacity(spec, snapshot, assumed=assumed, holds=holds)
+    idx, total, cycle = feasible_but_capacity(spec, snapshot, assumed=assumed, holds=holds,
+                                              profile=profile)
     if len(idx) == 0:
         return None
     req = cycle.req

@@ -50,6 +50,7 @@ import numpy as np
 from app.scheduling.assumed import Assumed
 from app.scheduling.framework import feasible_but_capacity
 from app.scheduling.plugins.quota import RESOURCES, QuotaRow
+from app.scheduling.plugins.registry import Profile
 from app.scheduling.preemption import (
     Preemption,
     Victim,
@@ -204,6 +205,7 @@ def plan_reclaim(
     taken: Collection[str] = frozenset(),
     holds: dict[str, Vector] | None = None,
     leased_before: float = float("inf"),
+    profile: Profile | None = None,
 ) -> Preemption | None:
     """Plan the reclaim that would let ``spec`` fit, or None (see the module doc).
 
@@ -213,7 +215,8 @@ def plan_reclaim(
     rc, tenant = spec.runtime_class, spec.tenant_id
     if not book.within_nominal(tenant, rc, spec.total_requests):
         return None
-    idx, total, cycle = feasible_but_capacity(spec, snapshot, assumed=assumed, holds=holds)
+    idx, total, cycle = feasible_but_capacity(spec, snapshot, assumed=assumed, holds=holds,
+                                              profile=profile)
     if len(idx) == 0:
         return None
     cohort = book.cohort(tenant)

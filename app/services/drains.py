@@ -38,6 +38,7 @@ from app.pass_config import ReconcilerConfig
 from app.scheduling.explain import error_document
 from app.scheduling.inputs import PassInputs
 from app.scheduling.planner import Placed, plan_outcomes
+from app.scheduling.plugins.registry import profile
 from app.scheduling.records import ClaimedTask
 from app.scheduling.snapshot import PoolState, Snapshot
 from app.scheduling.spec import StoredSpecs
@@ -170,7 +171,8 @@ def _plan_all(
                                   lease.spec_json, lease.admitted_at, lease.attempts))
     compiled, invalid = StoredSpecs(len(moving) or 1).compile_all(moving)
     inputs = PassInputs(
-        now=now, settings=config.pass_settings(), snapshot=snapshot, tasks=tuple(compiled),
+        now=now, settings=config.pass_settings(), profile=profile(config.strategy),
+        snapshot=snapshot, tasks=tuple(compiled),
         invalid=tuple(invalid), usage=usage, entitlements=entitlements,
         quota_rows=quota_rows, cohorts=cohorts or {},
     )

@@ -204,7 +204,8 @@ class Nominate:
         if not self._head(spec.runtime_class, task, placed):
             return
         plan = plan_nomination(spec, state.inputs.snapshot, lower=self._inputs.lower[task.id],
-                               assumed=state.assumed, exclude=frozenset(taken))
+                               assumed=state.assumed, exclude=frozenset(taken),
+                               profile=state.inputs.profile)
         if plan is None:
             return
         taken.update(p for p, _, _, _ in plan.pools)

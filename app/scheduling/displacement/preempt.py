@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from app.scheduling.assumed import Assumed
 from app.scheduling.displacement import Holds, Settling, Step
 from app.scheduling.explain import preempting_document
+from app.scheduling.plugins.registry import Profile
 from app.scheduling.preemption import Victim, VictimIndex, plan_preemption
 from app.scheduling.records import PREEMPTING, Kind, Unclaim
 from app.scheduling.snapshot import Snapshot
@@ -28,9 +29,10 @@ class Preempt:
 
     def __init__(
         self, snapshot: Snapshot, victims: tuple[Victim, ...], *, holds: Holds,
-        assumed: Assumed, now: datetime, grace_seconds: float,
+        assumed: Assumed, now: datetime, grace_seconds: float, profile: Profile,
     ) -> None:
         self._snapshot = snapshot
+        self._profile = profile
         self._victims = victims
         self._index: VictimIndex | None = None
         self._holds = holds
@@ -47,6 +49,7 @@ class Preempt:
         planned = plan_preemption(
             spec, self._snapshot, self._index, assumed=self._assumed,
             taken=self._holds.taken, holds=dict(step.held) if step.held else None,
+            profile=self._profile,
         )
         if planned is None:
             return None

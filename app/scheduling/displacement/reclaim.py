@@ -81,7 +81,7 @@ class Reclaim:
             planned = plan_reclaim(
                 spec, state.inputs.snapshot, index, book, assumed=state.assumed,
                 taken=state.holds.taken, holds=dict(step.held) if step.held else None,
-                leased_before=self._inputs.leased_before,
+                leased_before=self._inputs.leased_before, profile=state.inputs.profile,
             )
             if planned is None:
                 self.outcomes["unavailable"] += 1
