@@ -35,7 +35,7 @@ from app.api.tasks import TenantHeader
 from app.auth import AdminDep, Principal, PrincipalDep
 from app.errors import BadRequest
 from app.ledger.pools import PoolNotFound, PoolRecord
-from app.reconciler.config import ReconcilerConfig
+from app.pass_config import ReconcilerConfig
 from app.services import pools as service
 from app.services.drains import drain_preview
 from app.services.tenancy import principal_narrowed

@@ -7,8 +7,7 @@ from it carry only fixed labels (resource and status).
 from __future__ import annotations
 
 from app.db import Connection
-
-Vector = tuple[int, int, int]
+from app.scheduling.records import Vector
 
 _TOTALS = (
     "SELECT p.status, SUM(l.cpu_total), SUM(l.memory_total), SUM(l.llm_total), "

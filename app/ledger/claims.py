@@ -43,9 +43,8 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any
 
 import orjson
 
@@ -55,42 +54,10 @@ from app.ledger.literals import ids_joined, ints_joined, texts_joined, uuids_joi
 from app.ledger.quotas import QUOTA_LOCK
 from app.ledger.retention import task_events_trim
 from app.ledger.tasks import uuid7_prefix
+from app.scheduling.records import ClaimedTask, Grant, Unclaim
 
 #: Most tenants the fair claim looks at in one pass.
 FAIR_TENANTS_MAX = 512
-
-
-class ClaimedTask(NamedTuple):
-    """A task claimed (row-locked) by this pass, with what scheduling it needs.
-
-    A named tuple: a pass builds one per claimed row, straight from the claim's columns.
-    """
-
-    id: uuid.UUID
-    tenant_id: str
-    seq: int
-    priority: int
-    #: The stored spec as JSON text (equal texts compile to equal specs: a cache key).
-    spec_json: str
-    admitted_at: datetime
-    attempts: int
-    #: The stored pending code, when the task was looked at before (a re-examination of a
-    #: woken task: parked again for the same code, it writes no event).
-    pending_code: str | None = None
-    #: The stored pending reason (JSON text) and stage, restored if a lease is undone.
-    pending_json: str | None = None
-    pending_stage: int | None = None
-    #: The pending code the task's event log last recorded, and when (None: none since the
-    #: column exists): a reason change within a park sweep period of it is not logged yet.
-    logged_code: str | None = None
-    logged_at: datetime | None = None
-    #: Pending-reason events the task logged (its log is trimmed past the kept count).
-    logged_count: int = 0
-
-    @property
-    def spec(self) -> dict[str, Any]:
-        """Return the stored spec as a dict."""
-        return orjson.loads(self.spec_json)
 
 
 # ``spec`` is ``json`` (revision 0013_spec_json, decision 13): ``spec::text`` copies the stored
@@ -221,21 +188,6 @@ async def tasks_claim(
             await conn.fetch(_CLAIM_FIFO, owned, left, [t.id for t in claimed])
         )
     return claimed
-
-
-class Grant(NamedTuple):
-    """A decided placement to apply: the task, its stored placement and its members."""
-
-    task_id: uuid.UUID
-    #: The placement as stored (JSON text, :mod:`app.scheduling.explain`'s format).
-    placement: str
-    #: (pool id, member count, runtime instance id) per pool the task uses.
-    members: tuple[tuple[str, int, str], ...]
-    #: What one member requests: (cpu, memory, llm).
-    requests: tuple[int, int, int]
-    #: Wake keys this placement carries once leased (``placed:<tenant>`` for a labelled
-    #: task: parked tasks of its tenant waiting for an affinity match).
-    wakes: tuple[str, ...] = ()
 
 
 # $1 now, $2 expires, $3 ids, $4 placements (JSON text), $5 first pools, $6..$12 the member rows,
@@ -383,39 +335,6 @@ async def tasks_unlease(
         ",".join(["n" if t.pending_stage is None else str(t.pending_stage) for t in ordered]),
         ints_joined([events[t.id] for t in ordered if t.id in events]),
     )
-
-
-@dataclass(frozen=True, slots=True)
-class Unclaim:
-    """A claimed task handed back to the queue: parked with a pending reason, or not.
-
-    ``event`` False hands it back without an event (a re-examination that found the same
-    reason, or a changed one logged too recently: the row still gets the new reason). A
-    hand-back that neither parks nor carries a pending reason (a lost race) leaves the row
-    as it is: only its event is written.
-    """
-
-    task_id: uuid.UUID
-    reason: str
-    pending_reason: Mapping[str, Any] | None = None
-    parked: bool = False
-    #: Wake keys of a parked task (None: woken only by the safety sweep).
-    wake: tuple[str, ...] | None = None
-    #: Stage of the pending reason's closest miss (with ``pending_reason``).
-    stage: int | None = None
-    event: bool = True
-    #: Events kept besides the first when the event must trim the task's log (None: no trim).
-    trim_to: int | None = None
-
-    @property
-    def changes_row(self) -> bool:
-        """Return whether the hand-back writes the task row (not only an event)."""
-        return self.parked or self.pending_reason is not None
-
-    @property
-    def logged_code(self) -> str | None:
-        """Return the pending code this hand-back's event records (None: no such event)."""
-        return self.reason if self.event and self.pending_reason is not None else None
 
 
 # $1 now, $2 ids, $3 pending reasons (JSON text or NULL), $4 parked, $5 wake keys (JSON

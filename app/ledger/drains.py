@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from app.db import Connection
-
-Vector = tuple[int, int, int]
+from app.scheduling.records import Vector
 
 _LEASES = (
     "SELECT l.id, l.task_id, l.state, t.tenant_id, t.seq, t.priority, t.spec::text, "

@@ -1,7 +1,7 @@
 """Nominations in the ledger: capacity freed on a starving task's pools is held for it.
 
 A task that has been first of its priority in its runtime class and has not fit for longer
-than the nomination time is *nominated* by a pass (:mod:`app.reconciler.nominating`): one
+than the nomination time is *nominated* by a pass (:mod:`app.scheduling.displacement.nominate`): one
 ``nominations`` row per pool it would take (one nomination per pool at a time: the primary
 key), naming the members it would place there and what they need. The capacity itself is
 held like a preemptor's, in hold rows of ``reservations``, reserved in the ledger like any
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -38,12 +37,14 @@ from app.db import Connection
 from app.ledger.events import task_events_add
 from app.ledger.reservations import Vector, ledger_release_many, ledger_reserve_many
 from app.ledger.wakeups import WakeSource, wakeup_notify
+from app.scheduling.records import NOMINATED, Nomination
 
 __all__ = [
     "NOMINATED",
     "NOMINATION_ENDED",
     "Nomination",
     "class_head",
+    "class_heads_read",
     "lower_usage_read",
     "nominations_capture",
     "nominations_delete",
@@ -55,26 +56,8 @@ __all__ = [
     "nominees_release",
 ]
 
-#: Pending code (and event reason) of a nominated task.
-NOMINATED = "nominated"
 #: Event reason of a nomination that ended (the outcome in its detail).
 NOMINATION_ENDED = "nomination_ended"
-
-
-@dataclass(frozen=True, slots=True)
-class Nomination:
-    """One nominated pool: the nominee, its rank, its members there and their need."""
-
-    pool_id: str
-    task_id: uuid.UUID
-    runtime_class: str
-    members: int
-    need: Vector
-    created_at: datetime
-    priority: int
-    seq: int
-    #: The nominee's state (a nomination of a task no longer admitted awaits recovery).
-    state: str
 
 
 _READ = (
@@ -120,6 +103,38 @@ async def class_head(
     return bool(await conn.fetchval(
         _HEAD, runtime_class, priority, seq, [task_id, *placed], by_priority
     ))
+
+
+# The first competing tasks of a class in rank order: admission order, or priority first
+# ($3 true: the priority policy). Read through ``ix_tasks_queue_seq`` in admission order.
+_HEADS = (
+    "SELECT c.rc, x.id, x.priority, x.seq FROM unnest($1::text[]) AS c(rc) "
+    "CROSS JOIN LATERAL (SELECT id, priority, seq FROM tasks WHERE runtime_class = c.rc AND "
+    + _COMPETING + " ORDER BY seq LIMIT $2) x WHERE NOT $3"
+)
+_HEADS_PRIORITY = (
+    "SELECT c.rc, x.id, x.priority, x.seq FROM unnest($1::text[]) AS c(rc) "
+    "CROSS JOIN LATERAL (SELECT id, priority, seq FROM tasks WHERE runtime_class = c.rc AND "
+    + _COMPETING + " ORDER BY priority DESC, seq LIMIT $2) x WHERE $3"
+)
+
+
+async def class_heads_read(
+    conn: Connection, *, runtime_classes: Collection[str], limit: int, by_priority: bool,
+) -> dict[str, tuple[tuple[uuid.UUID, int, int], ...]]:
+    """Return per runtime class its first ``limit`` competing tasks (id, priority, seq) in
+    rank order: priority, then admission (``by_priority``), or admission only."""
+    if not runtime_classes:
+        return {}
+    rows = await conn.fetch(_HEADS_PRIORITY if by_priority else _HEADS,
+                            sorted(set(runtime_classes)), limit, by_priority)
+    out: dict[str, list[tuple[uuid.UUID, int, int]]] = {}
+    for r in rows:
+        out.setdefault(r[0], []).append((r[1], int(r[2]), int(r[3])))
+    def rank(h: tuple[uuid.UUID, int, int]) -> tuple[int, int]:
+        return (-h[1], h[2]) if by_priority else (0, h[2])
+
+    return {rc: tuple(sorted(heads, key=rank)) for rc, heads in out.items()}
 
 
 # What the live leases of tasks ranked below the nominee (a lower priority, or the same

@@ -48,7 +48,7 @@ from app.ledger.claims import (
     tasks_unlease,
     tasks_wake,
 )
-from app.ledger.preemption import PreemptionGrant, holds_take, preemptions_apply
+from app.ledger.preemption import holds_take, preemptions_apply
 from app.ledger.quotas import QuotaPlan, quota_charge
 from app.ledger.reservations import (
     Vector,
@@ -56,12 +56,12 @@ from app.ledger.reservations import (
     ledger_release_many,
     ledger_reserve_many,
 )
+from app.scheduling.records import Displaced
 
 __all__ = [
     "ApplyResult",
     "Grant",
     "Plan",
-    "PreemptionGrant",
     "Unclaim",
     "grants_amounts",
     "grants_quota",
@@ -95,7 +95,7 @@ class Plan:
     grants: tuple[Grant, ...] = ()
     unclaims: tuple[Unclaim, ...] = ()
     #: Preemptors handed back (in ``unclaims``) whose victims are revoked now.
-    preemptions: tuple[PreemptionGrant, ...] = ()
+    preemptions: tuple[Displaced, ...] = ()
     #: Tasks of the plan whose holds are given back first (placed, or handed back parked).
     holds_taken: tuple[uuid.UUID, ...] = ()
     #: The quota charges of the grants in managed runtime classes (None: none is managed).

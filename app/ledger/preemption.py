@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -45,10 +44,10 @@ from app.ledger.reclaim import RECLAIMED, reclaimed_of, victims_of
 from app.ledger.reservations import Vector, amounts_sum, reservations_release
 from app.ledger.wakeups import WakeSource, wakeup_notify
 from app.scheduling.preemption import Victim
+from app.scheduling.records import PREEMPTING, Displaced
 
 __all__ = [
     "PREEMPTING",
-    "PreemptionGrant",
     "holds_read",
     "holds_take",
     "leases_end",
@@ -60,27 +59,10 @@ __all__ = [
     "victims_revoke_overdue",
 ]
 
-#: Pending code (and event reason) of a preemptor waiting for its victims to stop.
-PREEMPTING = "preempting"
 #: Event reason of a victim whose lease went REVOKING (LEASED -> LEASED).
 REVOKING = "revoking"
 #: Event reason (and lease end reason) of a victim revoked at its deadline.
 PREEMPTED = "preempted"
-
-
-@dataclass(frozen=True, slots=True)
-class PreemptionGrant:
-    """A planned preemption to apply: the preemptor, its victims and its holds."""
-
-    task_id: uuid.UUID
-    victims: tuple[uuid.UUID, ...]
-    #: (pool id, members, amount) per pool of the preemptor's members.
-    holds: tuple[tuple[str, int, Vector], ...]
-    revoke_by: datetime
-
-    def amounts(self) -> dict[str, Vector]:
-        """Return what the holds add to each pool's ledger."""
-        return amounts_sum((p, a[0], a[1], a[2]) for p, _, a in self.holds)
 
 
 # --- reads of a pass ---------------------------------------------------------------------
@@ -173,7 +155,7 @@ _HOLDS_INSERT = (
 
 
 async def preemptions_apply(
-    conn: Connection, *, preemptions: Iterable[PreemptionGrant], now: datetime
+    conn: Connection, *, preemptions: Iterable[Displaced], now: datetime
 ) -> set[uuid.UUID]:
     """Revoke each preemption's victims and insert its holds; return the preemptors whose
     victims were not all still ``ACTIVE`` (the caller rolls the plan back).

@@ -23,13 +23,13 @@ from datetime import datetime
 from typing import Any
 
 from app.db import Connection
-from app.scheduling.preemption import Vector, Victim
+from app.scheduling.preemption import Victim
+from app.scheduling.records import RECLAIMING, Vector
 
 __all__ = ["RECLAIMED", "RECLAIMING", "reclaim_revoking_read", "reclaim_victims_read",
            "reclaimed_of", "reclaimers_read"]
 
 #: Pending code (and event reason) of a task waiting for the borrowed leases it reclaims.
-RECLAIMING = "reclaiming"
 #: Event reason of a reclaim's victim going back to the queue (released or revoked).
 RECLAIMED = "reclaimed"
 

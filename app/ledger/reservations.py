@@ -18,8 +18,7 @@ from datetime import datetime
 from app.db import Connection
 from app.ledger.literals import ids_joined, ints_joined
 from app.ledger.quotas import RETURN_CTES
-
-Vector = tuple[int, int, int]
+from app.scheduling.records import Vector
 
 # The amounts arrive as arrays (sent as delimited texts, see app.ledger.literals) joined
 # through unnest, and the lock CTE is consumed by a one-time filter (``(SELECT count(*) FROM

@@ -18,9 +18,8 @@ import numpy as np
 import orjson
 
 from app.db import Connection
+from app.scheduling.records import Vector
 from app.scheduling.snapshot import PlacedTask, PoolState, Snapshot
-
-Vector = tuple[int, int, int]
 
 # This is the widest read of every pass: JSON columns come as text (decoded once per distinct
 # value by orjson, not per row), and the reconciler reads in autocommit (a single statement

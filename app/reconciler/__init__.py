@@ -1,14 +1,11 @@
 """The reconciler: turns admitted tasks into leased placements.
 
-Pipeline of one pass (:mod:`app.reconciler.passes`)::
+A pass (:mod:`app.reconciler.passes`) is claim -> read -> plan -> commit::
 
-    claim (SKIP LOCKED, owned slots) -> snapshot (one read) -> select (pure core, policy
-    order, assumed usage) -> Plan -> plan_apply (one transaction, ledger last)
-                                       `-- lost race: re-read, walk (walk.py), new Plan
-
-The pass decides purely and produces a :class:`~app.ledger.plans.Plan`;
-:func:`~app.ledger.plans.plan_apply` writes it whole or returns the pools that lost a race,
-and :mod:`app.reconciler.walk` moves the affected tasks to their next candidates.
+    claim (SKIP LOCKED, owned slots) -> read (reading.py: one PassInputs)
+      -> plan_pass (app.scheduling.planner: pure, policy order, displacement planners)
+      -> commit (committing.py: plan_apply, ledger last)
+           `-- lost race: re-read, walk (walk.py), settle
 
 Around it, :class:`Reconciler` (:mod:`app.reconciler.loop`) runs passes on wakeups
 (LISTEN/NOTIFY) and a tick, owns shard slots statically or through advisory locks
@@ -19,7 +16,7 @@ overdue drains. ``berth reconcile`` is :func:`app.reconciler.process.run_reconci
 See docs/reconciler.md for the design and its failure modes.
 """
 
-from app.reconciler.config import ReconcilerConfig
+from app.pass_config import ReconcilerConfig
 from app.reconciler.loop import Reconciler
 from app.reconciler.passes import PassResult
 

@@ -72,7 +72,7 @@ from app.metrics import (
     TASKS_PRUNED,
     WAKEUPS,
 )
-from app.reconciler.config import ReconcilerConfig
+from app.pass_config import ReconcilerConfig
 from app.reconciler.listener import WakeupListener
 from app.reconciler.ownership import DynamicOwnership, StaticOwnership
 from app.reconciler.passes import COMPILED_KEPT, PassContext, PassResult, pass_run

@@ -23,7 +23,7 @@ from app.db import Database
 from app.errors import ConfigurationError
 from app.gc_tuning import gc_paused, gc_tuned
 from app.logs import logging_configure
-from app.reconciler.config import ReconcilerConfig
+from app.pass_config import ReconcilerConfig
 from app.reconciler.loop import Reconciler
 from app.shards import shard_parse, shard_slots_static
 from app.startup import database_resolve, settings_for

@@ -22,15 +22,16 @@ it reads (:func:`placement_document`).
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Annotated, NotRequired
+from typing import TYPE_CHECKING, Annotated, Any, NotRequired
 
 import orjson
 from pydantic import ConfigDict, Field, with_config
 from pydantic.json_schema import JsonDict, JsonValue
 from typing_extensions import TypedDict
 
+from app.scheduling.records import NOMINATED, PREEMPTING, RECLAIMING, Vector
 from app.scheduling.results import Ranked
 
 if TYPE_CHECKING:
@@ -54,7 +55,12 @@ __all__ = [
     "ScoreComponent",
     "candidate_document",
     "component_document",
+    "error_document",
     "no_placement_document",
+    "nominated_document",
+    "preempting_document",
+    "reclaiming_document",
+    "waiting_document",
     "PLACEMENT_FORMAT",
     "PlacementFormatUnknown",
     "placement_document",
@@ -365,6 +371,85 @@ def no_placement_document(reason: NoPlacement) -> PendingReason:
         "message": reason.message,
         "rejections": {str(k): int(v) for k, v in reason.rejections.items()},
     }
+
+
+def error_document(code: str, message: str) -> PendingReason:
+    """Build the pending reason of a task the core could not evaluate (its stored spec
+    cannot be read, the core failed on it, it has no attempt left)."""
+    return {"code": code, "message": message, "rejections": {}}
+
+
+def _at(moment: datetime) -> str:
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+def waiting_document(
+    code: str, message: str, victims: int, revoke_by: datetime, *,
+    rejections: Mapping[str, int] | None = None, victim_ids: Iterable[str] = (),
+    pool_ids: Iterable[str] = (),
+) -> PendingReason:
+    """Build the pending reason of a task waiting for ``victims`` leases to stop (a
+    preemptor's or a reclaimer's): ``message`` is followed by the deadline."""
+    doc: dict[str, Any] = {
+        "code": code,
+        "message": f"{message}, at the latest by {_at(revoke_by)}",
+        "rejections": dict(rejections or {}),
+        "victims": victims,
+        "revokeBy": _at(revoke_by),
+    }
+    if victim_ids:
+        doc["victimIds"] = list(victim_ids)
+    if pool_ids:
+        doc["poolIds"] = list(pool_ids)
+    return doc  # type: ignore[return-value]
+
+
+def preempting_document(
+    victims: int, revoke_by: datetime, *, rejections: Mapping[str, int] | None = None,
+    victim_ids: Iterable[str] = (), pool_ids: Iterable[str] = (),
+) -> PendingReason:
+    """Build the pending reason of a preemptor waiting for ``victims`` tasks to stop."""
+    noun = "task" if victims == 1 else "tasks"
+    return waiting_document(
+        PREEMPTING, f"preempting: waiting for {victims} lower-priority {noun} of this tenant "
+        "to stop", victims, revoke_by, rejections=rejections, victim_ids=victim_ids,
+        pool_ids=pool_ids)
+
+
+def reclaiming_document(
+    victims: int, revoke_by: datetime, *, rejections: Mapping[str, int] | None = None,
+    victim_ids: Iterable[str] = (), pool_ids: Iterable[str] = (),
+) -> PendingReason:
+    """Build the pending reason of a task waiting for ``victims`` borrowed leases."""
+    noun = "lease" if victims == 1 else "leases"
+    return waiting_document(
+        RECLAIMING, f"reclaiming its tenant's nominal: waiting for {victims} borrowed {noun} "
+        "of its cohort to stop", victims, revoke_by, rejections=rejections,
+        victim_ids=victim_ids, pool_ids=pool_ids)
+
+
+def _resources(v: Vector) -> dict[str, int]:
+    return {"cpuMillis": v[0], "memoryMiB": v[1], "llmSlots": v[2]}
+
+
+def nominated_document(
+    reason: NoPlacement | None, *, pool_ids: Sequence[str], need: Vector, held: Vector,
+    since: datetime,
+) -> PendingReason:
+    """Build the pending reason of a nominated task: its pools, the holds gathered so far
+    against its need, and since when it is nominated."""
+    noun = "pool" if len(pool_ids) == 1 else "pools"
+    doc: dict[str, Any] = {
+        "code": NOMINATED,
+        "message": f"nominated: capacity freed on its {len(pool_ids)} {noun} is held for "
+        f"this task until it fits; tasks behind it use only capacity not held",
+        "rejections": dict(reason.rejections) if reason is not None else {},
+        "poolIds": list(pool_ids),
+        "need": _resources(need),
+        "held": _resources(held),
+        "nominatedAt": _at(since),
+    }
+    return doc  # type: ignore[return-value]
 
 
 def candidate_document(candidate: Candidate) -> PlacementCandidate:

@@ -33,7 +33,8 @@ from app.scheduling.gangs import place_gang
 from app.scheduling.plugins import names
 from app.scheduling.plugins.base import ScorePlugin
 from app.scheduling.plugins.quota import QuotaBook
-from app.scheduling.plugins.registry import profile
+from app.scheduling.plugins.registry import Profile
+from app.scheduling.plugins.registry import profile as shipped
 from app.scheduling.prefilter import ClassState, class_state
 from app.scheduling.reasons import CODE, PASS, REASONS, Reason
 from app.scheduling.results import (
@@ -72,11 +73,12 @@ def select(
     top_k: int = 5,
     holds: Mapping[str, tuple[int, int, int]] | None = None,
     quotas: QuotaBook | None = None,
+    profile: Profile | None = None,
 ) -> Result:
     """Decide where ``spec`` goes on ``snapshot`` (plus ``assumed``), without side effects;
     :func:`decide` says what the result holds."""
     out = decide(spec, snapshot, assumed=assumed, explain=explain, top_k=top_k, holds=holds,
-                 quotas=quotas)
+                 quotas=quotas, profile=profile)
     return out.result() if isinstance(out, Ranked) else out
 
 
@@ -89,6 +91,7 @@ def decide(
     top_k: int = 5,
     holds: Mapping[str, tuple[int, int, int]] | None = None,
     quotas: QuotaBook | None = None,
+    profile: Profile | None = None,
 ) -> Result | Ranked:
     """Decide where ``spec`` goes on ``snapshot`` (plus ``assumed``), without side effects.
 
@@ -100,6 +103,8 @@ def decide(
     rejected pool is listed with its reason. ``holds`` is capacity the task itself holds per
     pool (a preemptor's nominated capacity): free for this task, used for every other.
     ``quotas`` is the pass's quota book: a task over its tenant's quota fits nowhere.
+    ``profile`` is the plugins that decide (default: the shipped profile of the snapshot's
+    strategy).
     """
     if spec.tenant_id not in snapshot.audience:
         return _NO_POOL
@@ -107,7 +112,7 @@ def decide(
         refused = quotas.refuse(spec.tenant_id, spec.runtime_class, spec.total_requests)
         if refused is not None:
             return Result(None, reason=refused)
-    state = class_state(profile(snapshot.strategy), spec, snapshot)
+    state = class_state(profile or shipped(snapshot.strategy), spec, snapshot)
     cycle = Cycle(spec, snapshot, assumed, holds)
     pools, counts, near, code_at = _filter(state, cycle, explain=explain)
 
@@ -130,6 +135,18 @@ def decide(
     if not (explain or spec.is_gang):
         return _ranked(cycle, pools, applied, total, top_k, rejections)
 
+    return _explained(cycle, pools, applied, total, counts=counts, near=near,
+                      rejected=rejected, rejections=rejections, explain=explain, top_k=top_k)
+
+
+def _explained(
+    cycle: Cycle, pools: np.ndarray, applied: list, total: np.ndarray, *, counts: np.ndarray,
+    near: np.ndarray, rejected: tuple[Rejection, ...], rejections: Mapping[Reason, int],
+    explain: bool, top_k: int,
+) -> Result:
+    """Return the ranked :class:`Result` of a gang, or of any spec with ``explain``: every
+    candidate (with its components when explained) and the members' placement."""
+    spec, snapshot = cycle.spec, cycle.snapshot
     order = rank(total)
 
     def candidate(pos: int, detail: bool) -> Candidate:
@@ -183,6 +200,7 @@ def feasible_but_capacity(
     *,
     assumed: Assumed | None = None,
     holds: Mapping[str, tuple[int, int, int]] | None = None,
+    profile: Profile | None = None,
 ) -> tuple[np.ndarray, np.ndarray, Cycle]:
     """Return the pools that pass every filter except capacity, ranked as ``select`` ranks
     (total descending, then pool id), their totals, and the cycle they were scored in.
@@ -194,7 +212,7 @@ def feasible_but_capacity(
     empty = np.zeros(0, dtype=np.intp)
     if spec.tenant_id not in snapshot.audience:
         return empty, np.zeros(0), cycle
-    state = class_state(profile(snapshot.strategy), spec, snapshot)
+    state = class_state(profile or shipped(snapshot.strategy), spec, snapshot)
     pools = _filter(state, cycle, explain=False, without=names.CAPACITY)[0]
     if len(pools) == 0:
         return empty, np.zeros(0), cycle

@@ -12,21 +12,19 @@ free now (held at once; the rest is held as the leases on those pools end).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
 
 import numpy as np
 
 from app.scheduling.assumed import Assumed
 from app.scheduling.framework import decide
-from app.scheduling.preemption import Vector
-from app.scheduling.results import NoPlacement
+from app.scheduling.plugins.registry import Profile
+from app.scheduling.records import Vector, vector_sum
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec
 
-__all__ = ["NominationPlan", "nominated_document", "plan_nomination"]
+__all__ = ["NominationPlan", "plan_nomination"]
 
 
 
@@ -47,16 +45,6 @@ class NominationPlan:
         return vector_sum(p[3] for p in self.pools)
 
 
-def vector_sum(vectors: Iterable[Vector]) -> Vector:
-    """Return the element-wise sum of resource vectors."""
-    acc = [0, 0, 0]
-    for v in vectors:
-        acc[0] += v[0]
-        acc[1] += v[1]
-        acc[2] += v[2]
-    return (acc[0], acc[1], acc[2])
-
-
 def plan_nomination(
     spec: CompiledSpec,
     snapshot: Snapshot,
@@ -64,6 +52,7 @@ def plan_nomination(
     lower: Mapping[str, Vector],
     assumed: Assumed | None = None,
     exclude: frozenset[str] = frozenset(),
+    profile: Profile | None = None,
 ) -> NominationPlan | None:
     """Plan the nomination of ``spec``: where ``select`` places it when the reservations of
     lower-ranked work (``lower``, per pool) are free for it; None when it would not fit even
@@ -71,7 +60,8 @@ def plan_nomination(
 
     The free part of each pool's need is read from ``assumed`` (the pass's decisions so
     far) when given, else from the snapshot."""
-    outcome = decide(spec, snapshot, assumed=None, top_k=1, holds=dict(lower) or None)
+    outcome = decide(spec, snapshot, assumed=None, top_k=1, holds=dict(lower) or None,
+                     profile=profile)
     members = outcome.members
     if members is None or any(p in exclude for p, _ in members):
         return None
@@ -88,30 +78,3 @@ def plan_nomination(
 
 def _vector(a: np.ndarray) -> Vector:
     return (int(a[0]), int(a[1]), int(a[2]))
-
-
-def _resources(v: Vector) -> dict[str, int]:
-    return {"cpuMillis": v[0], "memoryMiB": v[1], "llmSlots": v[2]}
-
-
-def nominated_document(
-    reason: NoPlacement | None,
-    *,
-    pool_ids: list[str],
-    need: Vector,
-    held: Vector,
-    since: datetime,
-) -> dict[str, Any]:
-    """Build the pending reason of a nominated task: its pools, the holds gathered so far
-    against its need, and since when it is nominated."""
-    noun = "pool" if len(pool_ids) == 1 else "pools"
-    return {
-        "code": "nominated",
-        "message": f"nominated: capacity freed on its {len(pool_ids)} {noun} is held for "
-        f"this task until it fits; tasks behind it use only capacity not held",
-        "rejections": dict(reason.rejections) if reason is not None else {},
-        "poolIds": list(pool_ids),
-        "need": _resources(need),
-        "held": _resources(held),
-        "nominatedAt": since.isoformat().replace("+00:00", "Z"),
-    }

@@ -15,9 +15,10 @@ import heapq
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
+from app.scheduling.records import Vector
+
 __all__ = ["Policy", "QueuedTask", "get_policy", "register"]
 
-Vector = tuple[int, int, int]
 
 
 class QueuedTask(NamedTuple):

@@ -27,16 +27,16 @@ the free part of each pool (the victims' share is handed over as each of them en
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
 
 import numpy as np
 
 from app.scheduling.assumed import Assumed
 from app.scheduling.framework import feasible_but_capacity
 from app.scheduling.gangs import place_gang
+from app.scheduling.plugins.registry import Profile
+from app.scheduling.records import Vector
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec
 
@@ -50,10 +50,8 @@ __all__ = [
     "plan_preemption",
     "victims_cheapest",
     "victims_key",
-    "waiting_document",
 ]
 
-Vector = tuple[int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,23 +75,28 @@ class Victim:
 
 
 class VictimIndex:
-    """The displaceable leased tasks of a snapshot, by tenant and pool (immutable)."""
+    """The leased tasks displacements may take, by the position of their pools in a
+    snapshot (immutable): preemption asks for a tenant's, reclaim for every tenant's."""
 
     __slots__ = ("_by_pool",)
 
     def __init__(self, snapshot: Snapshot, victims: Iterable[Victim]) -> None:
-        by_pool: dict[tuple[str, int], list[Victim]] = {}
+        by_pool: dict[int, list[Victim]] = {}
         pos = snapshot.pos
         for v in victims:
             for pool_id, _ in v.members:
                 i = pos.get(pool_id)
                 if i is not None:
-                    by_pool.setdefault((v.tenant_id, i), []).append(v)
+                    by_pool.setdefault(i, []).append(v)
         self._by_pool = {k: tuple(vs) for k, vs in by_pool.items()}
 
-    def on(self, tenant_id: str, pool: int) -> tuple[Victim, ...]:
-        """Return the tenant's displaceable tasks holding capacity on the pool at ``pool``."""
-        return self._by_pool.get((tenant_id, pool), ())
+    def on(self, pool: int, tenant_id: str | None = None) -> tuple[Victim, ...]:
+        """Return the tasks holding capacity on the pool at ``pool`` (of ``tenant_id``
+        only, when given)."""
+        found = self._by_pool.get(pool, ())
+        if tenant_id is None or not found:
+            return found
+        return tuple(v for v in found if v.tenant_id == tenant_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +203,7 @@ def plan_preemption(
     taken: Collection[str] = frozenset(),
     holds: dict[str, Vector] | None = None,
     explain: bool = False,
+    profile: Profile | None = None,
 ) -> Preemption | None:
     """Plan the cheapest preemption that would let ``spec`` fit, or None (see the module doc).
 
@@ -208,7 +212,8 @@ def plan_preemption(
     """
     if not spec.may_preempt:
         return None
-    idx, total, cycle = feasible_but_capacity(spec, snapshot, assumed=assumed, holds=holds)
+    idx, total, cycle = feasible_but_capacity(spec, snapshot, assumed=assumed, holds=holds,
+                                              profile=profile)
     if len(idx) == 0:
         return None
     req = cycle.req
@@ -217,7 +222,7 @@ def plan_preemption(
 
     def eligible(i: int) -> list[Victim]:
         return [
-            v for v in victims.on(tenant, i)
+            v for v in victims.on(i, tenant)
             if v.priority < spec.priority and v.task_id not in taken
         ]
 
@@ -321,24 +326,3 @@ def plan_gang(
         members, tuple(picked), _holds(members, picked, req),
         tuple(candidates) if explain else (),
     )
-
-
-def waiting_document(
-    code: str, message: str, victims: int, revoke_by: datetime, *,
-    rejections: Mapping[str, int] | None = None, victim_ids: Iterable[str] = (),
-    pool_ids: Iterable[str] = (),
-) -> dict[str, Any]:
-    """Build the pending reason of a task waiting for ``victims`` leases to stop (a
-    preemptor's or a reclaimer's): ``message`` is followed by the deadline."""
-    doc: dict[str, Any] = {
-        "code": code,
-        "message": f"{message}, at the latest by {revoke_by.isoformat().replace('+00:00', 'Z')}",
-        "rejections": dict(rejections or {}),
-        "victims": victims,
-        "revokeBy": revoke_by.isoformat().replace('+00:00', 'Z'),
-    }
-    if victim_ids:
-        doc["victimIds"] = list(victim_ids)
-    if pool_ids:
-        doc["poolIds"] = list(pool_ids)
-    return doc

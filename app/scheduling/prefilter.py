@@ -78,7 +78,7 @@ class ClassState:
 def class_state(prof: Profile, spec: CompiledSpec, snapshot: Snapshot) -> ClassState:
     """Return the state of ``spec``'s placement class on ``snapshot``, built on first use;
     the tenant must see at least one pool."""
-    key = ("class", snapshot.audience[spec.tenant_id], spec.placement_class)
+    key = ("class", prof.name, snapshot.audience[spec.tenant_id], spec.placement_class)
     return snapshot.memoized(key, _build, prof, spec, snapshot)
 
 
@@ -103,7 +103,8 @@ def _audience_filters(prof: Profile, cycle: Cycle, visible: np.ndarray) -> tuple
         return visible[alive], counts, codes
 
     snapshot = cycle.snapshot
-    key = ("static", snapshot.audience[cycle.spec.tenant_id], cycle.spec.runtime_class)
+    key = ("static", prof.name, snapshot.audience[cycle.spec.tenant_id],
+           cycle.spec.runtime_class)
     return snapshot.memoized(key, build)
 
 

@@ -50,11 +50,19 @@ import numpy as np
 from app.scheduling.assumed import Assumed
 from app.scheduling.framework import feasible_but_capacity
 from app.scheduling.plugins.quota import RESOURCES, QuotaRow
-from app.scheduling.preemption import Preemption, Vector, Victim, plan_gang, plan_single
+from app.scheduling.plugins.registry import Profile
+from app.scheduling.preemption import (
+    Preemption,
+    Victim,
+    VictimIndex,
+    plan_gang,
+    plan_single,
+)
+from app.scheduling.records import Vector
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec
 
-__all__ = ["ReclaimBook", "ReclaimIndex", "plan_reclaim", "reclaim_victims", "victim_total"]
+__all__ = ["ReclaimBook", "plan_reclaim", "reclaim_victims", "victim_total"]
 
 Key = tuple[str, str]  # (tenant, runtime class)
 
@@ -141,26 +149,6 @@ class ReclaimBook:
         return np.where(mask, over, 0)
 
 
-class ReclaimIndex:
-    """The leases reclaim could take, by the position of their pools in a snapshot."""
-
-    __slots__ = ("_by_pool",)
-
-    def __init__(self, snapshot: Snapshot, victims: Iterable[Victim]) -> None:
-        by_pool: dict[int, list[Victim]] = {}
-        pos = snapshot.pos
-        for v in victims:
-            for pool_id, _ in v.members:
-                i = pos.get(pool_id)
-                if i is not None:
-                    by_pool.setdefault(i, []).append(v)
-        self._by_pool = {k: tuple(vs) for k, vs in by_pool.items()}
-
-    def on(self, pool: int) -> tuple[Victim, ...]:
-        """Return the leases holding capacity on the pool at ``pool``."""
-        return self._by_pool.get(pool, ())
-
-
 def reclaim_victims(
     free: np.ndarray,
     need: np.ndarray,
@@ -210,13 +198,14 @@ def reclaim_victims(
 def plan_reclaim(
     spec: CompiledSpec,
     snapshot: Snapshot,
-    victims: ReclaimIndex,
+    victims: VictimIndex,
     book: ReclaimBook,
     *,
     assumed: Assumed | None = None,
     taken: Collection[str] = frozenset(),
     holds: dict[str, Vector] | None = None,
     leased_before: float = float("inf"),
+    profile: Profile | None = None,
 ) -> Preemption | None:
     """Plan the reclaim that would let ``spec`` fit, or None (see the module doc).
 
@@ -226,7 +215,8 @@ def plan_reclaim(
     rc, tenant = spec.runtime_class, spec.tenant_id
     if not book.within_nominal(tenant, rc, spec.total_requests):
         return None
-    idx, total, cycle = feasible_but_capacity(spec, snapshot, assumed=assumed, holds=holds)
+    idx, total, cycle = feasible_but_capacity(spec, snapshot, assumed=assumed, holds=holds,
+                                              profile=profile)
     if len(idx) == 0:
         return None
     cohort = book.cohort(tenant)

@@ -7,8 +7,9 @@ JSON with the same model. :func:`compile_spec` turns a valid spec into a frozen,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import orjson
 from pydantic import (
@@ -21,6 +22,9 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+
+if TYPE_CHECKING:
+    from app.scheduling.records import ClaimedTask
 
 __all__ = [
     "Affinity",
@@ -395,6 +399,21 @@ class StoredSpecs:
         elif hit.tenant_id != tenant_id:
             return _bind(hit, tenant_id, hit.requests, hit.labels)
         return hit
+
+    def compile_all(
+        self, tasks: Sequence[ClaimedTask]
+    ) -> tuple[list[tuple[ClaimedTask, CompiledSpec]], list[tuple[ClaimedTask, str]]]:
+        """Return the tasks whose stored specs compile, with their specs, and the others with
+        the first line of why, both in the tasks' order."""
+        compiled: list[tuple[ClaimedTask, CompiledSpec]] = []
+        invalid: list[tuple[ClaimedTask, str]] = []
+        compile_, add = self.compile, compiled.append
+        for task in tasks:
+            try:
+                add((task, compile_(task.tenant_id, task.spec_json)))
+            except (ValidationError, ValueError, TypeError) as exc:
+                invalid.append((task, str(exc).splitlines()[0][:200]))
+        return compiled, invalid
 
     def _compile(self, tenant_id: str, text: str) -> CompiledSpec:
         try:

@@ -3,15 +3,14 @@
 When a drain's deadline passes, every live lease on the pool is revoked: each task gives back
 all its leases and reservations (a gang's members on other pools too) and is admitted again
 (or fails, if that was its last attempt). The preview answers, for each live lease, what the
-next pass would do with its task, by the pass's own means: the pool rows as a pass reads them
+next pass would do with its task, by the pass's own planner: the pool rows as a pass reads them
 (:func:`app.ledger.snapshot.pools_read`), with the drained pool DRAINING and the capacity the
-moving tasks hold elsewhere given back, then the moving tasks in the configured policy's order
-(:func:`app.reconciler.passes.queue_order`), each decided by the one pipeline
-(:func:`app.scheduling.framework.decide`) with the earlier ones' placements counted as assumed
-usage, as a pass counts them. Quotas too: the tenants' quota rows of the moving tasks' runtime
-classes, less the usage the revoked leases give back, are the pass's quota stage
-(:class:`~app.scheduling.plugins.quota.QuotaBook`), and each predicted placement is counted in
-it, so a task its tenant's quota would refuse waits with ``quota_exceeded`` or
+moving tasks hold elsewhere given back, are the snapshot of a
+:class:`~app.scheduling.inputs.PassInputs` whose tasks are the moving ones, and
+:func:`app.scheduling.planner.plan_pass` plans them as a pass would (policy order, each
+seeing the earlier ones' placements). Quotas too: the tenants' quota rows of the moving
+tasks' runtime classes, less the usage the revoked leases give back, are the pass's quota
+book, so a task its tenant's quota would refuse waits with ``quota_exceeded`` or
 ``quota_borrow_unavailable``. Nothing is reserved and nothing is written: a drain started
 right after may still see the ledger move.
 """
@@ -24,8 +23,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from pydantic import ValidationError
-
 from app.auth import Principal
 from app.db import Database
 from app.ledger.drains import (
@@ -37,16 +34,14 @@ from app.ledger.drains import (
 from app.ledger.quotas import RESOURCES, QuotaRow, quota_rows_read
 from app.ledger.snapshot import placements_read, pools_read, tenant_usage_read
 from app.ledger.tenants import tenants_entitlements
-from app.reconciler.config import ReconcilerConfig
-from app.reconciler.passes import INVALID_SPEC, SCHEDULER_ERROR, queue_order, queued_task
-from app.scheduling.assumed import Assumed
-from app.scheduling.explain import no_placement_document
-from app.scheduling.framework import decide
-from app.scheduling.plugins.quota import QuotaBook
-from app.scheduling.reasons import Reason
-from app.scheduling.results import NoPlacement
+from app.pass_config import ReconcilerConfig
+from app.scheduling.explain import error_document
+from app.scheduling.inputs import PassInputs
+from app.scheduling.planner import Placed, plan_outcomes
+from app.scheduling.plugins.registry import profile
+from app.scheduling.records import ClaimedTask
 from app.scheduling.snapshot import PoolState, Snapshot
-from app.scheduling.spec import CompiledSpec, StoredSpecs
+from app.scheduling.spec import StoredSpecs
 from app.services.pools import pool_operated, pool_viewer
 
 __all__ = ["ATTEMPTS_EXHAUSTED", "DrainMove", "drain_preview"]
@@ -86,10 +81,6 @@ def _without(
             p = replace(p, reserved=(r[0] - give[0], r[1] - give[1], r[2] - give[2]))
         out.append(p)
     return out
-
-
-def _reason(code: str, message: str) -> dict[str, object]:
-    return {"code": code, "message": message, "rejections": {}}
 
 
 async def drain_preview(
@@ -133,9 +124,9 @@ async def drain_preview(
         [p for p in placed if p.task_id not in moved],
         strategy=config.strategy,
     )
-    book = QuotaBook(_returned(rows, returned), cohorts) if rows else None
-    return _decide_all(leases, snapshot, config=config, usage=usage, now=now, quotas=book,
-                       entitlements=entitlements)
+    return _plan_all(leases, snapshot, config=config, usage=usage, now=now,
+                     quota_rows=tuple(_returned(rows, returned)), cohorts=cohorts,
+                     entitlements=entitlements)
 
 
 def _returned(
@@ -151,74 +142,50 @@ def _returned(
     return out
 
 
-def _decide_all(
+def _plan_all(
     leases: list[LeaseMoving],
     snapshot: Snapshot,
     *,
     config: ReconcilerConfig,
     usage: dict[str, tuple[int, int, int]],
     now: datetime,
-    quotas: QuotaBook | None = None,
+    quota_rows: tuple[QuotaRow, ...] = (),
+    cohorts: Mapping[str, str] | None = None,
     entitlements: Mapping[str, tuple[float, float, float]] | None = None,
 ) -> list[DrainMove]:
-    """Decide the moving tasks in policy order, each seeing the ones before it as assumed
-    usage (and quota usage, in ``quotas``); return one move per lease, in the leases'
-    order."""
-    specs = StoredSpecs(len(leases))
+    """Plan the moving tasks as a pass would; return one move per lease, in the leases'
+    order (a task on its last attempt would fail: it is not planned)."""
     decided: dict[uuid.UUID, DrainMove] = {}
-    compiled: dict[str, tuple[LeaseMoving, CompiledSpec]] = {}
+    moving: list[ClaimedTask] = []
     for lease in leases:
         if lease.attempts + 1 >= lease.max_attempts:
             decided[lease.lease_id] = DrainMove(
-                lease.lease_id, lease.task_id, lease.tenant_id, (), _reason(
+                lease.lease_id, lease.task_id, lease.tenant_id, (), dict(error_document(
                     ATTEMPTS_EXHAUSTED,
                     "revoking its lease would fail the task: it is on its last attempt "
                     f"({lease.attempts + 1} of {lease.max_attempts})",
-                ),
+                )),
             )
             continue
-        try:
-            compiled[str(lease.lease_id)] = (lease, specs.compile(lease.tenant_id, lease.spec_json))
-        except (ValidationError, ValueError, TypeError) as exc:
-            decided[lease.lease_id] = DrainMove(
-                lease.lease_id, lease.task_id, lease.tenant_id, (), _reason(
-                    INVALID_SPEC,
-                    f"stored spec cannot be read: {str(exc).splitlines()[0][:200]}",
-                ),
-            )
-
-    ordered = queue_order(
-        config,
-        [queued_task(key, lease.tenant_id, lease.priority, lease.seq, lease.admitted_at, spec)
-         for key, (lease, spec) in compiled.items()],
-        snapshot=snapshot, usage=usage, now=now, entitlements=entitlements,
+        moving.append(ClaimedTask(lease.task_id, lease.tenant_id, lease.seq, lease.priority,
+                                  lease.spec_json, lease.admitted_at, lease.attempts))
+    compiled, invalid = StoredSpecs(len(moving) or 1).compile_all(moving)
+    inputs = PassInputs(
+        now=now, settings=config.pass_settings(), profile=profile(config.strategy),
+        snapshot=snapshot, tasks=tuple(compiled),
+        invalid=tuple(invalid), usage=usage, entitlements=entitlements,
+        quota_rows=quota_rows, cohorts=cohorts or {},
     )
-    assumed = Assumed(snapshot)
-    for q in ordered:
-        lease, spec = compiled[q.task_id]
-        try:
-            outcome = decide(spec, snapshot, assumed=assumed, top_k=config.top_k, quotas=quotas)
-        except Exception as exc:
-            log.exception("drain preview: select failed for a task",
-                          extra={"task_id": str(lease.task_id)})
-            decided[lease.lease_id] = DrainMove(
-                lease.lease_id, lease.task_id, lease.tenant_id, (), _reason(
-                    SCHEDULER_ERROR, f"the scheduler failed on this task: {type(exc).__name__}"
-                ),
-            )
+    outcomes = plan_outcomes(inputs)
+    for lease in leases:
+        if lease.lease_id in decided:
             continue
-        members = outcome.members
-        if members is not None:
-            assumed.add(spec, members, task_id=str(lease.task_id))
-            if quotas is not None:
-                quotas.add(spec.tenant_id, spec.runtime_class, spec.total_requests)
+        out = outcomes[lease.task_id]
+        if isinstance(out, Placed):
             decided[lease.lease_id] = DrainMove(
-                lease.lease_id, lease.task_id, lease.tenant_id, tuple(members), None
-            )
-            continue
-        reason = outcome.reason or NoPlacement(Reason.TENANT_NOT_ALLOWED, "no pool fits")
-        decided[lease.lease_id] = DrainMove(
-            lease.lease_id, lease.task_id, lease.tenant_id, (),
-            dict(no_placement_document(reason)),
-        )
+                lease.lease_id, lease.task_id, lease.tenant_id, out.members, None)
+        else:
+            decided[lease.lease_id] = DrainMove(
+                lease.lease_id, lease.task_id, lease.tenant_id, (),
+                dict(out.pending_reason or {}))
     return [decided[lease.lease_id] for lease in leases]

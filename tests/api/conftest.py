@@ -39,7 +39,7 @@ from app.db import Database
 from app.ledger.keys import api_key_create
 from app.ledger.wakeups import CHANNEL
 from app.main import create_app
-from app.reconciler.config import ReconcilerConfig
+from app.pass_config import ReconcilerConfig
 from app.reconciler.loop import Reconciler
 
 BASE_URL = "http://berth.test"

@@ -25,7 +25,7 @@ import pytest_asyncio
 from app.config import SHARD_SLOTS
 from app.db import Database
 from app.ledger.keys import api_key_create
-from app.reconciler.config import ReconcilerConfig
+from app.pass_config import ReconcilerConfig
 from app.reconciler.loop import Reconciler
 from tests.factories import heartbeat_add, spec_make
 from tests.test_serve import berth_command, berth_env, port_free

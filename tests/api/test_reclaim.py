@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from app.config import SHARD_SLOTS
 from app.ledger.invariants import ledger_check
 from app.metrics import RECLAIM_VICTIMS, RECLAIMS, TASKS_PENDING
-from app.reconciler.config import ReconcilerConfig
+from app.pass_config import ReconcilerConfig
 from app.reconciler.loop import Reconciler
 from tests.api.conftest import TENANT_A, TENANT_B
 from tests.factories import ledger_violations

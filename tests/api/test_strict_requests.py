@@ -17,7 +17,7 @@ from fastapi import FastAPI
 
 from app.api.bodies import DEPTH_MAX, MalformedBody, json_decode
 from app.config import SHARD_SLOTS
-from app.reconciler.config import ReconcilerConfig
+from app.pass_config import ReconcilerConfig
 from app.reconciler.loop import Reconciler
 from tests.api.conftest import Keys, PoolMaker, assert_problem, pool_body
 

@@ -19,7 +19,7 @@ import pytest_asyncio
 
 from app.config import SHARD_SLOTS
 from app.db import Database
-from app.reconciler.config import ReconcilerConfig
+from app.pass_config import ReconcilerConfig
 from app.reconciler.loop import Reconciler
 from tests.api.conftest import (  # noqa: F401 (app, client, keys, pool_make: fixtures)
     app,

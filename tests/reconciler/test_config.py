@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from app.config import Settings
-from app.reconciler.config import ReconcilerConfig
+from app.pass_config import ReconcilerConfig
 
 
 def test_the_defaults_are_those_of_the_settings() -> None:

@@ -13,7 +13,7 @@ from app.config import SHARD_SLOTS
 from app.db import Database
 from app.ledger.claims import ClaimedTask
 from app.reconciler import Reconciler, ReconcilerConfig
-from app.reconciler.passes import pending_logged
+from app.scheduling.planner import pending_logged
 from tests.factories import heartbeat_add, pool_add, spec_make, tasks_add
 
 pytestmark = pytest.mark.slow

@@ -182,13 +182,13 @@ async def test_a_pass_that_hangs_holding_its_claims_is_ended_by_the_server(
         await pool_add(conn, "p1", tenants=["t1"], capacity=(1000, 1000, 0))
         await heartbeat_add(conn, "rt-p1", at=NOW)
         (task_id,) = await tasks_add(conn, tenant="t1", spec=spec_make(cpu=300))
-    real_commit = passes._plan_commit
+    real_commit = passes.pass_commit
 
     async def hang(*args, **kwargs):
         await asyncio.sleep(1.5)  # idle in the transaction, past the 0.5 s TTL
         return await real_commit(*args, **kwargs)
 
-    monkeypatch.setattr(passes, "_plan_commit", hang)
+    monkeypatch.setattr(passes, "pass_commit", hang)
     with pytest.raises(Exception, match="idle-in-transaction|closed|terminat"):
         await reconciler(db, claim_ttl_seconds=0.5, retry_attempts=1).run_once(now=NOW)
     monkeypatch.undo()

@@ -11,7 +11,7 @@ import pytest
 
 from app.db import Database
 from app.embedded import EmbeddedPostgres
-from app.reconciler.config import ReconcilerConfig
+from app.pass_config import ReconcilerConfig
 from app.reconciler.loop import Reconciler
 from app.reconciler.ownership import DynamicOwnership
 from app.startup import database_migrate

@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from app.scheduling.assumed import Assumed
-from app.scheduling.nomination import nominated_document, plan_nomination
+from app.scheduling.explain import nominated_document
+from app.scheduling.nomination import plan_nomination
 
 from .factories import pool, snapshot, spec
 

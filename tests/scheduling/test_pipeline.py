@@ -52,27 +52,16 @@ class PreferBlue(ScorePlugin):
 
 
 @pytest.fixture(params=[TASK, PLACEMENT_CLASS])
-def new_plugins(request, monkeypatch):
-    """Register NotBlocked (with the given scope, before capacity when class-wide) and
-    PreferBlue (weight 10) in every strategy."""
+def new_plugins(request):
+    """A profile of the shipped registry plus NotBlocked (with the given scope, before
+    capacity when class-wide) and PreferBlue (weight 10): one registration line each."""
     scope = request.param
     plugin = type("ScopedNotBlocked", (NotBlocked,), {"SCOPE": scope})
-    filters = dict(registry.FILTERS)
-    if scope == TASK:
-        filters[NotBlocked.NAME] = plugin
-    else:
-        names = list(filters)
-        at = names.index("capacity")
-        filters = {n: filters[n] for n in names[:at]} | {NotBlocked.NAME: plugin} | {
-            n: filters[n] for n in names[at:]
-        }
-    monkeypatch.setattr(registry, "FILTERS", filters)
-    monkeypatch.setattr(registry, "SCORES", {**registry.SCORES, PreferBlue.NAME: (PreferBlue, 10)})
-    monkeypatch.setattr(registry, "STRATEGIES", {
-        k: (*v, PreferBlue.NAME) for k, v in registry.STRATEGIES.items()
-    })
-    monkeypatch.setattr(registry, "_PROFILES", {})
-    return scope
+    shipped = list(registry.REGISTRY)
+    at = len(registry.FILTERS) if scope == TASK else [r.name for r in shipped].index("capacity")
+    records = (*shipped[:at], registry.Registration(NotBlocked.NAME, plugin), *shipped[at:],
+               registry.Registration(PreferBlue.NAME, PreferBlue, 10))
+    return registry.profile_build("spread", records, name=f"with-blue-{scope}")
 
 
 def _world() -> Snapshot:
@@ -110,7 +99,7 @@ AFFINITY = {
 def test_a_registered_filter_and_score_take_effect_for_every_spec(new_plugins, body, members):
     snap = _world()
     s = spec(**body)
-    result = select(s, snap, top_k=4)
+    result = select(s, snap, top_k=4, profile=new_plugins)
     assert result.placement is not None
     assert result.placement.members == members
     components = {c.name: c for c in result.placement.components}
@@ -120,11 +109,11 @@ def test_a_registered_filter_and_score_take_effect_for_every_spec(new_plugins, b
     assert "p1" not in {c.pool_id for c in result.candidates}
 
     # The reconciler's call decides the same, with the same components.
-    out = decide(s, snap, assumed=Assumed(snap), top_k=4)
+    out = decide(s, snap, assumed=Assumed(snap), top_k=4, profile=new_plugins)
     decided = out.result() if isinstance(out, Ranked) else out
     assert decided == result
 
-    explained = select(s, snap, explain=True)
+    explained = select(s, snap, explain=True, profile=new_plugins)
     assert ("p1", ("selector_mismatch",)) in {(r.pool_id, r.reasons) for r in explained.rejected}
     got, want = explained.placement, result.placement
     assert (got.pool_id, got.score, got.components, got.members) == (
@@ -134,7 +123,7 @@ def test_a_registered_filter_and_score_take_effect_for_every_spec(new_plugins, b
 
 def test_a_registered_filter_that_rejects_everything_is_the_headline_of_its_stage(new_plugins):
     snap = snapshot([pool("p1", labels={"blocked": "yes"})])
-    result = select(spec(), snap)
+    result = select(spec(), snap, profile=new_plugins)
     assert result.placement is None
     assert result.reason.code == Reason.SELECTOR_MISMATCH
 

@@ -13,10 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.scheduling.plugins.quota import QuotaRow
-from app.scheduling.preemption import Victim
+from app.scheduling.preemption import Victim, VictimIndex
 from app.scheduling.reclaim import (
     ReclaimBook,
-    ReclaimIndex,
     book_reclaimed,
     plan_reclaim,
     victim_total,
@@ -99,7 +98,7 @@ class World:
         gang = {"gang": {"members": members, "maxPerPool": max_per_pool}} if members > 1 else {}
         s = spec(tenant=tenant, task_id=task_id,
                  requests={"cpuMillis": req[0], "memoryMiB": req[1]}, **gang)
-        return plan_reclaim(s, snap, ReclaimIndex(snap, [x.victim() for x in self.leases]),
+        return plan_reclaim(s, snap, VictimIndex(snap, [x.victim() for x in self.leases]),
                             book), book, s
 
     def managed(self) -> np.ndarray:
@@ -284,7 +283,7 @@ def test_never_a_lease_younger_than_the_minimum_runtime():
                 Lease("old", "a", 0, 10.0, (1000, 0, 0), P0)],
         nominal={"a": (0, 0), "b": (2000, 0), "z": (0, 0)}, memory=False)
     snap = world.snapshot()
-    index = ReclaimIndex(snap, [x.victim() for x in world.leases])
+    index = VictimIndex(snap, [x.victim() for x in world.leases])
     s = spec(tenant="b", task_id="t", requests={"cpuMillis": 1000})
     book = ReclaimBook(world.rows(), COHORT)
     planned = plan_reclaim(s, snap, index, book, leased_before=20.0)
@@ -301,10 +300,10 @@ def test_a_gang_victim_counts_all_its_members_against_its_tenants_borrowing():
             QuotaRow("b", "py", "cpuMillis", "c", 1000, None, None, 0)]
     s = spec(tenant="b", task_id="t", requests={"cpuMillis": 1000})
     assert victim_total(gang).tolist() == [2000, 0, 0]
-    assert plan_reclaim(s, snap, ReclaimIndex(snap, [gang]), ReclaimBook(rows)) is None
+    assert plan_reclaim(s, snap, VictimIndex(snap, [gang]), ReclaimBook(rows)) is None
 
 
-def two_pools(a_nominal: int) -> tuple[Snapshot, ReclaimIndex, ReclaimBook]:
+def two_pools(a_nominal: int) -> tuple[Snapshot, VictimIndex, ReclaimBook]:
     """Pools p0, p1 of 2 cores, each full with two 1-core leases of a (nominal ``a_nominal``);
     b (nominal 2000) uses nothing."""
     world = World(
@@ -313,7 +312,7 @@ def two_pools(a_nominal: int) -> tuple[Snapshot, ReclaimIndex, ReclaimBook]:
                 for i in range(4)],
         nominal={"a": (a_nominal, 0), "b": (2000, 0), "z": (0, 0)}, memory=False)
     snap = world.snapshot()
-    return snap, ReclaimIndex(snap, [x.victim() for x in world.leases]), ReclaimBook(
+    return snap, VictimIndex(snap, [x.victim() for x in world.leases]), ReclaimBook(
         world.rows(), COHORT)
 
 

@@ -1,10 +1,16 @@
-"""The registry: every plugin name mapped to its constructor, filters in pipeline order and
-scores with their positive integer weights, per strategy, and which filter each reason code
-comes from."""
+"""The registry: one registration record per plugin, and the profiles built from them.
+
+A :class:`Registration` says what a plugin is: its name, its class, its weight (a score's
+positive integer weight; a filter has none), the strategies that run it, and its scope (what
+its verdict reads, declared by the class: a property test holds every class-scope plugin to
+it). Filters run in registry order, which is stage order (``reasons.STAGE``): a pool stops at
+its first rejection, so its one code says how far it got (the closest-miss headline relies
+on it). A :class:`Profile` is the instantiated plugins of one strategy; ``decide`` takes it
+as data. A new score plugin is one module and one line of :data:`REGISTRY`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.scheduling.plugins import names
@@ -25,77 +31,95 @@ from app.scheduling.plugins.runtime_class import RuntimeClass
 from app.scheduling.plugins.tenant_access import TenantAccess
 from app.scheduling.reasons import Reason
 
-__all__ = ["FILTERS", "SCORES", "Profile", "profile", "reason_plugins"]
+__all__ = ["FILTERS", "REGISTRY", "STRATEGIES", "Profile", "Registration", "profile",
+           "profile_build", "reason_plugins"]
 
-#: Filters in pipeline order, which is stage order (``reasons.STAGE``); a pool stops at its
-#: first rejection, so its one code says how far it got (the closest-miss headline relies on
-#: it: a cordoned pool of another runtime class counts as a runtime class mismatch).
+#: The strategies: which load score runs (least loaded spreads, most loaded packs).
+STRATEGIES = ("spread", "binpack")
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """One plugin: name, class, weight (scores only), strategies that run it."""
+
+    name: str
+    plugin: type[FilterPlugin] | type[ScorePlugin]
+    weight: int = 0
+    strategies: tuple[str, ...] = STRATEGIES
+
+    @property
+    def scope(self) -> str:
+        """Return what the plugin's verdict reads (its class declares it)."""
+        return self.plugin.SCOPE
+
+    @property
+    def is_filter(self) -> bool:
+        """Return whether the plugin filters (else it scores)."""
+        return issubclass(self.plugin, FilterPlugin)
+
+
+#: Every plugin Berth ships: filters in pipeline order, then scores.
+REGISTRY: tuple[Registration, ...] = (
+    Registration(names.TENANT_ACCESS, TenantAccess),
+    Registration(names.RUNTIME_CLASS, RuntimeClass),
+    Registration(names.POOL_STATUS, PoolStatus),
+    Registration(names.HEALTH, Health),
+    Registration(names.REGION, Region),
+    Registration(names.DATA_RESIDENCY, DataResidency),
+    Registration(names.POOL_SELECTOR, PoolSelector),
+    Registration(names.CAPACITY, Capacity),
+    Registration(names.REQUIRED_AFFINITY, RequiredAffinity),
+    Registration(names.LEAST_LOADED, LeastLoaded, 1, ("spread",)),
+    Registration(names.MOST_LOADED, MostLoaded, 1, ("binpack",)),
+    Registration(names.COST, Cost, 1),
+    Registration(names.PREFERRED_AFFINITY, PreferredAffinity, 2),
+    Registration(names.FAILURE_DOMAIN_SPREAD, FailureDomainSpread, 1),
+    Registration(names.ARTIFACT_LOCALITY, ArtifactLocality, 1),
+)
+
+#: The shipped filters by name, in pipeline order.
 FILTERS: dict[str, type[FilterPlugin]] = {
-    names.TENANT_ACCESS: TenantAccess,
-    names.RUNTIME_CLASS: RuntimeClass,
-    names.POOL_STATUS: PoolStatus,
-    names.HEALTH: Health,
-    names.REGION: Region,
-    names.DATA_RESIDENCY: DataResidency,
-    names.POOL_SELECTOR: PoolSelector,
-    names.CAPACITY: Capacity,
-    names.REQUIRED_AFFINITY: RequiredAffinity,
-}
-
-#: Score constructors and weights.
-SCORES: dict[str, tuple[Callable[[], ScorePlugin], int]] = {
-    names.LEAST_LOADED: (LeastLoaded, 1),
-    names.MOST_LOADED: (MostLoaded, 1),
-    names.COST: (Cost, 1),
-    names.PREFERRED_AFFINITY: (PreferredAffinity, 2),
-    names.FAILURE_DOMAIN_SPREAD: (FailureDomainSpread, 1),
-    names.ARTIFACT_LOCALITY: (ArtifactLocality, 1),
-}
-
-#: Which scores each strategy runs (the load scorer is the one that differs).
-STRATEGIES: dict[str, tuple[str, ...]] = {
-    "spread": (
-        names.LEAST_LOADED,
-        names.COST,
-        names.PREFERRED_AFFINITY,
-        names.FAILURE_DOMAIN_SPREAD,
-        names.ARTIFACT_LOCALITY,
-    ),
-    "binpack": (
-        names.MOST_LOADED,
-        names.COST,
-        names.PREFERRED_AFFINITY,
-        names.FAILURE_DOMAIN_SPREAD,
-        names.ARTIFACT_LOCALITY,
-    ),
-}
+    r.name: r.plugin for r in REGISTRY if issubclass(r.plugin, FilterPlugin)}
 
 
 @dataclass(frozen=True, slots=True)
 class Profile:
-    """The instantiated plugins of one strategy: filters in order, scores with weights."""
+    """The instantiated plugins of one strategy: filters in order, scores with weights.
 
+    ``name`` tells profiles apart where a snapshot memoizes per profile."""
+
+    name: str
     filters: tuple[FilterPlugin, ...]
     scores: tuple[tuple[ScorePlugin, int], ...]
 
 
-_PROFILES: dict[str, Profile] = {}
+def profile_build(
+    strategy: str, registry: tuple[Registration, ...] = REGISTRY, *, name: str | None = None
+) -> Profile:
+    """Return the profile of ``strategy`` over ``registry`` (named ``name``, else the
+    strategy)."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}")
+    filters: list[FilterPlugin] = []
+    scores: list[tuple[ScorePlugin, int]] = []
+    for r in registry:
+        if issubclass(r.plugin, FilterPlugin):
+            filters.append(r.plugin())
+        elif strategy in r.strategies:
+            if r.weight <= 0:
+                raise ValueError(f"score {r.name} needs a positive weight")
+            scores.append((r.plugin(), r.weight))
+    return Profile(name or strategy, tuple(filters), tuple(scores))
+
+
+_PROFILES = {strategy: profile_build(strategy) for strategy in STRATEGIES}
 
 
 def profile(strategy: str) -> Profile:
-    """Return the (cached) plugin profile of ``strategy``."""
+    """Return the shipped profile of ``strategy``."""
     hit = _PROFILES.get(strategy)
     if hit is None:
-        if strategy not in STRATEGIES:
-            raise ValueError(f"unknown strategy {strategy!r}")
-        scores = []
-        for name in STRATEGIES[strategy]:
-            ctor, weight = SCORES[name]
-            if weight <= 0:
-                raise ValueError(f"score {name} needs a positive weight")
-            scores.append((ctor(), weight))
-        filters = tuple(ctor() for ctor in FILTERS.values())
-        hit = _PROFILES[strategy] = Profile(filters, tuple(scores))
+        raise ValueError(f"unknown strategy {strategy!r}")
     return hit
 
 

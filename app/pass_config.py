@@ -1,7 +1,9 @@
-"""The reconciler's configuration: one dataclass with documented defaults, built from Settings.
+"""How passes are run and decided: one dataclass with documented defaults, built from Settings.
 
-A field that is also a setting takes its default from :class:`~app.config.Settings` (the one
-place of that default, in the setting's unit); the others are the reconciler's own.
+The reconciler runs its passes with it, and the previews (placement, drain) read the part
+that decides (:meth:`ReconcilerConfig.pass_settings`) to plan as a pass would. A field that
+is also a setting takes its default from :class:`~app.config.Settings` (the one place of that
+default, in the setting's unit); the others are the reconciler's own.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.config import Settings
+from app.scheduling.inputs import PassSettings
 
 
 def _setting(name: str, scale: float = 1.0) -> Any:
@@ -95,7 +98,7 @@ class ReconcilerConfig:
     #: A lease younger than this is never a reclaim's victim.
     reclaim_min_runtime_seconds: float = _setting("reclaim_min_runtime_seconds")
     #: A task first of its priority in its runtime class that has not fit for this long is
-    #: nominated (0: never; see :mod:`app.reconciler.nominating`).
+    #: nominated (0: never; see :mod:`app.scheduling.displacement.nominate`).
     nomination_seconds: float = _setting("nomination_seconds")
 
     @classmethod
@@ -126,3 +129,14 @@ class ReconcilerConfig:
         }
         values.update(overrides)
         return cls(**values)  # type: ignore[arg-type]
+
+    def pass_settings(self) -> PassSettings:
+        """Return the settings that decide a pass."""
+        return PassSettings(
+            top_k=self.top_k, policy=self.policy,
+            priority_aging_seconds=self.priority_aging_seconds,
+            park_sweep_seconds=self.park_sweep_seconds, task_events_kept=self.task_events_kept,
+            preemption_grace_seconds=self.preemption_grace_seconds,
+            reclaim_min_runtime_seconds=self.reclaim_min_runtime_seconds,
+            nomination_seconds=self.nomination_seconds,
+        )

@@ -1,0 +1,96 @@
+"""The reclaim planner: a task within its tenant's nominal takes back borrowed capacity.
+
+A task of a managed runtime class that fits its quota but finds no pool for capacity (and
+planned no preemption) is remembered. After the pass's last decision, the remembered tasks
+within their tenant's nominal ask :func:`~app.scheduling.reclaim.plan_reclaim`, in the
+pass's order, on top of every placement and hold of the pass, for the borrowed leases of
+their cohort that would make room. Planned, a reclaim is granted like a preemption and its
+task is handed back parked with the pending code ``reclaiming``. Outcomes are counted:
+``unavailable`` for a task that could not reclaim (over its nominal, nothing borrowed, no
+set of victims).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import datetime, timedelta
+
+import numpy as np
+
+from app.scheduling.displacement import Settling, Step
+from app.scheduling.explain import reclaiming_document
+from app.scheduling.inputs import ReclaimInputs
+from app.scheduling.plugins.quota import QuotaRow
+from app.scheduling.preemption import VictimIndex
+from app.scheduling.reasons import Reason
+from app.scheduling.reclaim import ReclaimBook, book_reclaimed, plan_reclaim
+from app.scheduling.records import RECLAIMING, Kind, Unclaim
+
+__all__ = ["Reclaim"]
+
+#: Headlines a reclaim can help: the pools that pass every other filter lack capacity (for
+#: a gang, also: some pools fit a member but no plan fits them all).
+_CAPACITY = frozenset({Reason.INSUFFICIENT_CPU, Reason.INSUFFICIENT_MEMORY,
+                       Reason.INSUFFICIENT_LLM_SLOTS})
+_GANG = _CAPACITY | {Reason.GANG_UNSATISFIABLE}
+
+
+class Reclaim:
+    """Remembers the pass's possible reclaimers, then plans their reclaims."""
+
+    kind = Kind.RECLAIM
+
+    def __init__(
+        self, inputs: ReclaimInputs, rows: tuple[QuotaRow, ...], cohorts: dict[str, str],
+        *, now: datetime, grace_seconds: float,
+    ) -> None:
+        self._inputs = inputs
+        self._rows = rows
+        self._cohorts = cohorts
+        self._managed = {r.runtime_class for r in rows}
+        self._revoke_by = now + timedelta(seconds=grace_seconds)
+        self._candidates: list[Step] = []
+        #: Tasks that could not reclaim, by outcome.
+        self.outcomes: Counter[str] = Counter()
+
+    def counted(self, task_id: object) -> bool:
+        """Return whether ``task_id`` is a waiting reclaimer (its need counted already)."""
+        return task_id in self._inputs.waiting
+
+    def consider(self, step: Step) -> Unclaim | None:
+        """Remember a task that fits nowhere for capacity in a managed runtime class."""
+        spec = step.spec
+        if (step.reason.code in (_GANG if spec.is_gang else _CAPACITY)
+                and spec.runtime_class in self._managed
+                and step.task.id not in self._inputs.waiting):
+            self._candidates.append(step)
+        return None
+
+    def settle(self, state: Settling) -> None:
+        """Plan the remembered tasks' reclaims, replacing their hand-backs."""
+        if not self._candidates:
+            return
+        book = ReclaimBook(self._rows, self._cohorts, revoking=self._inputs.revoking)
+        for task, spec in state.placed:
+            if not self.counted(task.id):
+                book.add(spec.tenant_id, spec.runtime_class,
+                         np.array(spec.total_requests, dtype=np.int64))
+        index = VictimIndex(state.inputs.snapshot, self._inputs.victims)
+        for step in self._candidates:
+            spec = step.spec
+            planned = plan_reclaim(
+                spec, state.inputs.snapshot, index, book, assumed=state.assumed,
+                taken=state.holds.taken, holds=dict(step.held) if step.held else None,
+                leased_before=self._inputs.leased_before, profile=state.inputs.profile,
+            )
+            if planned is None:
+                self.outcomes["unavailable"] += 1
+                continue
+            book_reclaimed(book, spec, planned)
+            victims = tuple(v.task_id for v in planned.victims)
+            state.holds.grant(self.kind, step.task.id, victims=victims, holds=planned.holds,
+                              revoke_by=self._revoke_by, assumed=state.assumed)
+            doc = reclaiming_document(
+                len(victims), self._revoke_by, rejections=step.reason.rejections,
+                victim_ids=victims, pool_ids=[p for p, _ in planned.members])
+            state.unclaims[step.at] = Unclaim(step.task.id, RECLAIMING, doc, parked=True)
