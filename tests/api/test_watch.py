@@ -11,7 +11,7 @@ import pytest
 
 from app.db import Database
 from app.ledger.watch import FeedPosition
-from app.services.watch import WatchCursors
+from app.services.watch import EVENT_TYPES, WatchCursors
 from tests.api.conftest import (
     OPERATOR_X,
     RUNTIME_1,
@@ -237,3 +237,57 @@ async def test_a_cursor_older_than_the_retention_is_410(
     fresh = cursors.seal(FeedPosition(5, 10, 12, (10,)), now=datetime.now(UTC))
     assert (await client.get("/v1/watch", params={"after": fresh, "wait": 0},
                              headers=keys.tenant_a)).status_code == 200
+
+
+async def test_every_change_of_a_task_lease_and_pool_is_an_event_in_order(
+    client: httpx.AsyncClient, keys: Keys, pool_make: PoolMaker, reconcile: Any, db: Database
+) -> None:
+    await pool_make("pool-a")
+    await client.post(f"/v1/runtimes/{RUNTIME_1}/heartbeat", headers=keys.runtime_1)
+    done, released, revoked, failed = [
+        (await client.post("/v1/tasks", json=spec(), headers=keys.tenant_a)).json()["id"]
+        for _ in range(4)]
+    await reconcile()
+    leases = {lease["taskId"]: lease for lease in (await client.get(
+        f"/v1/runtimes/{RUNTIME_1}/leases", headers=keys.runtime_1)).json()["items"]}
+    for task_id, outcome in ((done, "succeeded"), (released, "released"), (failed, "failed")):
+        lease = leases[task_id]
+        answer = await client.post(f"/v1/leases/{lease['id']}/complete", headers=keys.runtime_1,
+                                   json={"outcome": outcome, "epoch": lease["epoch"]})
+        assert answer.status_code == 200, answer.text
+    # A preemption asks the runtime to stop: the lease goes REVOKING with its event.
+    async with db.transaction() as conn:
+        await conn.execute("UPDATE leases SET state = 'REVOKING', revoke_by = now() "
+                           "WHERE id = $1", leases[revoked]["id"])
+        await conn.execute("INSERT INTO task_events (task_id, from_state, to_state, reason) "
+                           "VALUES ($1, 'LEASED', 'LEASED', 'revoking')", revoked)
+    huge = await client.post("/v1/tasks", headers=keys.tenant_a, json=spec(
+        requests={"cpuMillis": 400_000, "memoryMiB": 1, "llmSlots": 0}))
+    await reconcile()
+    cancelled = (await client.post("/v1/tasks", json=spec(), headers=keys.tenant_b)).json()["id"]
+    await client.post(f"/v1/tasks/{cancelled}/cancel", headers=keys.tenant_b)
+    for action in ("cordon", "activate", "drain"):
+        answer = await client.post(f"/v1/pools/pool-a/{action}", headers=keys.operator_x)
+        assert answer.status_code == 200, answer.text
+
+    seen, _ = await drain(client, keys.admin)
+    by: dict[str, list[str]] = {}
+    for e in seen:
+        by.setdefault(e.get("leaseId") or e.get("taskId") or e["poolId"], []).append(e["type"])
+    assert by[done] == ["task.admitted", "task.leased", "task.succeeded"]
+    assert by[leases[done]["id"]] == ["lease.granted", "lease.ended"]
+    assert by[released][:3] == ["task.admitted", "task.leased", "task.requeued"]
+    assert by[leases[released]["id"]] == ["lease.granted", "lease.ended"]
+    assert by[revoked] == ["task.admitted", "task.leased", "task.revoking"]
+    assert by[leases[revoked]["id"]] == ["lease.granted", "lease.revoking"]
+    assert by[huge.json()["id"]] == ["task.admitted", "task.pending"]
+    assert by[cancelled] == ["task.admitted", "task.cancelled"]
+    assert by[failed] == ["task.admitted", "task.leased", "task.failed"]
+    assert by["pool-a"] == ["pool.updated", "pool.updated", "pool.cordoned", "pool.activated",
+                            "pool.draining"]
+    ended = next(e for e in seen if e.get("leaseId") == leases[done]["id"]
+                 and e["type"] == "lease.ended")
+    assert ended["state"] == "COMPLETED" and ended["data"]["endReason"] == "succeeded"
+    revoking = next(e for e in seen if e["type"] == "lease.revoking")
+    assert revoking["state"] == "REVOKING" and revoking["data"]["revokeBy"].endswith("Z")
+    assert set(EVENT_TYPES) - {e["type"] for e in seen} == set()
