@@ -128,8 +128,8 @@ async def watch(
     scope = WatchScope.of(principal, tenants=tenants_reading(principal, tenant)
                           if principal.role == TENANT else None)
     cursors = await watch_cursors(request)
-    start = await _start(request, cursors, last_event_id or after)
     hub = watch_hub(request)
+    start = await _start(request, hub, cursors, last_event_id or after)
     sub = hub.subscribe(scope, key=principal.key_id or principal.subject)
     heartbeat = request.app.state.settings.watch_heartbeat_seconds
     try:
@@ -150,11 +150,15 @@ async def watch(
         raise
 
 
-async def _start(request: Request, cursors: WatchCursors, after: str | None) -> FeedPosition:
+async def _start(
+    request: Request, hub: WatchHub, cursors: WatchCursors, after: str | None
+) -> FeedPosition:
     if after is None:
         return ORIGIN
     if after == "now":
-        return await feed_position(request.app.state.db)
+        # The hub's position is at most a read old: starting there replays the events of
+        # that moment at worst, and spares the hub's watchers a read of their own each.
+        return hub.present or await feed_position(request.app.state.db)
     return cursors.open(after, now=datetime.now(UTC))
 
 
@@ -208,7 +212,8 @@ async def _stream(
                 yield b"".join(chunk)
                 sent, quiet_since = step.events[-1].position, loop.time()
             elif loop.time() - quiet_since >= heartbeat * 0.9:
-                if step.position != sent:
+                # A position that read no new id is the same place for the client.
+                if step.position.last != sent.last:
                     cursor = cursor_of(cursors, step.position)
                     yield _record("bookmark", cursor, {"cursor": cursor})
                     sent = step.position

@@ -44,6 +44,9 @@ def cursor_of(cursors: WatchCursors, position: FeedPosition) -> str:
 
 
 async def list_watch_cursor(request: Request) -> str:
-    """Return the cursor of the present, for a list about to be read."""
+    """Return the cursor of the present, for a list about to be read: the watch hub's
+    position while it follows the log (older is as good, only less fresh), else read."""
     cursors = await watch_cursors(request)
-    return cursor_of(cursors, await feed_position(request.app.state.db))
+    hub = getattr(request.app.state, "watch_hub", None)
+    present = hub.present if hub is not None else None
+    return cursor_of(cursors, present or await feed_position(request.app.state.db))

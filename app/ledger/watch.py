@@ -94,7 +94,11 @@ class FeedRead:
     more: bool
 
 
-_NOW = "SELECT pg_current_snapshot()::text, (SELECT last_value FROM task_events_id_seq)"
+# The last id handed out (none yet: the sequence's start less one).
+_NOW = (
+    "SELECT pg_current_snapshot()::text, (SELECT CASE WHEN is_called THEN last_value "
+    "ELSE last_value - 1 END FROM task_events_id_seq)"
+)
 
 _TASK_COLUMNS = (
     "SELECT 't' AS log, e.id, e.at, e.task_id, t.tenant_id, t.runtime_class, e.from_state, "

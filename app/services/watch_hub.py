@@ -164,6 +164,12 @@ class WatchHub:
         self._task: asyncio.Task[None] | None = None
 
     @property
+    def present(self) -> FeedPosition | None:
+        """Return a recent position every committed event is within, if the hub follows
+        the log (it reads at least every second while it has watchers), else None."""
+        return self.position if self._count and not self.broken else None
+
+    @property
     def watchers(self) -> int:
         """Return how many watchers are subscribed."""
         return self._count
@@ -272,10 +278,7 @@ class WatchHub:
         while more and self.position is not None:
             batch = await feed_read(self.db, after=self.position, until=None)
             more = batch.more
-            # A read of nothing keeps the position: an idle watcher's cursor stays put (its
-            # stream sends heartbeats, not bookmarks), and the position stays as valid.
-            if batch.rows or more:
-                self._fan_out(batch.position, batch.events)
+            self._fan_out(batch.position, batch.events)
 
     def _fan_out(self, end: FeedPosition, events: list[WatchEvent]) -> None:
         """Hand each watcher its events, then move the hub's position (no await between)."""
