@@ -109,31 +109,35 @@ async def _stream(host: str, port: int, key: str, query: str,
                   seen: dict[str, float] | None, counter: list[int],
                   ready: asyncio.Event | None = None,
                   progress: asyncio.Event | None = None) -> None:
-    """Hold one SSE watch open; note when each lease.granted arrives (by task id)."""
-    reader, writer = await asyncio.open_connection(host, port)
-    writer.write(f"GET /v1/watch?{query} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer "
-                 f"{key}\r\nAccept: text/event-stream\r\n\r\n".encode())
-    head = await reader.readuntil(b"\r\n\r\n")
-    if b" 200 " not in head.split(b"\r\n", 1)[0]:
-        raise RuntimeError(f"watch refused: {head.splitlines()[0]!r}")
-    if ready is not None:
-        ready.set()
-    event = b""
-    try:
-        while True:
-            line = await reader.readline()
-            if not line:
-                return
-            if line.startswith(b"event: "):
-                event = line[7:].strip()
-            elif line.startswith(b"data: ") and event.startswith((b"task.", b"lease.")):
-                counter[0] += 1
-                if seen is not None and event == b"lease.granted":
-                    seen[orjson.loads(line[6:])["taskId"]] = time.perf_counter()
-                    if progress is not None:
-                        progress.set()
-    finally:
-        writer.close()
+    """Hold one SSE watch open, resuming from the last id when the server ends it; note
+    when each lease.granted arrives (by task id)."""
+    resume = ""
+    while True:
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(f"GET /v1/watch?{query} HTTP/1.1\r\nHost: {host}\r\nAuthorization: "
+                     f"Bearer {key}\r\nAccept: text/event-stream\r\n{resume}\r\n".encode())
+        head = await reader.readuntil(b"\r\n\r\n")
+        if b" 200 " not in head.split(b"\r\n", 1)[0]:
+            writer.close()
+            await asyncio.sleep(1)
+            continue
+        if ready is not None:
+            ready.set()
+        event = b""
+        try:
+            while line := await reader.readline():
+                if line.startswith(b"id: "):
+                    resume = f"Last-Event-ID: {line[4:].strip().decode()}\r\n"
+                elif line.startswith(b"event: "):
+                    event = line[7:].strip()
+                elif line.startswith(b"data: ") and event.startswith((b"task.", b"lease.")):
+                    counter[0] += 1
+                    if seen is not None and event == b"lease.granted":
+                        seen[orjson.loads(line[6:])["taskId"]] = time.perf_counter()
+                        if progress is not None:
+                            progress.set()
+        finally:
+            writer.close()
 
 
 def _rss(pid: int) -> int:
@@ -221,6 +225,7 @@ async def _run(base: str, pid: int, keys: dict[str, Any], args: argparse.Namespa
         "eventsPerSec": round(delivered / elapsed, 1),
         "serverCpuMsPerEvent": round(1000 * cpu / delivered, 3) if delivered else None,
         "memoryPerWatcherKiB": round(per_watcher, 1),
+        "loadAverage": round(os.getloadavg()[0], 1),
         "cpus": os.cpu_count(),
     }
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from app.db import Database
+from app.db import Connection, Database
 from app.errors import BerthError
 from app.ledger.watch import FeedPosition, watch_leases_of, watch_position_now, watch_read
 from app.services.watch import WatchEvent, WatchFilter, WatchScope, events_of, lease_rows_wanted
@@ -66,8 +66,17 @@ class FeedBatch:
 async def feed_read(
     db: Database, *, after: FeedPosition, until: FeedPosition | None, limit: int = READ_LIMIT
 ) -> FeedBatch:
-    """Return the events after ``after`` up to ``until`` (None: now)."""
-    async with db.transaction(isolation="repeatable_read") as conn:
+    """Return the events after ``after`` up to ``until`` (None: now), on a pool connection."""
+    async with db.connection() as conn:
+        return await feed_read_on(conn, after=after, until=until, limit=limit)
+
+
+async def feed_read_on(
+    conn: Connection, *, after: FeedPosition, until: FeedPosition | None,
+    limit: int = READ_LIMIT,
+) -> FeedBatch:
+    """Return the events after ``after`` up to ``until`` (None: now), read on ``conn``."""
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
         read = await watch_read(conn, after=after, until=until, limit=limit, window=READ_WINDOW)
         leases = await watch_leases_of(conn, task_ids=lease_rows_wanted(read))
     events = events_of(read, after=after, leases=leases)
@@ -268,15 +277,17 @@ class WatchHub:
                 if conn.is_closed():
                     raise ConnectionError("the listening connection closed")
                 if self._count:
-                    await self._read_all()
+                    await self._read_all(conn)
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.shield(conn.close(timeout=1))
 
-    async def _read_all(self) -> None:
+    async def _read_all(self, conn: Connection) -> None:
+        # On the listening connection: the hub never waits for (or is refused) a connection
+        # of the pool that serves the API's requests.
         more = True
         while more and self.position is not None:
-            batch = await feed_read(self.db, after=self.position, until=None)
+            batch = await feed_read_on(conn, after=self.position, until=None)
             more = batch.more
             self._fan_out(batch.position, batch.events)
 
