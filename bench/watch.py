@@ -94,10 +94,16 @@ class Submitter:
             f"POST /v1/tasks HTTP/1.1\r\nHost: {self.host}\r\nAuthorization: Bearer "
             f"{self.key}\r\nContent-Type: application/json\r\nContent-Length: "
             f"{len(self._body)}\r\n\r\n".encode() + self._body)
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                      if line.lower().startswith(b"content-length"))
-        body = await reader.readexactly(length)
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length"))
+            body = await reader.readexactly(length)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            # The server closed the connection (a refusal closes it): counted, not reused.
+            self.errors += 1
+            writer.close()
+            return
         if head.split(b" ", 2)[1] != b"201":
             self.errors += 1
         else:
