@@ -241,7 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="berth bench watch",
         description="Measure the watch feed: N idle SSE watchers and one runtime watcher per "
-        "pool while tasks are submitted at a fixed rate and placed by a reconciler.")
+        "pool while tasks are submitted at a fixed rate and placed by a reconciler, on a fresh "
+        "database. Without --server-url or BERTH_DATABASE_URL, the fresh database is on an "
+        "embedded PostgreSQL started in a temporary directory for the run.")
     p.add_argument("--server-url", default=env_server_url(), help=SERVER_HELP)
     p.add_argument("--idle", type=int, default=1000, help="idle watchers (1000)")
     p.add_argument("--pools", type=int, default=10,
