@@ -74,7 +74,34 @@ class Settings(BaseSettings):
         default=256,
         ge=1,
         description="Requests one process works on at once; past it a request is answered "
-        "503 with Retry-After at once. /healthz, /readyz and /metrics are exempt.",
+        "503 with Retry-After at once. /healthz, /readyz, /metrics and watches (/v1/watch, "
+        "bounded by watch_max_watchers) are exempt.",
+    )
+    watch_max_watchers: int = Field(
+        default=10_000,
+        ge=1,
+        description="Watch connections (GET /v1/watch) one process serves at once; past it a "
+        "new one is answered 429 with Retry-After. Watches do not count against "
+        "max_in_flight_requests.",
+    )
+    watch_max_watchers_per_key: int = Field(
+        default=1_000,
+        ge=1,
+        description="Watch connections one API key may hold open on one process at once; "
+        "past it 429 with Retry-After.",
+    )
+    watch_heartbeat_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=15,
+        description="A watch stream with nothing to send sends a heartbeat comment (and a "
+        "bookmark when its cursor moved) this often.",
+    )
+    watch_buffer_batches: int = Field(
+        default=64,
+        ge=1,
+        description="Batches of events buffered per watcher; a watcher that falls further "
+        "behind reads the event log again from its own cursor.",
     )
     rate_limit_requests_per_second: float = Field(
         default=0.0,

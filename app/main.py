@@ -101,6 +101,9 @@ def create_app(
             with gc_frozen():
                 yield
         finally:
+            hub = getattr(app.state, "watch_hub", None)
+            if hub is not None:
+                await hub.stop()
             for stop in reversed(stops):
                 await stop()
             if own_db:

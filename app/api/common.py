@@ -101,6 +101,8 @@ _DESCRIPTIONS = {
     404: "Not found (or not visible to this caller)",
     408: "The request was not received in full in time; the connection is closed",
     409: "Conflict with the current state",
+    410: "The cursor is older than the retained history (`cursor-expired`): list again and "
+    "resume from the list's `watchCursor`",
     412: "If-Match does not match the current ETag",
     413: "Request body too large",
     415: "The body is not of a media type the operation accepts (`application/json`)",

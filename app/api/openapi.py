@@ -67,6 +67,12 @@ TAGS: list[dict[str, str]] = [
         "description": "Tenants' cohorts, fair weights and quotas (admin writes; a tenant key "
         "reads its own), with usage per runtime class.",
     },
+    {
+        "name": "watch",
+        "description": "The changes a key may see, after a cursor: Server-Sent Events or a "
+        "long poll, resumable, in commit order, with `410 Gone` for a cursor older than the "
+        "history.",
+    },
     {"name": "health", "description": "Liveness and readiness probes (no key needed)."},
 ]
 

@@ -345,6 +345,10 @@ def if_match_versions(header: str) -> set[int] | None:
 class PoolPage(Page[Pool]):
     """One page of pools, in pool id order."""
 
+    watch_cursor: str | None = Field(
+        default=None, description="Watch from here (`GET /v1/watch?after=`) to follow every "
+        "change after this list.")
+
 
 class DrainMember(CamelModel):
     """Members of a moved task on one pool."""

@@ -32,6 +32,7 @@ from app.api.pool_schemas import (
     if_match_versions,
 )
 from app.api.tasks import TenantHeader
+from app.api.watch_cursors import list_watch_cursor
 from app.auth import AdminDep, Principal, PrincipalDep
 from app.errors import BadRequest
 from app.ledger.pools import PoolNotFound, PoolRecord
@@ -150,6 +151,7 @@ async def list_pools(
         if not isinstance(after, str):
             raise BadRequest("the cursor is not valid; pass back the nextCursor of a list")
     principal = principal_narrowed(principal, tenant)
+    watch_cursor = await list_watch_cursor(request)
     records, last = await service.list_pools(
         request.app.state.db,
         principal=principal,
@@ -161,6 +163,7 @@ async def list_pools(
     return PoolPage(
         items=[_pool_view(request, r, principal) for r in records],
         next_cursor=cursor_encode(tokens, last, scope="pools") if last is not None else None,
+        watch_cursor=watch_cursor,
     )
 
 

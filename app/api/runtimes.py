@@ -16,6 +16,7 @@ from pydantic import Field
 from app.api.bodies import StrictRoute
 from app.api.common import CamelModel, CursorQuery, LimitQuery, cursor_decode, cursor_encode
 from app.api.common import problems as problem_responses
+from app.api.watch_cursors import list_watch_cursor
 from app.auth import RuntimeDep
 from app.errors import BadRequest
 from app.services import runtimes as service
@@ -112,6 +113,9 @@ class RuntimeLeasePage(CamelModel):
 
     items: list[RuntimeLease]
     next_cursor: str | None = None
+    watch_cursor: str | None = Field(
+        default=None, description="Watch from here (`GET /v1/watch?after=`) to follow every "
+        "change after this list.")
 
 
 @router.post(
@@ -165,6 +169,7 @@ async def list_runtime_leases(
     """List the instance's live leases, oldest grant first: what the runtime should be
     running now. A `REVOKING` lease asks the runtime to stop its task by `revokeBy`. For
     runtime keys acting for the instance."""
+    watch_cursor = await list_watch_cursor(request)
     leases = await service.runtime_leases(
         request.app.state.db, principal=principal, instance_id=instance_id
     )
@@ -184,7 +189,8 @@ async def list_runtime_leases(
         if more and page else None
     )
     return RuntimeLeasePage(
-        items=[RuntimeLease.model_validate(lease) for lease in page], next_cursor=next_cursor
+        items=[RuntimeLease.model_validate(lease) for lease in page], next_cursor=next_cursor,
+        watch_cursor=watch_cursor,
     )
 
 

@@ -27,6 +27,9 @@ from app.metrics import REQUESTS_SHED
 
 #: Paths never shed: liveness, readiness and the metrics scrape.
 EXEMPT_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+#: Paths that take no in-flight slot: watches are long-lived and bounded by their own
+#: limits (app.services.watch_hub), so that idle watchers cannot starve the API.
+UNSLOTTED_PATHS = frozenset({"/v1/watch"})
 
 #: Most token buckets kept at once (a few hundred bytes each: a few MB at most).
 BUCKETS_MAX = 10_000
@@ -58,7 +61,8 @@ class InFlightLimit:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Pass the request on, or answer 503 when the process is full."""
-        if scope["type"] != "http" or scope["path"] in EXEMPT_PATHS:
+        if scope["type"] != "http" or scope["path"] in EXEMPT_PATHS or (
+                scope["path"] in UNSLOTTED_PATHS):
             await self.app(scope, receive, send)
             return
         if self.in_flight >= self.max_in_flight:

@@ -136,6 +136,8 @@ class TaskPage(TypedDict):
 
     items: list[Task]
     nextCursor: NotRequired[Annotated[str | None, Field(default=None)]]
+    #: Watch from here (GET /v1/watch?after=) to follow every change after this list.
+    watchCursor: NotRequired[str]
 
 
 @with_config(DOCUMENT)

@@ -38,6 +38,7 @@ from app.api.task_schemas import (
     task_event_json,
     task_json,
 )
+from app.api.watch_cursors import list_watch_cursor
 from app.auth import (
     TENANT,
     TenantDep,
@@ -198,6 +199,7 @@ async def list_tasks(
     """List the caller's tasks in admission order, a page at a time."""
     tokens = await request.app.state.tokens.get()
     scope = scope_tasks(tenants_reading(principal, tenant))
+    watch_cursor = await list_watch_cursor(request)
     rows, next_seq = await service.tasks_page(
         request.app.state.db,
         principal=principal,
@@ -210,6 +212,7 @@ async def list_tasks(
     page: TaskPage = {
         "items": [task_json(r) for r in rows],
         "nextCursor": None if next_seq is None else tokens.seal(next_seq, scope=scope),
+        "watchCursor": watch_cursor,
     }
     return FastJSONResponse(page)
 

@@ -2,7 +2,8 @@
 the event log of a task that never finishes is bounded.
 
 A finished task (``SUCCEEDED``, ``FAILED``, ``CANCELLED``) whose ``finished_at`` is older than
-the retention is deleted with all of its events and leases, in one statement per batch, so a
+the retention is deleted with all of its events and leases, in one statement per batch (which
+also deletes the pool changes older than the retention, ``pool_events``), so a
 task is either whole (``GET /v1/tasks/{id}`` and its events as before) or gone (404). The
 reconciler leader runs it in batches (:meth:`app.reconciler.Reconciler.sweep_once`).
 
@@ -44,6 +45,7 @@ _PRUNE = (
     "e AS (DELETE FROM task_events WHERE task_id IN (SELECT id FROM d)), "
     "l AS (DELETE FROM leases WHERE task_id IN (SELECT id FROM d) "
     "AND state NOT IN ('ACTIVE', 'REVOKING')), "
+    "p AS (DELETE FROM pool_events WHERE at < $1), "
     "x AS (DELETE FROM tasks WHERE id IN (SELECT id FROM d) RETURNING 1) "
     "SELECT count(*) FROM x"
 )
@@ -51,7 +53,7 @@ _PRUNE = (
 
 async def tasks_finished_prune(conn: Connection, *, before: datetime, limit: int) -> int:
     """Delete up to ``limit`` tasks that finished before ``before``, with their events and
-    leases; return how many tasks."""
+    leases, and the pool changes logged before ``before``; return how many tasks."""
     return int(await conn.fetchval(_PRUNE, before, limit))
 
 

@@ -64,6 +64,8 @@ def _in(column: str, values: tuple[str, ...]) -> str:
 
 
 NOW = text("now()")
+#: The writing transaction's id as a bigint (``xid8`` has no BRIN operator class).
+XID = "(pg_current_xact_id()::text)::bigint"
 
 #: Tenant, pool and runtime-instance ids: machine identifiers compared bytewise, whatever the
 #: server's locale (revision 0014_keys_collate_c, decision 14).
@@ -310,10 +312,40 @@ task_events = Table(
     Column("to_state", Text, nullable=False),
     Column("reason", Text, nullable=False),
     Column("detail", JSONB),
-    # Events are read by task only (a task's trail, retention, the undo of a lost race); ``id``
+    # The writing transaction's top-level id (revision 0019_watch_feed): the watch feed
+    # delivers an event once that transaction is visible to its snapshot (app.ledger.watch).
+    Column("xid", BigInteger, nullable=False, server_default=text(XID)),
+    # Events are read by task (a task's trail, retention, the undo of a lost race); ``id``
     # is unique by its identity, so one index serves both (0011_events).
     PrimaryKeyConstraint("task_id", "id", name="pk_task_events"),
 )
+# The watch feed reads recent ranges of ids and of transaction ids: a BRIN summary, which a
+# placement's event does not pay an index entry for (0019_watch_feed).
+Index(
+    "ix_task_events_id_xid", task_events.c.id, task_events.c.xid, postgresql_using="brin",
+    postgresql_with={"pages_per_range": 16, "autosummarize": "on"},
+)
+
+# A pool's changes for the watch feed (0019_watch_feed), written by the trigger
+# ``pools_log``: ``kind`` is created, updated, active, cordoned, draining or deleted. Ids come
+# from the sequence of ``task_events.id``: the feed reads both logs in one order.
+pool_events = Table(
+    "pool_events",
+    metadata,
+    Column("id", BigInteger, nullable=False,
+           server_default=text("nextval('task_events_id_seq'::regclass)")),
+    Column("xid", BigInteger, nullable=False, server_default=text(XID)),
+    Column("pool_id", ID, nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    Column("kind", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("version", BigInteger, nullable=False),
+    Column("runtime_class", Text, nullable=False),
+    Column("operators", ARRAY(Text), nullable=False),
+    PrimaryKeyConstraint("id", name="pk_pool_events"),
+)
+Index("ix_pool_events_xid", pool_events.c.xid)
+Index("ix_pool_events_at", pool_events.c.at)
 
 # Secrets the server generates once and every process shares (revision
 # 0015_tokens_coalescing): ``tokens`` seals list cursors and event ids (app.services.tokens).

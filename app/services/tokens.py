@@ -60,32 +60,39 @@ class Tokens:
 
     def seal(self, value: int, *, scope: str) -> str:
         """Return the token of ``value`` in ``scope`` (the same for the same pair)."""
-        sealed = self._siv.encrypt(value.to_bytes(8, "big"), [scope.encode()])
-        return base64.urlsafe_b64encode(sealed).decode().rstrip("=")
+        return self.seal_bytes(value.to_bytes(8, "big"), scope=scope)
 
     def open(self, token: str, *, scope: str) -> int:
         """Return the integer sealed in ``token`` for ``scope``; raise :class:`InvalidToken`."""
-        try:
-            sealed = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-            value = int.from_bytes(self._siv.decrypt(sealed, [scope.encode()]), "big")
-        except (ValueError, InvalidTag):
-            raise InvalidToken(token) from None
+        value = int.from_bytes(self.open_bytes(token, scope=scope), "big")
         if value >= 2**63:
             raise InvalidToken(token)
         return value
 
+    def seal_bytes(self, data: bytes, *, scope: str) -> str:
+        """Return the token of ``data`` in ``scope`` (the same for the same pair)."""
+        sealed = self._siv.encrypt(data, [scope.encode()])
+        return base64.urlsafe_b64encode(sealed).decode().rstrip("=")
+
+    def open_bytes(self, token: str, *, scope: str) -> bytes:
+        """Return the bytes sealed in ``token`` for ``scope``; raise :class:`InvalidToken`."""
+        try:
+            sealed = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+            return self._siv.decrypt(sealed, [scope.encode()])
+        except (ValueError, InvalidTag):
+            raise InvalidToken(token) from None
+
     def seal_json(self, value: Any, *, scope: str) -> str:
         """Return the token of ``value`` (any JSON value) in ``scope``."""
-        sealed = self._siv.encrypt(orjson.dumps(value), [scope.encode()])
-        return base64.urlsafe_b64encode(sealed).decode().rstrip("=")
+        return self.seal_bytes(orjson.dumps(value), scope=scope)
 
     def open_json(self, token: str, *, scope: str) -> Any:
         """Return the JSON value sealed in ``token`` for ``scope``; raise
         :class:`InvalidToken`."""
+        data = self.open_bytes(token, scope=scope)
         try:
-            sealed = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-            return orjson.loads(self._siv.decrypt(sealed, [scope.encode()]))
-        except (ValueError, InvalidTag):
+            return orjson.loads(data)
+        except ValueError:
             raise InvalidToken(token) from None
 
 

@@ -16,6 +16,7 @@
     key: sessionStorage.getItem(KEY_STORAGE),
     role: null,
     timer: null,
+    following: false,
     loading: false,
     generation: 0,
   };
@@ -255,7 +256,7 @@
     }
     $("view").hidden = false;
     clearInterval(state.timer);
-    state.timer = setInterval(() => refresh(false), REFRESH_MS);
+    state.timer = setInterval(() => queueFollowed() || refresh(false), REFRESH_MS);
     if (!location.hash || location.hash === "#") location.hash = "#/queue";
     else refresh(true);
   }
@@ -316,13 +317,43 @@
         title.focus();
       }
     }
-    $("updated").textContent =
-      `Updated ${when(new Date().toISOString())} · refreshes every ${REFRESH_MS / 1000} s`;
+    $("updated").textContent = `Updated ${when(new Date().toISOString())} · ${
+      queueFollowed() ? "follows changes as they happen" : `refreshes every ${REFRESH_MS / 1000} s`}`;
   }
 
   // --- Queue -------------------------------------------------------------------------------
 
+  // The Queue page follows the watch feed (a long poll of GET /v1/watch): each change the key
+  // may see reloads it, instead of the timer. An operator's feed holds its pools and their
+  // leases, not the tasks waiting for them, so its Queue page keeps the timer; so does any
+  // page while the feed cannot be read.
+  const FOLLOW_WAIT_S = 25;
+
+  function queueFollowed() {
+    return state.following && route().page === "queue";
+  }
+
+  async function queueFollow() {
+    if (state.following || !["admin", "tenant"].includes(state.role)) return;
+    state.following = true;
+    const key = state.key;
+    let cursor = "now";
+    try {
+      while (state.key === key && route().page === "queue") {
+        const page = await api("GET",
+          `/v1/watch?types=task&wait=${FOLLOW_WAIT_S}&after=${encodeURIComponent(cursor)}`);
+        cursor = page.cursor;
+        if (page.items.length && route().page === "queue") await refresh(false);
+      }
+    } catch (_) {
+      // The timer takes over; the next visit to the page follows the feed again.
+    } finally {
+      state.following = false;
+    }
+  }
+
   pages.queue = async () => {
+    queueFollow();
     const summary = await api("GET", "/v1/queue");
     const out = [
       h("h1", {}, "Queue"),
