@@ -14,6 +14,9 @@ classes, less the usage the revoked leases give back, are the pass's quota stage
 it, so a task its tenant's quota would refuse waits with ``quota_exceeded`` or
 ``quota_borrow_unavailable``. Nothing is reserved and nothing is written: a drain started
 right after may still see the ledger move.
+
+The read (:func:`drain_inputs_read`, on the event loop) and the decision
+(:func:`drain_decide`, pure, run in a worker by the API) are separate steps.
 """
 
 from __future__ import annotations
@@ -45,11 +48,11 @@ from app.scheduling.framework import decide
 from app.scheduling.plugins.quota import QuotaBook
 from app.scheduling.reasons import Reason
 from app.scheduling.results import NoPlacement
-from app.scheduling.snapshot import PoolState, Snapshot
+from app.scheduling.snapshot import PlacedTask, PoolState, Snapshot
 from app.scheduling.spec import CompiledSpec, StoredSpecs
 from app.services.pools import pool_operated, pool_viewer
 
-__all__ = ["ATTEMPTS_EXHAUSTED", "DrainMove", "drain_preview"]
+__all__ = ["ATTEMPTS_EXHAUSTED", "DrainInputs", "DrainMove", "drain_decide", "drain_inputs_read"]
 
 log = logging.getLogger("berth.api.pools")
 
@@ -92,23 +95,38 @@ def _reason(code: str, message: str) -> dict[str, object]:
     return {"code": code, "message": message, "rejections": {}}
 
 
-async def drain_preview(
+@dataclass(frozen=True, slots=True)
+class DrainInputs:
+    """What a drain preview decides on: the moving leases and the world as a pass would see
+    it once they are revoked (the drained pool DRAINING, their capacity given back)."""
+
+    leases: list[LeaseMoving]
+    pools: list[PoolState]
+    placed: list[PlacedTask]
+    config: ReconcilerConfig
+    usage: dict[str, tuple[int, int, int]]
+    now: datetime
+    quota_rows: list[QuotaRow]
+    cohorts: dict[str, str]
+    entitlements: Mapping[str, tuple[float, float, float]] | None
+
+
+async def drain_inputs_read(
     db: Database,
     *,
     principal: Principal,
     pool_id: str,
     config: ReconcilerConfig,
     now: datetime,
-) -> list[DrainMove]:
-    """Return, for each live lease of ``pool_id``, where its task would be placed if the
-    lease were revoked now (or why it would wait); 404 when the caller cannot see the pool,
-    403 when it may not operate it."""
+) -> DrainInputs:
+    """Read what revoking every live lease of ``pool_id`` now depends on; decides nothing.
+    404 when the caller cannot see the pool, 403 when it may not operate it."""
     viewer = pool_viewer(principal)
     async with db.connection() as conn:
         await pool_operated(conn, viewer=viewer, pool_id=pool_id, action="preview a drain of")
         leases = await drain_leases_read(conn, pool_id=pool_id)
         if not leases:
-            return []
+            return DrainInputs([], [], [], config, {}, now, [], {}, None)
         moving = {lease.task_id for lease in leases}
         released = await drain_released_read(conn, task_ids=moving, pool_id=pool_id)
         pools = await pools_read(
@@ -125,17 +143,25 @@ async def drain_preview(
             await tenants_entitlements(conn, tenant_ids=tenants)
             if config.policy == "fair" and rows else None
         )
-
     # The moving tasks have left their pools: affinity no longer counts them where they were.
     moved = {str(t) for t in moving}
-    snapshot = Snapshot.build(
+    return DrainInputs(
+        leases,
         _without(pools, pool_id=pool_id, released=released),
         [p for p in placed if p.task_id not in moved],
-        strategy=config.strategy,
+        config, usage, now, _returned(rows, returned), cohorts, entitlements,
     )
-    book = QuotaBook(_returned(rows, returned), cohorts) if rows else None
-    return _decide_all(leases, snapshot, config=config, usage=usage, now=now, quotas=book,
-                       entitlements=entitlements)
+
+
+def drain_decide(inputs: DrainInputs) -> list[DrainMove]:
+    """Return, for each moving lease, where its task would be placed (or why it would
+    wait), in the leases' order; pure."""
+    if not inputs.leases:
+        return []
+    snapshot = Snapshot.build(inputs.pools, inputs.placed, strategy=inputs.config.strategy)
+    book = QuotaBook(inputs.quota_rows, inputs.cohorts) if inputs.quota_rows else None
+    return _decide_all(inputs.leases, snapshot, config=inputs.config, usage=inputs.usage,
+                       now=inputs.now, quotas=book, entitlements=inputs.entitlements)
 
 
 def _returned(
