@@ -33,7 +33,8 @@ from app.auth import Principal
 from app.db import Database
 from app.ledger.drains import (
     LeaseMoving,
-    drain_leases_read,
+    drain_leases_decode,
+    drain_leases_packed_read,
     drain_released_read,
     drain_usage_returned_read,
 )
@@ -100,7 +101,9 @@ class DrainInputs:
     """What a drain preview decides on: the moving leases and the world as a pass would see
     it once they are revoked (the drained pool DRAINING, their capacity given back)."""
 
-    leases: list[LeaseMoving]
+    #: The live leases of the pool, as :func:`~app.ledger.drains.drain_leases_packed_read`
+    #: gives them.
+    leases: str
     pools: list[PoolState]
     placed: list[PlacedTask]
     config: ReconcilerConfig
@@ -124,18 +127,18 @@ async def drain_inputs_read(
     viewer = pool_viewer(principal)
     async with db.connection() as conn:
         await pool_operated(conn, viewer=viewer, pool_id=pool_id, action="preview a drain of")
-        leases = await drain_leases_read(conn, pool_id=pool_id)
-        if not leases:
-            return DrainInputs([], [], [], config, {}, now, [], {}, None)
-        moving = {lease.task_id for lease in leases}
-        released = await drain_released_read(conn, task_ids=moving, pool_id=pool_id)
+        # The leases come as one text, decoded by the worker that decides.
+        leases, tenants = await drain_leases_packed_read(conn, pool_id=pool_id)
+        if not tenants:
+            return DrainInputs("[]", [], [], config, {}, now, [], {}, None)
+        released = await drain_released_read(conn, pool_id=pool_id)
         pools = await pools_read(
             conn, now=now, freshness_seconds=config.heartbeat_freshness_seconds
         )
-        tenants = {lease.tenant_id for lease in leases}
-        placed = await placements_read(conn, tenant_ids=tenants)
+        # The moving tasks have left their pools: affinity no longer counts them there.
+        placed = await placements_read(conn, tenant_ids=tenants, leaving=pool_id)
         usage = await tenant_usage_read(conn, tenant_ids=tenants) if config.policy == "fair" else {}
-        returned = await drain_usage_returned_read(conn, task_ids=moving)
+        returned = await drain_usage_returned_read(conn, pool_id=pool_id)
         rows, cohorts = await quota_rows_read(
             conn, runtime_classes={rc for _, rc in returned}, tenant_ids=tenants
         )
@@ -143,12 +146,8 @@ async def drain_inputs_read(
             await tenants_entitlements(conn, tenant_ids=tenants)
             if config.policy == "fair" and rows else None
         )
-    # The moving tasks have left their pools: affinity no longer counts them where they were.
-    moved = {str(t) for t in moving}
     return DrainInputs(
-        leases,
-        _without(pools, pool_id=pool_id, released=released),
-        [p for p in placed if p.task_id not in moved],
+        leases, _without(pools, pool_id=pool_id, released=released), placed,
         config, usage, now, _returned(rows, returned), cohorts, entitlements,
     )
 
@@ -156,11 +155,12 @@ async def drain_inputs_read(
 def drain_decide(inputs: DrainInputs) -> list[DrainMove]:
     """Return, for each moving lease, where its task would be placed (or why it would
     wait), in the leases' order; pure."""
-    if not inputs.leases:
+    leases = drain_leases_decode(inputs.leases)
+    if not leases:
         return []
     snapshot = Snapshot.build(inputs.pools, inputs.placed, strategy=inputs.config.strategy)
     book = QuotaBook(inputs.quota_rows, inputs.cohorts) if inputs.quota_rows else None
-    return _decide_all(inputs.leases, snapshot, config=inputs.config, usage=inputs.usage,
+    return _decide_all(leases, snapshot, config=inputs.config, usage=inputs.usage,
                        now=inputs.now, quotas=book, entitlements=inputs.entitlements)
 
 
