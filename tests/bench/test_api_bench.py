@@ -14,7 +14,8 @@ def test_tiny_run_prints_one_json_line(server_url, monkeypatch, capsys) -> None:
     # Enough requests that the server's CPU time spans several clock ticks (10 ms each): a
     # read costs ~0.25 ms of CPU, so 40 reads could round down to zero.
     status = api.main(["--server-url", server_url, "--clients", "4", "--count", "300",
-                       "--reads", "300", "--warmup", "10", "--seconds", "30", "--pool-size", "2"])
+                       "--reads", "300", "--warmup", "10", "--seconds", "30", "--pool-size", "2",
+                       "--preview-pools", "200", "--previews", "3"])
     assert status == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1
@@ -26,9 +27,14 @@ def test_tiny_run_prints_one_json_line(server_url, monkeypatch, capsys) -> None:
         assert summary["rps"] > 0 and 0 < summary["p50Ms"] <= summary["p99Ms"]
         assert summary["serverCpuMsPerRequest"] > 0
     assert result["submissions"]["statuses"] == {"201": 300}
+    previews = result["previews"]
+    assert previews["pools"] == 200 and previews["statuses"] == {"200": 3}
+    # The default page: 20 candidates with their components, far below the whole ranking.
+    assert 2_000 < previews["bytesMax"] < 64 * 1024
 
 
 def test_bad_arguments_exit_2(capsys) -> None:
     assert api.main(["--clients", "0"]) == 2
+    assert api.main(["--preview-pools", "-1"]) == 2
     assert api.main(["--url", "http://127.0.0.1:1"]) == 2
     assert "--key" in capsys.readouterr().err
