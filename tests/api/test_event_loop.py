@@ -102,6 +102,7 @@ async def _probes(http: httpx.AsyncClient, keys: Keys, task: str) -> tuple[float
     return _p99(reads), _p99(beats)
 
 
+@pytest.mark.slow
 async def test_reads_and_heartbeats_stay_fast_under_eight_drain_previews(
     client, keys: Keys, reconcile, server: str
 ) -> None:
