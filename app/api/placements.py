@@ -58,6 +58,7 @@ async def preview_placement(
         strategy=str(settings.strategy),
     )
     return await preview_answer(
-        request, scope=placement_scope(inputs.spec), cursor=cursor, limit=limit,
+        request, scope=placement_scope(spec, tenant_id=inputs.spec.tenant_id),
+        cursor=cursor, limit=limit,
         compute=placement_preview_page, args=(inputs,),
     )

@@ -36,7 +36,7 @@ from app.scheduling.explain import (
 )
 from app.scheduling.preemption import Preemption
 from app.scheduling.results import Result
-from app.scheduling.spec import CompiledSpec
+from app.scheduling.spec import TaskSpec
 from app.services.drains import DrainInputs, DrainMove, drain_decide
 from app.services.placements import PlacementInputs, placement_decide
 from app.services.pools import pool_viewer
@@ -61,11 +61,14 @@ MAX_LIMIT = 1000
 POOL_IDS_PER_REASON = 20
 
 
-def placement_scope(spec: CompiledSpec) -> str:
-    """Return the cursor scope of a placement preview: its tenant and spec, so a cursor
-    given for one spec does not page another's preview."""
-    digest = hashlib.sha256(repr(spec).encode()).hexdigest()[:32]
-    return f"placement-preview:{digest}"
+def placement_scope(spec: TaskSpec, *, tenant_id: str) -> str:
+    """Return the cursor scope of a placement preview: its tenant and spec (as canonical
+    JSON, the same in every process), so a cursor given for one spec does not page
+    another's preview."""
+    canonical = orjson.dumps(
+        [tenant_id, spec.model_dump(mode="json", by_alias=True)], option=orjson.OPT_SORT_KEYS
+    )
+    return f"placement-preview:{hashlib.sha256(canonical).hexdigest()[:32]}"
 
 
 def drain_scope(pool_id: str, principal: Principal) -> str:

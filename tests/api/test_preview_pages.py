@@ -4,6 +4,9 @@ rejections by reason, and opaque cursors that page the rest and refuse forgeries
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -21,6 +24,11 @@ SPEC: dict[str, Any] = {
     "requests": {"cpuMillis": 1000, "memoryMiB": 1024, "llmSlots": 1},
 }
 BIG = {"cpuMillis": 16000, "memoryMiB": 65536, "llmSlots": 8}
+#: A spec whose compiled form holds sets (regions, labels), ordered by the hash seed.
+SPEC_WITH_SETS: dict[str, Any] = {
+    **SPEC, "labels": {"a": "1", "b": "2", "c": "3"},
+    "constraints": {"regions": ["eu-west", "eu-central", "us-east"]},
+}
 
 
 @pytest.fixture
@@ -135,3 +143,20 @@ async def test_past_the_bound_on_previews_a_preview_is_429_with_retry_after(
         release.set()
         await asyncio.gather(*held)
     assert (await _preview(client, keys)).status_code == 200
+
+
+def test_a_cursor_scope_is_the_same_in_every_process() -> None:
+    # Another API process (or this one restarted) must open the cursors this one gave:
+    # the scope may not depend on the process's hash seed.
+    code = (
+        "from app.scheduling.spec import TaskSpec\n"
+        "from app.services.previews import placement_scope\n"
+        f"print(placement_scope(TaskSpec.model_validate({SPEC_WITH_SETS!r}), "
+        "tenant_id='tenant-a'))"
+    )
+    scopes = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                       env={**os.environ, "PYTHONHASHSEED": seed}).stdout.strip()
+        for seed in ("1", "2", "3")
+    }
+    assert len(scopes) == 1 and scopes.pop().startswith("placement-preview:")
