@@ -169,6 +169,25 @@ class Settings(BaseSettings):
         "Idempotency-Key deduplicates as long as the task is kept, so this must be at least "
         "idempotency_retention_hours. 0 keeps finished tasks forever.",
     )
+    preview_workers: int = Field(
+        default=2,
+        ge=0,
+        description="Worker processes of one API process that compute previews (placement "
+        "and drain previews decide and build their answer there, off the event loop); 0 "
+        "computes them in one thread of the API process instead.",
+    )
+    preview_max_concurrent: int = Field(
+        default=8,
+        ge=1,
+        description="Previews one API process computes or holds waiting for a worker at "
+        "once; past it a preview is answered 429 with Retry-After at once.",
+    )
+    preview_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="A preview not computed this long after it was asked for is answered "
+        "503 with Retry-After.",
+    )
     log_level: str = Field(default="info", description="debug, info, warning or error.")
     bootstrap_admin_key_file: Path | None = Field(
         default=None,

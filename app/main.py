@@ -33,6 +33,7 @@ from app.db import Database
 from app.errors import ConfigurationError
 from app.gc_tuning import gc_frozen
 from app.schema import schema_current, schema_head
+from app.services.offload import Offload
 from app.services.queue import QueueCache
 from app.services.tokens import TokenSource
 
@@ -96,6 +97,12 @@ def create_app(
         app.state.key_cache = KeyCache()
         app.state.queue_cache = QueueCache(settings.queue_snapshot_seconds)
         app.state.tokens = TokenSource(app.state.db)
+        app.state.offload = Offload(
+            workers=settings.preview_workers,
+            max_concurrent=settings.preview_max_concurrent,
+            timeout_seconds=settings.preview_timeout_seconds,
+        )
+        app.state.offload.start()
         stops = [start(app.state.db) for start in background]
         try:
             with gc_frozen():
@@ -106,6 +113,7 @@ def create_app(
                 await hub.stop()
             for stop in reversed(stops):
                 await stop()
+            app.state.offload.close()
             if own_db:
                 await app.state.db.close()
 

@@ -146,7 +146,7 @@ TASKS_REEXAMINED = Counter(
 #: Why a request was refused before Berth worked on it (see app/api/shedding.py and
 #: app/api/timeouts.py); every reason is counted from zero so that rates read well.
 SHED_REASONS = ("in_flight_limit", "rate_limit", "header_timeout", "header_too_large",
-                "body_timeout", "invalid_key_limit", "unauthenticated_limit")
+                "body_timeout", "invalid_key_limit", "unauthenticated_limit", "compute_bound")
 REQUESTS_SHED = Counter(
     "berth_http_requests_shed_total",
     "HTTP requests refused to protect the process, by reason.",

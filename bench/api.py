@@ -8,7 +8,10 @@ API and its SQL are measured; or targets a running server with ``--url`` and a t
 clients drive ``POST /v1/tasks`` for a bounded time (or count), then ``GET /v1/tasks/{id}``
 over the created tasks, then a few clients drive ``POST /v1/task-batches`` with ``--batch-
 size`` specs each (tasks accepted per second and server CPU per task; ``--batch-size 0``
-skips it). The clients run in a separate process with a minimal HTTP/1.1 client so that they
+skips it), then — with its own server — loads ``--preview-pools`` pools (10,000) the tenant
+sees and times ``--previews`` placement previews one at a time, their default page: p50,
+p99 and the largest answer in bytes (``--preview-pools 0`` skips it). The clients run in a
+separate process with a minimal HTTP/1.1 client so that they
 cost the server as little CPU as possible; on a small machine client, server and PostgreSQL
 still share the cores, which the output reports.
 
@@ -18,7 +21,8 @@ with ``--json``, ONE JSON line instead::
     {"submissions": {"count", "rps", "p50Ms", "p99Ms", "errors"}, "reads": {...},
      "batches": {..., "tasksAccepted", "batchSize"}, "batchTasksPerSec",
      "batchDatabaseCpuMsPerTask",
-     "batchServerCpuMsPerTask", "clients": N, "cpus": 2, "server": "...", ...}
+     "batchServerCpuMsPerTask", "previews": {"pools", "count", "p50Ms", "p99Ms", "bytesMax",
+     "apiProcessCpuMsPerRequest"}, "clients": N, "cpus": 2, "server": "...", ...}
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -48,6 +52,7 @@ from bench.database import (
     env_server_url,
     postgres_server,
 )
+from bench.preview_pools import preview_pools_load
 from bench.report import Progress, json_option, result_print
 from bench.workers import REPO_ROOT, postgres_cpu_seconds, python_env
 
@@ -73,6 +78,8 @@ class PhaseResult:
     statuses: dict[int, int]
     #: Items answered 201 in the batches of a ``batch`` phase.
     accepted: int = 0
+    #: Body sizes (bytes) of the successful answers of a ``preview`` phase.
+    sizes: list[int] = field(default_factory=list)
 
 
 async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
@@ -112,6 +119,8 @@ async def _client(
                 out.latencies.append(took)
                 if phase == "submit":
                     out.ids.append(orjson.loads(body)["id"])
+                elif phase == "preview":
+                    out.sizes.append(len(body))
                 elif phase == "batch":
                     # Counted in the text, not parsed: the client shares the cores with the
                     # server. Only an item's result has a "status" (a task has a "state",
@@ -150,8 +159,9 @@ def drive(
     ids: Sequence[str] = (),
     batch_size: int = 1000,
 ) -> PhaseResult:
-    """Run one phase (``submit``, ``read`` or ``batch``: ``count`` requests of
-    ``batch_size`` specs) with ``clients`` connections; return its result."""
+    """Run one phase (``submit``, ``read``, ``preview`` (placement previews of the spec) or
+    ``batch``: ``count`` requests of ``batch_size`` specs) with ``clients`` connections;
+    return its result."""
     try:
         import uvloop
 
@@ -165,6 +175,8 @@ def drive(
     per = [count // clients + (1 if i < count % clients else 0) for i in range(clients)]
     if phase == "submit":
         batches = [[_post(host_port, key, body)] * n for n in per]
+    elif phase == "preview":
+        batches = [[_post(host_port, key, body, b"/v1/placements/preview")] * n for n in per]
     elif phase == "batch":
         batch = orjson.dumps({"items": [{"spec": SPEC}] * batch_size})
         batches = [[_post(host_port, key, batch, b"/v1/task-batches")] * n for n in per]
@@ -308,6 +320,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-clients", type=int, default=4,
                    help="concurrent connections of the batch phase (4)")
     json_option(p)
+    p.add_argument("--preview-pools", type=int, default=10000,
+                   help="pools loaded for the placement preview phase, its own server only "
+                   "(10000; 0 skips the phase)")
+    p.add_argument("--previews", type=int, default=50,
+                   help="placement previews of the preview phase, one at a time (50)")
     return p
 
 
@@ -395,11 +412,37 @@ def _measure(
     return out
 
 
+def _previews(
+    database: str, url: str, key: str, args: argparse.Namespace, server_pid: int
+) -> dict[str, Any]:
+    """Load ``--preview-pools`` pools for the tenant of ``key``, then time ``--previews``
+    placement previews of the benchmark's spec with their default page, one at a time."""
+    asyncio.run(preview_pools_load(database, pools=args.preview_pools, tenant="bench-tenant"))
+    with ProcessPoolExecutor(max_workers=1) as pool:
+        # Warm-up: the first previews read the new pools and start the preview workers.
+        pool.submit(drive, url, key, phase="preview", clients=1, count=3,
+                    seconds=args.seconds).result()
+        cpu0 = _cpu_seconds(server_pid)
+        done = pool.submit(drive, url, key, phase="preview", clients=1, count=args.previews,
+                           seconds=args.seconds).result()
+        cpu1 = _cpu_seconds(server_pid)
+    summary = _summary(done)
+    summary["pools"] = args.preview_pools
+    if done.sizes:
+        summary["bytesMax"] = max(done.sizes)
+        summary["apiProcessCpuMsPerRequest"] = round((cpu1 - cpu0) / len(done.sizes) * 1000, 2)
+    return summary
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the API benchmark and print one JSON line; return the exit status."""
     args = build_parser().parse_args(list(argv or []))
     if args.clients < 1 or args.count < 1 or args.seconds <= 0:
         print("berth bench api: --clients, --count and --seconds must be positive",
+              file=sys.stderr)
+        return 2
+    if args.preview_pools < 0 or args.previews < 1:
+        print("berth bench api: --preview-pools is 0 or more, --previews positive",
               file=sys.stderr)
         return 2
     if not 0 <= args.batch_size <= 1000 or args.batches < 1 or args.batch_clients < 1:
@@ -432,6 +475,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             info["server"] = "uvicorn, 1 worker, uvloop + httptools, same machine"
             info["database"] = described
             result = _measure(base, key, args, progress, pid, batch_key, database_name(url))
+            if args.preview_pools:
+                progress.phase(f"previews over {args.preview_pools:,} pools")
+                result["previews"] = _previews(url, base, key, args, pid)
+                progress.end(args.previews)
     result_print({**result, **info}, as_json=args.json, title=_title(info), rows=_headline)
     return 0
 
@@ -456,6 +503,10 @@ def _headline(r: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("tasks in batches", f"{r['batchTasksPerSec']:,.1f}/s in batches of "
                                          f"{b['batchSize']:,}"
                                          + (f", server CPU {cpu} ms/task" if cpu else "")))
+    if "previews" in r:
+        p = r["previews"]
+        rows.append(("placement previews", f"{p['pools']:,} pools: p50 {p['p50Ms']} ms, "
+                                           f"p99 {p['p99Ms']} ms, {p.get('bytesMax', 0):,} bytes"))
     return rows
 
 

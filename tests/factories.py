@@ -11,14 +11,18 @@ test can set up 10,000 tasks in a fraction of a second. Use from any test packag
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
+import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
+import httpx
 import orjson
 
 from app.db import Connection, Database
@@ -288,3 +292,40 @@ async def ledger_violations(db: Database) -> list[str]:
             if rows:
                 out.append(f"{name}: {[r[0] for r in rows]}")
     return out
+
+
+@asynccontextmanager
+async def berth_serving(database_url: str, **settings: str) -> AsyncIterator[str]:
+    """Run ``berth serve`` (no reconciler, warnings only) on the database, with ``settings``
+    as ``BERTH_<NAME>`` variables; yield its base URL once ``/readyz`` answers 200."""
+    from tests.test_serve import berth_command, berth_env, port_free
+
+    port = port_free()
+    env = {f"BERTH_{name.upper()}": value for name, value in settings.items()}
+    process = subprocess.Popen(  # noqa: ASYNC220 - started once, before anything is measured
+        [*berth_command(), "serve", "--port", str(port)],
+        env=berth_env(BERTH_DATABASE_URL=database_url, BERTH_RECONCILER_ENABLED="false",
+                      BERTH_LOG_LEVEL="warning", **env),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if (await http.get("/readyz")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert process.poll() is None, process.stdout.read() if process.stdout else ""
+                assert time.monotonic() < deadline, "berth serve did not become ready"
+                await asyncio.sleep(0.1)
+        yield base
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -107,7 +107,8 @@ _DESCRIPTIONS = {
     413: "Request body too large",
     415: "The body is not of a media type the operation accepts (`application/json`)",
     422: "Invalid content: the body or a parameter breaks the schema (types are strict)",
-    429: "Too many requests from this API key; retry after `Retry-After` seconds",
+    429: "Too many requests (from this API key, or previews computed at once by this "
+    "process); retry after `Retry-After` seconds",
     431: "The request line and headers are too large; the connection is closed",
     503: "Overloaded, or the database is unreachable; retry after `Retry-After` seconds",
 }

@@ -376,16 +376,61 @@ class DrainPreviewItem(CamelModel):
     tenant_id: str
     pool_id: str | None = Field(
         description="The pool the task (its first member, for a gang) would be placed on "
-        "now; null when it would wait (see reason)."
+        "now, among the pools the caller can see; null when it would wait (see reason) or "
+        "go only to pools the caller cannot see (see membersElsewhere)."
     )
     members: list[DrainMember] = Field(
-        description="Every member's pool and count (a gang moves as a unit); empty when it "
-        "would wait."
+        description="Every member's pool and count on the pools the caller can see (a gang "
+        "moves as a unit); empty when it would wait."
+    )
+    members_elsewhere: int = Field(
+        description="Members that would go to pools the caller cannot see (counted, never "
+        "named)."
     )
     reason: DrainReason | None = Field(description="Why the task would wait; null when placed.")
 
 
-class DrainPreview(CamelModel):
-    """What draining the pool would do now: one item per live lease. Nothing is reserved."""
+class DrainDestination(CamelModel):
+    """How many of the moving leases would go to one pool."""
 
-    items: list[DrainPreviewItem]
+    pool_id: str
+    leases: int
+
+
+class DrainWaiting(CamelModel):
+    """How many of the moving leases would wait for one reason."""
+
+    code: str
+    leases: int
+
+
+class DrainSummary(CamelModel):
+    """Where every live lease of the pool would go, in numbers."""
+
+    leases: int = Field(description="Live leases of the pool: all of them would be revoked.")
+    placed: int = Field(description="Leases whose task would be placed again now.")
+    waiting: int = Field(description="Leases whose task would wait (or fail).")
+    destinations: list[DrainDestination] = Field(
+        description="Per pool the caller can see, the leases whose task would go there "
+        "(a gang counts once on each of its pools), most first."
+    )
+    to_pools_not_shown: int = Field(
+        description="Leases whose task would go, in part or whole, to pools the caller "
+        "cannot see."
+    )
+    waiting_by_reason: list[DrainWaiting] = Field(
+        description="The waiting leases by reason code, most first."
+    )
+
+
+class DrainPreview(CamelModel):
+    """What draining the pool would do now: the summary of every live lease, and one page
+    of them. Nothing is reserved."""
+
+    summary: DrainSummary
+    items: list[DrainPreviewItem] = Field(
+        description="One item per live lease, `limit` at most, in lease order."
+    )
+    next_cursor: str | None = Field(
+        description="The cursor of the next page of items (null on the last)."
+    )

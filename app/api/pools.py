@@ -18,10 +18,7 @@ from app.api.common import CursorQuery, LimitQuery, cursor_decode, cursor_encode
 from app.api.pool_schemas import (
     POOL_ID_RE,
     Capacity,
-    DrainMember,
     DrainPreview,
-    DrainPreviewItem,
-    DrainReason,
     DrainRequest,
     Pool,
     PoolCreate,
@@ -31,6 +28,7 @@ from app.api.pool_schemas import (
     StatusChange,
     if_match_versions,
 )
+from app.api.previews import PreviewCursorQuery, PreviewLimitQuery, preview_answer
 from app.api.tasks import TenantHeader
 from app.api.watch_cursors import list_watch_cursor
 from app.auth import AdminDep, Principal, PrincipalDep
@@ -38,7 +36,13 @@ from app.errors import BadRequest
 from app.ledger.pools import PoolNotFound, PoolRecord
 from app.pass_config import ReconcilerConfig
 from app.services import pools as service
-from app.services.drains import drain_preview
+from app.services.drains import drain_inputs_read
+from app.services.previews import (
+    DEFAULT_LIMIT,
+    drain_preview_page,
+    drain_scope,
+    pools_visible_read,
+)
 from app.services.tenancy import principal_narrowed
 
 router = APIRouter(prefix="/v1", route_class=StrictRoute)
@@ -398,31 +402,34 @@ async def activate_pool(
     summary="Preview a drain: where each of the pool's leased tasks would go now",
     tags=["operators"],
     response_model=DrainPreview,
-    responses=problems(401, 403, 404),
+    responses=problems(400, 401, 403, 404, 429, 503),
 )
 async def preview_pool_drain(
-    pool_id: PoolIdPath, principal: PrincipalDep, request: Request
-) -> DrainPreview:
+    pool_id: PoolIdPath,
+    principal: PrincipalDep,
+    request: Request,
+    limit: PreviewLimitQuery = DEFAULT_LIMIT,
+    cursor: PreviewCursorQuery = None,
+) -> Response:
     """For each live lease of the pool, the pool its task would be placed on if the lease
     were revoked now, or why it would wait — decided as a reconciler pass decides, with this
     pool draining, the capacity the tasks hold elsewhere given back, and each task seeing the
-    ones decided before it. A gang moves as a unit. Reserves and changes nothing. For the
-    pool's operators (and admins)."""
-    moves = await drain_preview(
-        request.app.state.db,
+    ones decided before it. A gang moves as a unit. The summary counts every lease: how many
+    would go to each pool, how many would wait and why; `items` is one page of `limit`
+    leases and `nextCursor` the next. Pools the caller cannot see are never named: a move
+    there is counted (`membersElsewhere`, `toPoolsNotShown`). Reserves and changes nothing.
+    For the pool's operators (and admins). Too many previews at once on this process: 429
+    with Retry-After."""
+    db = request.app.state.db
+    inputs = await drain_inputs_read(
+        db,
         principal=principal,
         pool_id=pool_id,
         config=ReconcilerConfig.from_settings(request.app.state.settings),
         now=_now(),
     )
-    return DrainPreview(items=[
-        DrainPreviewItem(
-            task_id=m.task_id,
-            lease_id=m.lease_id,
-            tenant_id=m.tenant_id,
-            pool_id=m.members[0][0] if m.members else None,
-            members=[DrainMember(pool_id=p, count=c) for p, c in m.members],
-            reason=DrainReason.model_validate(m.reason) if m.reason is not None else None,
-        )
-        for m in moves
-    ])
+    visible = await pools_visible_read(db, principal=principal)
+    return await preview_answer(
+        request, scope=drain_scope(pool_id, principal), cursor=cursor, limit=limit,
+        compute=drain_preview_page, args=(inputs, visible),
+    )

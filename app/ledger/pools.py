@@ -49,6 +49,7 @@ __all__ = [
     "pool_status_set",
     "pool_update",
     "pools_list",
+    "pools_visible_ids",
     "pools_tenant_usage",
 ]
 
@@ -107,6 +108,8 @@ _LIST = (
     ORDER BY p.id LIMIT $8
 """
 )
+
+_VISIBLE_IDS = "SELECT p.id FROM pools p WHERE " + _VISIBLE
 
 _LOCK = "SELECT version FROM pools WHERE id = $1 FOR UPDATE"
 _EXISTS = "SELECT id FROM pools WHERE id = $1"
@@ -297,6 +300,11 @@ async def pool_get(
     else:
         row = await conn.fetchrow(_GET_VISIBLE, *viewer.args(), pool_id)
     return None if row is None else _record(row)
+
+
+async def pools_visible_ids(conn: Connection, *, viewer: PoolViewer) -> list[str]:
+    """Return the ids of every pool ``viewer`` may see."""
+    return [r[0] for r in await conn.fetch(_VISIBLE_IDS, *viewer.args())]
 
 
 async def pools_list(

@@ -121,7 +121,10 @@ _PLACED = (
     "SELECT t.id, t.tenant_id, t.labels::text, r.pool_id, r.members "
     "FROM (SELECT id, tenant_id, labels FROM tasks "
     "WHERE tenant_id = ANY($1::text[]) AND state = 'LEASED' OFFSET 0) t "
-    "JOIN reservations r ON r.task_id = t.id ORDER BY t.id, r.pool_id"
+    "JOIN reservations r ON r.task_id = t.id "
+    "WHERE $2::text IS NULL OR t.id NOT IN (SELECT task_id FROM leases "
+    "WHERE pool_id = $2 AND state IN ('ACTIVE', 'REVOKING')) "
+    "ORDER BY t.id, r.pool_id"
 )
 
 # The same placements grouped by (tenant, task labels): affinity only counts members per pool
@@ -432,12 +435,13 @@ def _pool_states(rows: Sequence[Any], cache: PoolCache | None) -> list[PoolState
 
 
 async def placements_read(
-    conn: Connection, *, tenant_ids: Collection[str]
+    conn: Connection, *, tenant_ids: Collection[str], leaving: str | None = None
 ) -> list[PlacedTask]:
-    """Return the leased placements of ``tenant_ids`` (a pool repeated once per member)."""
+    """Return the leased placements of ``tenant_ids`` (a pool repeated once per member),
+    without the tasks that have a live lease on pool ``leaving`` (if given)."""
     if not tenant_ids:
         return []
-    rows = await conn.fetch(_PLACED, sorted(tenant_ids))
+    rows = await conn.fetch(_PLACED, sorted(tenant_ids), leaving)
     labels_of: dict[str, dict[str, str]] = {}
     by_task: dict[object, tuple[str, dict, list[str]]] = {}
     for task_id, tenant_id, labels_json, pool_id, members in rows:

@@ -13,6 +13,9 @@ tasks' runtime classes, less the usage the revoked leases give back, are the pas
 book, so a task its tenant's quota would refuse waits with ``quota_exceeded`` or
 ``quota_borrow_unavailable``. Nothing is reserved and nothing is written: a drain started
 right after may still see the ledger move.
+
+The read (:func:`drain_inputs_read`, on the event loop) and the decision
+(:func:`drain_decide`, pure, run in a worker by the API) are separate steps.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from app.auth import Principal
 from app.db import Database
 from app.ledger.drains import (
     LeaseMoving,
-    drain_leases_read,
+    drain_leases_decode,
+    drain_leases_packed_read,
     drain_released_read,
     drain_usage_returned_read,
 )
@@ -40,11 +44,11 @@ from app.scheduling.inputs import PassInputs
 from app.scheduling.planner import Placed, plan_outcomes
 from app.scheduling.plugins.registry import profile
 from app.scheduling.records import ClaimedTask
-from app.scheduling.snapshot import PoolState, Snapshot
+from app.scheduling.snapshot import PlacedTask, PoolState, Snapshot
 from app.scheduling.spec import StoredSpecs
 from app.services.pools import pool_operated, pool_viewer
 
-__all__ = ["ATTEMPTS_EXHAUSTED", "DrainMove", "drain_preview"]
+__all__ = ["ATTEMPTS_EXHAUSTED", "DrainInputs", "DrainMove", "drain_decide", "drain_inputs_read"]
 
 log = logging.getLogger("berth.api.pools")
 
@@ -83,32 +87,49 @@ def _without(
     return out
 
 
-async def drain_preview(
+@dataclass(frozen=True, slots=True)
+class DrainInputs:
+    """What a drain preview decides on: the moving leases and the world as a pass would see
+    it once they are revoked (the drained pool DRAINING, their capacity given back)."""
+
+    #: The live leases of the pool, as :func:`~app.ledger.drains.drain_leases_packed_read`
+    #: gives them.
+    leases: str
+    pools: list[PoolState]
+    placed: list[PlacedTask]
+    config: ReconcilerConfig
+    usage: dict[str, tuple[int, int, int]]
+    now: datetime
+    quota_rows: list[QuotaRow]
+    cohorts: dict[str, str]
+    entitlements: Mapping[str, tuple[float, float, float]] | None
+
+
+async def drain_inputs_read(
     db: Database,
     *,
     principal: Principal,
     pool_id: str,
     config: ReconcilerConfig,
     now: datetime,
-) -> list[DrainMove]:
-    """Return, for each live lease of ``pool_id``, where its task would be placed if the
-    lease were revoked now (or why it would wait); 404 when the caller cannot see the pool,
-    403 when it may not operate it."""
+) -> DrainInputs:
+    """Read what revoking every live lease of ``pool_id`` now depends on; decides nothing.
+    404 when the caller cannot see the pool, 403 when it may not operate it."""
     viewer = pool_viewer(principal)
     async with db.connection() as conn:
         await pool_operated(conn, viewer=viewer, pool_id=pool_id, action="preview a drain of")
-        leases = await drain_leases_read(conn, pool_id=pool_id)
-        if not leases:
-            return []
-        moving = {lease.task_id for lease in leases}
-        released = await drain_released_read(conn, task_ids=moving, pool_id=pool_id)
+        # The leases come as one text, decoded by the worker that decides.
+        leases, tenants = await drain_leases_packed_read(conn, pool_id=pool_id)
+        if not tenants:
+            return DrainInputs("[]", [], [], config, {}, now, [], {}, None)
+        released = await drain_released_read(conn, pool_id=pool_id)
         pools = await pools_read(
             conn, now=now, freshness_seconds=config.heartbeat_freshness_seconds
         )
-        tenants = {lease.tenant_id for lease in leases}
-        placed = await placements_read(conn, tenant_ids=tenants)
+        # The moving tasks have left their pools: affinity no longer counts them there.
+        placed = await placements_read(conn, tenant_ids=tenants, leaving=pool_id)
         usage = await tenant_usage_read(conn, tenant_ids=tenants) if config.policy == "fair" else {}
-        returned = await drain_usage_returned_read(conn, task_ids=moving)
+        returned = await drain_usage_returned_read(conn, pool_id=pool_id)
         rows, cohorts = await quota_rows_read(
             conn, runtime_classes={rc for _, rc in returned}, tenant_ids=tenants
         )
@@ -116,17 +137,22 @@ async def drain_preview(
             await tenants_entitlements(conn, tenant_ids=tenants)
             if config.policy == "fair" and rows else None
         )
-
-    # The moving tasks have left their pools: affinity no longer counts them where they were.
-    moved = {str(t) for t in moving}
-    snapshot = Snapshot.build(
-        _without(pools, pool_id=pool_id, released=released),
-        [p for p in placed if p.task_id not in moved],
-        strategy=config.strategy,
+    return DrainInputs(
+        leases, _without(pools, pool_id=pool_id, released=released), placed,
+        config, usage, now, _returned(rows, returned), cohorts, entitlements,
     )
-    return _plan_all(leases, snapshot, config=config, usage=usage, now=now,
-                     quota_rows=tuple(_returned(rows, returned)), cohorts=cohorts,
-                     entitlements=entitlements)
+
+
+def drain_decide(inputs: DrainInputs) -> list[DrainMove]:
+    """Return, for each moving lease, where its task would be placed (or why it would
+    wait), in the leases' order; pure."""
+    leases = drain_leases_decode(inputs.leases)
+    if not leases:
+        return []
+    snapshot = Snapshot.build(inputs.pools, inputs.placed, strategy=inputs.config.strategy)
+    return _plan_all(leases, snapshot, config=inputs.config, usage=inputs.usage,
+                     now=inputs.now, quota_rows=tuple(inputs.quota_rows),
+                     cohorts=inputs.cohorts, entitlements=inputs.entitlements)
 
 
 def _returned(

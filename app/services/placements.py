@@ -9,12 +9,16 @@ over its tenant's quota refused with ``quota_exceeded`` or ``quota_borrow_unavai
 the numbers, and for a spec that may preempt and fits nowhere (but within its quota) the
 preemption a pass would make, with every candidate pool and the victims each would need. A
 task submitted right after may still land elsewhere if the ledger moves.
+
+The read (:func:`placement_inputs_read`, on the event loop) and the decision
+(:func:`placement_decide`, pure, run in a worker by the API) are separate steps.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from app.auth import Principal
@@ -30,16 +34,26 @@ from app.scheduling.preemption import Preemption
 from app.scheduling.records import ClaimedTask
 from app.scheduling.results import Result
 from app.scheduling.snapshot import Snapshot
-from app.scheduling.spec import TaskSpec, compile_spec
+from app.scheduling.spec import CompiledSpec, TaskSpec, compile_spec
 from app.services.tenancy import tenant_acting
 
-__all__ = ["placement_preview"]
+__all__ = ["PlacementInputs", "placement_decide", "placement_inputs_read"]
 
 #: Ranked candidates a preview's placement keeps (the pipeline's default depth).
 PREVIEW_TOP_K = 5
 
 
-async def placement_preview(
+@dataclass(frozen=True, slots=True)
+class PlacementInputs:
+    """What a placement preview decides on: the compiled spec and the inputs of a pass whose
+    only task it is."""
+
+    spec: CompiledSpec
+    task_id: uuid.UUID
+    inputs: PassInputs
+
+
+async def placement_inputs_read(
     db: Database,
     *,
     principal: Principal,
@@ -47,9 +61,8 @@ async def placement_preview(
     spec: TaskSpec,
     freshness_seconds: float,
     strategy: str,
-) -> tuple[Result, Preemption | None]:
-    """Return the explained result of placing ``spec`` now (every candidate and rejection)
-    and, for a preemptor that fits nowhere, the preemption it would make."""
+) -> PlacementInputs:
+    """Read what placing ``spec`` now depends on; decides nothing."""
     tenant_id = tenant_acting(principal, tenant)
     compiled = compile_spec(spec, tenant_id=tenant_id)
     now = datetime.now(UTC)
@@ -73,5 +86,11 @@ async def placement_preview(
         tasks=((task, compiled),), quota_rows=tuple(rows), cohorts=cohorts,
         victims=tuple(victims),
     )
-    plan = plan_pass(inputs)
-    return plan.explained[task.id], plan.preemptions.get(task.id)
+    return PlacementInputs(compiled, task.id, inputs)
+
+
+def placement_decide(inputs: PlacementInputs) -> tuple[Result, Preemption | None]:
+    """Return the explained result of placing the spec (every candidate and rejection) and,
+    for a preemptor that fits nowhere, the preemption it would make; pure."""
+    plan = plan_pass(inputs.inputs)
+    return plan.explained[inputs.task_id], plan.preemptions.get(inputs.task_id)

@@ -91,8 +91,12 @@ def assert_problem(response: httpx.Response, status: int) -> dict[str, Any]:
 
 
 def settings_for_tests(database_url: str, **overrides: Any) -> Settings:
-    """Return Settings for an API test app: the test database, no in-process reconciler."""
-    values: dict[str, Any] = {"database_url": database_url, "reconciler_enabled": False}
+    """Return Settings for an API test app: the test database, no in-process reconciler,
+    previews computed in a thread (starting worker processes for every test's app would cost
+    more than the tests; tests/api/test_event_loop.py runs them in processes)."""
+    values: dict[str, Any] = {
+        "database_url": database_url, "reconciler_enabled": False, "preview_workers": 0,
+    }
     values.update(overrides)
     return Settings(**values)
 

@@ -10,8 +10,6 @@ test's own reads and set-up run at normal speed.
 
 from __future__ import annotations
 
-import asyncio
-import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -27,8 +25,7 @@ from app.db import Database
 from app.ledger.keys import api_key_create
 from app.pass_config import ReconcilerConfig
 from app.reconciler.loop import Reconciler
-from tests.factories import heartbeat_add, spec_make
-from tests.test_serve import berth_command, berth_env, port_free
+from tests.factories import berth_serving, heartbeat_add, spec_make
 
 pytestmark = pytest.mark.slow
 
@@ -99,18 +96,6 @@ class Live:
         return out
 
 
-def _server(database_url: str, port: int) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [*berth_command(), "serve", "--port", str(port)],
-        env=berth_env(BERTH_DATABASE_URL=database_url, BERTH_RECONCILER_ENABLED="false",
-                      BERTH_LOG_LEVEL="warning"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        text=True,
-    )
-
-
 @pytest_asyncio.fixture
 async def live(db: Database, database_url: str) -> AsyncIterator[Live]:
     """Yield a live server on the clean test database, the fault trigger installed."""
@@ -128,32 +113,15 @@ async def live(db: Database, database_url: str) -> AsyncIterator[Live]:
                 conn, role=role, subject=subject, tenant_ids=tenants,
                 runtime_instance_ids=instances,
             )
-    port = port_free()
-    process = _server(database_url, port)
-    base = f"http://127.0.0.1:{port}"
     try:
-        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if (await http.get("/readyz")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert process.poll() is None, process.stdout.read() if process.stdout else ""
-                assert time.monotonic() < deadline, "berth serve did not become ready"
-                await asyncio.sleep(0.1)
+        async with berth_serving(database_url) as base, httpx.AsyncClient(
+            base_url=base, timeout=30
+        ) as http:
             yield Live(
                 http, db,
                 *({"Authorization": f"Bearer {keys[r]}"} for r in ("admin", "tenant", "runtime")),
             )
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
         async with db.connection() as conn:
             await conn.execute(FAULT_REMOVE)
 

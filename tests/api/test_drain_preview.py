@@ -141,7 +141,76 @@ async def test_a_pool_without_leases_previews_nothing(
     response = await live.post("/v1/pools/pool-x/drain-preview", headers=keys.operator_x)
 
     assert response.status_code == 200, response.text
-    assert response.json() == {"items": []}
+    assert response.json() == {
+        "summary": {"leases": 0, "placed": 0, "waiting": 0, "destinations": [],
+                    "toPoolsNotShown": 0, "waitingByReason": []},
+        "items": [],
+        "nextCursor": None,
+    }
+
+
+async def test_the_summary_counts_every_lease_and_items_come_in_pages(
+    live: httpx.AsyncClient, keys: Keys, reconcile
+) -> None:
+    # Five tasks on pool-x; once it drains, pool-y has room for three, the other two wait.
+    await _pool(live, keys, "pool-x", {k: v * 5 for k, v in ONE_TASK.items()})
+    await live.post("/v1/runtimes/rt-1/heartbeat", headers=keys.runtime_1)
+    tasks = [await _submit(live, keys) for _ in range(5)]
+    assert (await reconcile()).leased == 5
+    await _pool(live, keys, "pool-y", THREE_TASKS, failureDomain="fd-2")
+
+    first = await live.post("/v1/pools/pool-x/drain-preview?limit=2", headers=keys.operator_x)
+
+    assert first.status_code == 200, first.text
+    page = first.json()
+    assert page["summary"] == {
+        "leases": 5, "placed": 3, "waiting": 2,
+        "destinations": [{"poolId": "pool-y", "leases": 3}], "toPoolsNotShown": 0,
+        "waitingByReason": [{"code": "insufficient_cpu", "leases": 2}],
+    }
+    items = page["items"]
+    while page["nextCursor"]:
+        page = (await live.post(
+            f"/v1/pools/pool-x/drain-preview?limit=2&cursor={page['nextCursor']}",
+            headers=keys.operator_x,
+        )).json()
+        assert len(page["items"]) <= 2
+        items += page["items"]
+    assert [i["taskId"] for i in items] == tasks
+    # A cursor of another pool's preview, or one Berth did not make, is refused.
+    await _pool(live, keys, "pool-z", ONE_TASK, failureDomain="fd-3")
+    cursor = first.json()["nextCursor"]
+    assert_problem(await live.post(f"/v1/pools/pool-z/drain-preview?cursor={cursor}",
+                                   headers=keys.operator_x), 400)
+    assert_problem(await live.post("/v1/pools/pool-x/drain-preview?cursor=xyz",
+                                   headers=keys.operator_x), 400)
+
+
+async def test_a_destination_the_caller_cannot_see_is_counted_never_named(
+    live: httpx.AsyncClient, keys: Keys, reconcile
+) -> None:
+    # operator-x operates pool-x only; pool-t lists tenant-a and has no operator: an
+    # operator of pool-x gets 404 for it, so the preview must not name it to that operator.
+    await _pool(live, keys, "pool-x", ONE_TASK)
+    await live.post("/v1/runtimes/rt-1/heartbeat", headers=keys.runtime_1)
+    task = await _submit(live, keys)
+    assert (await reconcile()).leased == 1
+    await _pool(live, keys, "pool-t", ONE_TASK, operators=[], failureDomain="fd-2")
+    assert_problem(await live.get("/v1/pools/pool-t", headers=keys.operator_x), 404)
+
+    seen = await live.post("/v1/pools/pool-x/drain-preview", headers=keys.operator_x)
+
+    assert seen.status_code == 200, seen.text
+    assert "pool-t" not in seen.text
+    (item,) = seen.json()["items"]
+    assert item["taskId"] == task and item["reason"] is None
+    assert (item["poolId"], item["members"], item["membersElsewhere"]) == (None, [], 1)
+    summary = seen.json()["summary"]
+    assert (summary["placed"], summary["destinations"], summary["toPoolsNotShown"]) == (1, [], 1)
+    # An admin sees every pool: the same move, named.
+    admin = (await live.post("/v1/pools/pool-x/drain-preview", headers=keys.admin)).json()
+    assert admin["items"][0]["poolId"] == "pool-t"
+    assert admin["summary"]["destinations"] == [{"poolId": "pool-t", "leases": 1}]
 
 
 @pytest.mark.parametrize(

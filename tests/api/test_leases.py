@@ -146,7 +146,7 @@ async def test_complete_with_a_bad_body_is_422(
 async def test_complete_with_a_malformed_lease_id_is_404(
     client: httpx.AsyncClient, keys: Keys
 ) -> None:
-    """No lease can have a malformed id: the path names nothing (SPEC §6), as for a task."""
+    """No lease can have a malformed id: the path names nothing, as for a task."""
     response = await client.post(
         "/v1/leases/not-a-uuid/complete",
         json={"outcome": "succeeded", "epoch": 1},

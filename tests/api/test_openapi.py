@@ -91,7 +91,8 @@ def test_task_shape_matches_spec(doc):
                                             "alternatives"}
     preview = doc["components"]["schemas"]["PlacementPreview"]
     assert set(preview["properties"]) == {"placement", "candidates", "rejected", "reason",
-                                          "preemption"}
+                                          "candidateCount", "rejectedCount",
+                                          "rejectedByReason", "preemption", "nextCursor"}
 
 
 async def test_the_app_serves_the_same_document(client, doc):

@@ -92,7 +92,7 @@ async def test_create_pool_with_malformed_json_is_400(
         content=b'{"id": "pool-x",',
         headers={**keys.admin, "Content-Type": "application/json"},
     )
-    assert_problem(response, 400)  # not JSON at all: SPEC §6
+    assert_problem(response, 400)  # not JSON at all
 
 
 @pytest.mark.parametrize("role", ["tenant_a", "operator_x", "runtime_1"])

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter
 
+from app.api.preview_schemas import PlacementPreview
 from app.db import Database
-from app.scheduling.explain import PlacementPreview
 from app.shards import shard_of
 
 SPEC: dict[str, Any] = {

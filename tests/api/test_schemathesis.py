@@ -47,7 +47,7 @@ def key_for(path: str, raw: dict[str, str]) -> str:
     return raw["admin"]
 
 
-#: Operations that answer a schema-violating *item* inside a 200 (SPEC §6: one bad item of
+#: Operations that answer a schema-violating *item* inside a 200 (one bad item of
 #: a batch does not reject the others). Instead of the generic rejection check, a 200 to a
 #: request the document rules out must give some item a 4xx (:func:`_bad_item_answered`).
 ITEMWISE = frozenset({"createTaskBatch"})

@@ -17,7 +17,7 @@ def test_tiny_run_prints_one_json_line(server_url, monkeypatch, capsys) -> None:
     # read costs ~0.25 ms of CPU, so 40 reads could round down to zero.
     status = api.main(["--server-url", server_url, "--clients", "4", "--count", "300",
                        "--reads", "300", "--warmup", "10", "--seconds", "30", "--pool-size", "2",
-                       "--json"])
+                       "--preview-pools", "200", "--previews", "3", "--json"])
     assert status == 0
     out, err = capsys.readouterr()
     lines = out.strip().splitlines()
@@ -30,6 +30,10 @@ def test_tiny_run_prints_one_json_line(server_url, monkeypatch, capsys) -> None:
         assert summary["rps"] > 0 and 0 < summary["p50Ms"] <= summary["p99Ms"]
         assert summary["serverCpuMsPerRequest"] > 0
     assert result["submissions"]["statuses"] == {"201": 300}
+    previews = result["previews"]
+    assert previews["pools"] == 200 and previews["statuses"] == {"200": 3}
+    # The default page: 20 candidates with their components, far below the whole ranking.
+    assert 2_000 < previews["bytesMax"] < 64 * 1024
     # Each phase on stderr, as plain lines (stderr is not a terminal here).
     for phase in ("submissions ...", "submissions  300/300 tasks", "reads  300/300 reads",
                   "batches ..."):
@@ -40,7 +44,8 @@ def test_tiny_run_prints_one_json_line(server_url, monkeypatch, capsys) -> None:
 def test_tiny_run_ends_with_a_table_of_the_headline_figures(server_url, capsys) -> None:
     status = api.main(["--server-url", server_url, "--clients", "2", "--count", "40",
                        "--reads", "40", "--warmup", "0", "--seconds", "30", "--pool-size", "2",
-                       "--batch-size", "10", "--batches", "2", "--batch-clients", "1"])
+                       "--batch-size", "10", "--batches", "2", "--batch-clients", "1",
+                       "--preview-pools", "0"])
     assert status == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("berth bench api: 2 clients; uvicorn, 1 worker")
@@ -53,5 +58,6 @@ def test_tiny_run_ends_with_a_table_of_the_headline_figures(server_url, capsys) 
 
 def test_bad_arguments_exit_2(capsys) -> None:
     assert api.main(["--clients", "0"]) == 2
+    assert api.main(["--preview-pools", "-1"]) == 2
     assert api.main(["--url", "http://127.0.0.1:1"]) == 2
     assert "--key" in capsys.readouterr().err

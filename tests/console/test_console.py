@@ -215,3 +215,50 @@ async def test_every_role_signs_in_and_a_bad_key_shows_the_problem(
         await page.get_by_role("button", name="Sign out").click()
         await expect(page.locator("#signin")).to_be_visible()
 
+
+async def test_the_drain_dialog_shows_the_summary_first_and_keeps_confirm_in_view(
+    server: str, keys: Keys, browser: Any, reconcile: Any
+) -> None:
+    # 30 leases on pool-x; once it drains, pool-y takes 12 and pool-t (no operator: operator-x
+    # cannot see it) 6; the other 12 wait.
+    tasks = 30
+    http, api = await api_of(server, keys)
+    async with http:
+        await api.pool("pool-x", {k: v * tasks for k, v in ONE_TASK.items()})
+        await api.call("POST", "/v1/runtimes/rt-1/heartbeat", "runtime_1")
+        for _ in range(tasks):
+            await api.submit()
+        assert (await reconcile()).leased == tasks
+        await api.pool("pool-y", {k: v * 12 for k, v in ONE_TASK.items()}, failureDomain="fd-2")
+        await api.pool("pool-t", {k: v * 6 for k, v in ONE_TASK.items()}, failureDomain="fd-3",
+                       costWeight=5.0, operators=[])
+    context = await browser.new_context(viewport={"width": 1024, "height": 640})
+    try:
+        page = await context.new_page()
+        await sign_in(page, server, keys.raw["operator_x"], "operator")
+        await page.get_by_role("link", name="Pools").click()
+        card = page.locator('article[data-pool="pool-x"]')
+        await card.get_by_role("button", name="Drain…").click()
+        dialog = page.locator("dialog[open]")
+        summary = dialog.locator('[data-summary="drain"]')
+        await expect(summary).to_have_text("30 live lease(s): 18 would move, 12 would wait.")
+        await expect(dialog.locator('[data-destination="pool-y"]')).to_have_text(
+            "pool-y: 12 lease(s)")
+        await expect(dialog.locator('[data-destination=""]')).to_have_text(
+            "Pools you cannot see: 6 lease(s)")
+        await expect(dialog.locator('[data-waiting="insufficient_cpu"]')).to_contain_text(
+            "12 lease(s)")
+        await expect(dialog).not_to_contain_text("pool-t")
+        # One page of leases, below the form in its own scrolling box.
+        await expect(dialog.locator("tr[data-lease]")).to_have_count(20)
+        await expect(dialog).to_contain_text("The first 20 leases (10 more)")
+        confirm = dialog.get_by_role("button", name="Drain pool-x")
+        await expect(confirm).to_be_enabled()
+        await expect(summary).to_be_in_viewport()
+        await expect(confirm).to_be_in_viewport()
+        summary_box, confirm_box = await summary.bounding_box(), await confirm.bounding_box()
+        assert summary_box and confirm_box and summary_box["y"] < confirm_box["y"]
+        await confirm.click()
+        await expect(card).to_contain_text("DRAINING")
+    finally:
+        await context.close()

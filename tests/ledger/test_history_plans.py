@@ -27,7 +27,8 @@ STATEMENTS = {
     "pending counts, all tenants": (queue._PENDING, [None, None]),
     "pending counts of tenants": (queue._PENDING, [TENANTS, None]),
     "placements for affinity (grouped)": (snapshot._PLACED_GROUPED, [TENANTS]),
-    "placements for affinity": (snapshot._PLACED, [TENANTS]),
+    "placements for affinity": (snapshot._PLACED, [TENANTS, None]),
+    "placements staying while a pool drains": (snapshot._PLACED, [TENANTS, "pool-x"]),
     "tenant usage (fair policy)": (snapshot._TENANT_USAGE, [TENANTS]),
     "preemption victims": (preemption._VICTIMS, [TENANTS, [5, 5]]),
 }

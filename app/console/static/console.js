@@ -672,6 +672,9 @@
     const confirm = h("button", { type: "submit", class: action === "activate" ? "primary" : "danger" },
       `${verb} ${pool.id}`);
     const preview = action === "drain" ? h("div", { id: "drain-preview" }, h("p", { class: "muted" }, "Loading the drain preview…")) : null;
+    // The lease-by-lease detail comes after the form, in its own scrolling box, so that the
+    // summary and Confirm stay in view however many leases the pool has.
+    const details = action === "drain" ? h("div", { id: "drain-details", class: "drain-details" }) : null;
     const form = h("form", { method: "dialog" },
       h("label", { for: "action-reason" }, "Reason", reason),
       deadline ? h("label", { for: "action-deadline" }, "Revoke leases at (your local time)", deadline) : null,
@@ -695,14 +698,15 @@
     });
     dialog.replaceChildren(
       h("h2", { id: "dialog-title" }, `${verb} pool `, h("span", { class: "mono" }, pool.id)),
-      h("p", {}, what), preview, problem, form);
+      h("p", {}, what), preview, problem, form, details);
     dialog.showModal();
     reason.focus();
     if (action === "drain") {
       confirm.disabled = true;
       try {
         const answer = await api("POST", `/v1/pools/${encodeURIComponent(pool.id)}/drain-preview`);
-        preview.replaceChildren(...drainPreview(answer.items));
+        preview.replaceChildren(...drainSummary(answer.summary));
+        details.replaceChildren(...drainItems(answer));
         confirm.disabled = false;
       } catch (error) {
         preview.replaceChildren();
@@ -711,20 +715,48 @@
     }
   }
 
-  function drainPreview(items) {
-    const moving = items.filter((i) => i.poolId).length;
-    return [
+  // Destinations named in the summary; the rest are counted on one line.
+  const DRAIN_DESTINATIONS_SHOWN = 8;
+
+  function drainSummary(summary) {
+    const out = [
       h("h3", {}, "Where its work would go now"),
-      h("p", { "data-summary": "drain" }, items.length
-        ? `${items.length} live lease(s): ${moving} would move, ${items.length - moving} would wait.`
+      h("p", { "data-summary": "drain" }, summary.leases
+        ? `${summary.leases} live lease(s): ${summary.placed} would move, ${summary.waiting} would wait.`
         : "No live lease: nothing would move."),
-      items.length ? table(["Task", "Tenant", "Would move to", "Why it would wait"], items.map((i) =>
+    ];
+    const shown = summary.destinations.slice(0, DRAIN_DESTINATIONS_SHOWN);
+    const to = shown.map((d) =>
+      h("li", { "data-destination": d.poolId }, h("span", { class: "mono" }, d.poolId), `: ${d.leases} lease(s)`));
+    const rest = summary.destinations.slice(shown.length);
+    if (rest.length) {
+      to.push(h("li", {}, `${rest.length} more pool(s): ${rest.reduce((n, d) => n + d.leases, 0)} lease(s)`));
+    }
+    if (summary.toPoolsNotShown) {
+      to.push(h("li", { "data-destination": "" }, `Pools you cannot see: ${summary.toPoolsNotShown} lease(s)`));
+    }
+    const waiting = summary.waitingByReason.map((w) =>
+      h("li", { "data-waiting": w.code }, h("code", {}, w.code), `: ${w.leases} lease(s)`));
+    if (to.length) out.push(h("p", { class: "muted" }, "Would move to"), h("ul", { class: "drain-list" }, to));
+    if (waiting.length) out.push(h("p", { class: "muted" }, "Would wait"), h("ul", { class: "drain-list" }, waiting));
+    return out;
+  }
+
+  function drainItems(answer) {
+    const items = answer.items;
+    if (!items.length) return [];
+    const more = answer.summary.leases - items.length;
+    return [
+      h("h3", {}, more > 0 ? `The first ${items.length} leases (${more} more)` : "Lease by lease"),
+      table(["Task", "Tenant", "Would move to", "Why it would wait"], items.map((i) =>
         h("tr", { "data-lease": i.leaseId },
           h("td", { class: "mono" }, shortId(i.taskId)),
           h("td", { class: "mono" }, i.tenantId),
-          h("td", { class: "mono" }, i.members.length
-            ? i.members.map((m) => (m.count > 1 ? `${m.poolId} ×${m.count}` : m.poolId)).join(", ") : "—"),
-          h("td", {}, i.reason ? [h("code", {}, i.reason.code), " ", i.reason.message] : "")))) : null,
+          h("td", { class: "mono" }, i.members.length || i.membersElsewhere
+            ? [...i.members.map((m) => (m.count > 1 ? `${m.poolId} ×${m.count}` : m.poolId)),
+              ...(i.membersElsewhere ? [`${i.membersElsewhere} on pools you cannot see`] : [])].join(", ")
+            : "—"),
+          h("td", {}, i.reason ? [h("code", {}, i.reason.code), " ", i.reason.message] : "")))),
     ];
   }
 

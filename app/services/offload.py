@@ -1,0 +1,144 @@
+"""CPU work of a request, off the API's event loop: a process pool with a bound.
+
+A preview decides hundreds of tasks or ranks thousands of pools, and builds a document of
+them; done on the event loop, that stops every other request of the process (a heartbeat, a
+task read) for as long. The database reads of a request stay on the loop (asyncpg); the pure
+part — deciding and building the answer — runs in a worker process, so the loop only waits.
+
+Processes, not threads: the decision is Python that holds the GIL, and a thread holding it
+delays the loop's every step. Workers run at a lower CPU priority than the API process
+(:data:`WORKER_NICENESS`), so that on a busy machine the loop is scheduled first.
+
+At most ``preview_workers`` computations run at once and ``preview_max_concurrent`` requests
+may be running or waiting for a worker; past that, the request is refused at once with 429
+and ``Retry-After``. A computation that has not finished after ``preview_timeout_seconds``
+is answered 503 with ``Retry-After`` (its worker finishes it and throws it away; its slot
+stays taken until then, so abandoned work cannot pile up).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+from collections.abc import Callable
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from app.errors import BerthError
+from app.metrics import REQUESTS_SHED
+
+__all__ = ["WORKER_NICENESS", "ComputeBusy", "ComputeTimeout", "Offload"]
+
+T = TypeVar("T")
+
+#: Niceness added to each worker process (Linux: 0 normal .. 19 lowest priority).
+WORKER_NICENESS = 10
+
+#: Modules each worker imports when it starts, so that its first computation does not.
+_PRELOAD = ("app.services.previews",)
+
+
+class ComputeBusy(BerthError):
+    """As many previews as this process allows are running or waiting; retry shortly."""
+
+    status = 429
+    title = "Too Many Requests"
+    type_slug = "compute-busy"
+
+
+class ComputeTimeout(BerthError):
+    """The preview took longer than this process allows; retry later."""
+
+    status = 503
+    title = "Service Unavailable"
+    type_slug = "compute-timeout"
+
+
+def _worker_start() -> None:
+    """Lower the worker's CPU priority and import what computations need."""
+    try:
+        os.nice(WORKER_NICENESS)
+    except OSError:  # pragma: no cover - a platform without nice: run at normal priority
+        pass
+    for name in _PRELOAD:
+        __import__(name)
+
+
+def _warm() -> int:
+    return os.getpid()
+
+
+class Offload:
+    """Run pure functions of requests in worker processes, at most ``max_concurrent`` at
+    once (running or waiting), each answered within ``timeout_seconds``.
+
+    ``workers=0`` runs them in one thread of the API process instead (a small install or
+    a test, where starting processes costs more than it saves).
+    """
+
+    def __init__(self, *, workers: int, max_concurrent: int, timeout_seconds: float) -> None:
+        self.workers = workers
+        self.max_concurrent = max_concurrent
+        self.timeout_seconds = timeout_seconds
+        self.in_use = 0
+        self._executor: Executor | None = None
+
+    def start(self) -> None:
+        """Start the workers (each imports the modules computations need)."""
+        if self._executor is not None:
+            return
+        if self.workers == 0:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="berth-compute")
+            return
+        context = multiprocessing.get_context("spawn")
+        self._executor = ProcessPoolExecutor(
+            self.workers, mp_context=context, initializer=_worker_start
+        )
+        for _ in range(self.workers):
+            self._executor.submit(_warm)
+
+    def close(self) -> None:
+        """Stop the workers, dropping computations that have not started."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+    async def run(self, fn: Callable[..., T], /, *args: Any) -> T:
+        """Return ``fn(*args)`` computed by a worker; 429 past the bound, 503 past the
+        timeout."""
+        if self.in_use >= self.max_concurrent:
+            REQUESTS_SHED.labels("compute_bound").inc()
+            raise ComputeBusy(
+                f"{self.max_concurrent} previews are running or waiting on this process, "
+                "its limit (BERTH_PREVIEW_MAX_CONCURRENT); retry in a second",
+                extra={"headers": {"Retry-After": "1"}},
+            )
+        self.start()
+        assert self._executor is not None
+        self.in_use += 1
+        future: Future[T] = self._executor.submit(fn, *args)
+        loop = asyncio.get_running_loop()
+        future.add_done_callback(lambda _: self._release(loop))
+        try:
+            return await asyncio.wait_for(
+                asyncio.shield(asyncio.wrap_future(future)), self.timeout_seconds
+            )
+        except TimeoutError:
+            future.cancel()
+            raise ComputeTimeout(
+                f"the preview did not finish within {self.timeout_seconds:g} s "
+                "(BERTH_PREVIEW_TIMEOUT_SECONDS); retry later",
+                extra={"headers": {"Retry-After": str(max(1, round(self.timeout_seconds)))}},
+            ) from None
+
+    def _release(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Free the slot of a finished computation, on the event loop (this is called in
+        the executor's thread, and the loop owns the count)."""
+        try:
+            loop.call_soon_threadsafe(self._free)
+        except RuntimeError:  # the loop is closed: nobody counts any more
+            pass
+
+    def _free(self) -> None:
+        self.in_use -= 1

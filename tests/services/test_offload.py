@@ -1,0 +1,77 @@
+"""The worker pool of request CPU work: results come back, the bound refuses with 429 at
+once, a slow computation is 503, and a process worker leaves the event loop free."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+
+import pytest
+
+from app.services.offload import ComputeBusy, ComputeTimeout, Offload
+
+
+def _spin(seconds: float) -> int:
+    """Hold a CPU (and the GIL, in a thread) for ``seconds``; return the worker's pid."""
+    end = time.perf_counter() + seconds
+    n = 0
+    while time.perf_counter() < end:
+        n += 1
+    return os.getpid()
+
+
+def _wait(event: threading.Event) -> bool:
+    return event.wait(10)
+
+
+async def test_a_process_worker_computes_in_another_process() -> None:
+    offload = Offload(workers=1, max_concurrent=2, timeout_seconds=60)
+    offload.start()
+    try:
+        assert await offload.run(_spin, 0.01) != os.getpid()
+        assert offload.in_use == 0
+    finally:
+        offload.close()
+
+
+async def test_past_the_bound_a_request_is_refused_at_once_with_retry_after() -> None:
+    offload = Offload(workers=0, max_concurrent=1, timeout_seconds=10)
+    release = threading.Event()
+    try:
+        held = asyncio.ensure_future(offload.run(_wait, release))
+        await asyncio.sleep(0.05)
+        with pytest.raises(ComputeBusy) as refused:
+            await offload.run(_spin, 0.0)
+        assert refused.value.status == 429
+        assert refused.value.extra["headers"]["Retry-After"] == "1"
+        release.set()
+        assert await held is True
+        await asyncio.sleep(0.05)
+        assert offload.in_use == 0
+        assert await offload.run(_spin, 0.0) == os.getpid()
+    finally:
+        release.set()
+        offload.close()
+
+
+async def test_a_computation_past_the_timeout_is_503_and_keeps_its_slot_until_done() -> None:
+    offload = Offload(workers=0, max_concurrent=1, timeout_seconds=0.1)
+    release = threading.Event()
+    try:
+        with pytest.raises(ComputeTimeout) as late:
+            await offload.run(_wait, release)
+        assert late.value.status == 503 and "Retry-After" in late.value.extra["headers"]
+        # The abandoned computation still runs: its slot is not free for another yet.
+        with pytest.raises(ComputeBusy):
+            await offload.run(_spin, 0.0)
+        release.set()
+        for _ in range(100):
+            if offload.in_use == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert offload.in_use == 0
+    finally:
+        release.set()
+        offload.close()
