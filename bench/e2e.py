@@ -411,6 +411,7 @@ async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
         latency = await _latency(conn)
         invariants = await ledger_check(conn)
         writes = await _row_writes(conn, ds) if not cfg.finished else None
+        records = await _records_size(conn)
     finally:
         await conn.close()
     return {
@@ -424,7 +425,19 @@ async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
         "latency": latency,
         "invariants": invariants,
         "logs": _log_totals(logdir, cfg.reconcilers),
+        "records": records,
     }
+
+
+async def _records_size(conn: asyncpg.Connection) -> tuple[int, int]:
+    """Return how many passes were recorded and the bytes their records store (inputs,
+    decisions and the static pools they name)."""
+    row = await conn.fetchrow(
+        "SELECT count(*) AS n, coalesce(sum(octet_length(inputs) + octet_length(decisions)), 0)"
+        " AS b FROM pass_records")
+    pools = await conn.fetchval(
+        "SELECT coalesce(sum(octet_length(pools)), 0) FROM pass_record_pools")
+    return int(row["n"]), int(row["b"]) + int(pools)
 
 
 #: Berth's tables a placement writes to; the floor writes to a subset of them.
@@ -567,6 +580,9 @@ async def e2e_run(cfg: E2EConfig) -> dict[str, Any]:
         "cpuMsPerPlacement": _per_placement(cpu_work, cfg.tasks),
         "cpuBoundPlacementsPerSec": round((os.cpu_count() or 1) * cfg.tasks / cpu_work, 1)
         if cpu_work > 0 else None,
+        # Recorded passes (BERTH_PASS_RECORDS_SECONDS; 0 records none) and what they store.
+        "passRecords": run["records"][0],
+        "passRecordBytesPerPlacement": round(run["records"][1] / cfg.tasks, 1),
         "rowWritesPerPlacement": run["writes"],
         "invariantsOk": not any(run["invariants"].values()),
         "invariants": run["invariants"],

@@ -67,6 +67,11 @@ TAGS: list[dict[str, str]] = [
         "description": "Tenants' cohorts, fair weights and quotas (admin writes; a tenant key "
         "reads its own), with usage per runtime class.",
     },
+    {
+        "name": "replays",
+        "description": "Recorded passes planned again with this build's planner and compared "
+        "with what was committed, optionally under another profile (admin only).",
+    },
     {"name": "health", "description": "Liveness and readiness probes (no key needed)."},
 ]
 

@@ -11,6 +11,7 @@ from app.api import (
     placements,
     pools,
     queue,
+    replays,
     runtimes,
     tasks,
     tenants,
@@ -27,5 +28,6 @@ def api_routes() -> list[BaseRoute]:
     and getTask (:class:`app.api.direct_routes.DirectRoute`) come first.
     """
     routers = (tasks.direct_router, tasks.router, batches.router, pools.router, placements.router,
-               queue.router, runtimes.router, leases.router, keys.router, tenants.router)
+               queue.router, runtimes.router, leases.router, keys.router, tenants.router,
+               replays.router)
     return [route for router in routers for route in router.routes]

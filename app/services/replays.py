@@ -22,7 +22,8 @@ from app.scheduling.inputs import PassSettings
 from app.scheduling.profiles import Decides, ProfileError, profile_read
 from app.scheduling.replay import Record, Replaying
 
-__all__ = ["REPLAYS_AT_ONCE", "ProfileInvalid", "ReplayBusy", "ReplayWindow", "replay_run"]
+__all__ = ["REPLAYS_AT_ONCE", "ProfileInvalid", "ReplayBusy", "ReplayWindow", "duration_parse",
+           "profile_check", "replay_run"]
 
 #: Replays one process runs at once.
 REPLAYS_AT_ONCE = 1
@@ -53,6 +54,22 @@ class ReplayWindow:
     since: timedelta | None = None
     pass_ids: Collection[str] | None = None
     task_id: uuid.UUID | None = None
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+def duration_parse(text: str) -> timedelta:
+    """Return the span ``text`` names (a number and s, m or h: ``90s``, ``10m``, ``1.5h``);
+    raise ValueError naming the expected form."""
+    unit = _UNITS.get(text[-1:])
+    try:
+        amount = float(text[:-1]) if unit is not None else -1.0
+    except ValueError:
+        amount = -1.0
+    if unit is None or not amount >= 0:
+        raise ValueError(f"{text!r} is not a duration: a number and s, m or h (10m)")
+    return timedelta(seconds=amount * unit)
 
 
 def profile_check(doc: Mapping[str, Any] | None) -> None:
