@@ -88,16 +88,22 @@ def _why(a: Decision, b: Decision) -> tuple[str, ...]:
     return tuple(why)
 
 
+#: What makes a different decision under another profile (scores differ by design).
+_DECISIVE = frozenset({"outcome", "pool", "members", "code"})
+
+
 def decisions_compare(
-    pass_id: str, committed: Iterable[Decision], replayed: Iterable[Decision]
+    pass_id: str, committed: Iterable[Decision], replayed: Iterable[Decision], *,
+    scores: bool = True,
 ) -> list[Change]:
-    """Return the decisions of ``replayed`` that differ from ``committed`` (by task)."""
+    """Return the decisions of ``replayed`` that differ from ``committed`` (by task); with
+    ``scores`` False, only those placed elsewhere or handed back otherwise."""
     now = {d.task_id: d for d in replayed}
     out = []
     for d in committed:
         r = now.get(d.task_id) or Decision(d.task_id, None, None, code="missing")
         why = _why(d, r)
-        if why:
+        if why and (scores or _DECISIVE.intersection(why)):
             out.append(Change(pass_id, d, r, why))
     return out
 
@@ -127,11 +133,14 @@ def pass_replay(
     decides: Decides | None = None,
 ) -> PassReplay:
     """Plan the recorded ``inputs`` again (under ``decides`` when given) and compare with
-    the ``committed`` decisions and plan digest."""
+    the ``committed`` decisions and plan digest: every difference counts under the recorded
+    profile, and only other placements and hand-backs under another one (its scores differ
+    by design)."""
     plan = plan_pass(what_if(inputs, decides) if decides is not None else inputs)
     replayed = decisions_of(plan)
     return PassReplay(pass_id, committed, replayed,
-                      decisions_compare(pass_id, committed, replayed),
+                      decisions_compare(pass_id, committed, replayed,
+                                        scores=decides is None),
                       plan_digest(plan, replayed) == committed_digest)
 
 
