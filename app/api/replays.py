@@ -42,7 +42,8 @@ class ReplayCreate(RequestModel):
         default=None, min_length=1, max_length=1000,
         description="The passes with these ids (as the reconciler's logs name them).")
     task_id: uuid.UUID | None = Field(
-        default=None, description="The pass that decided this task (its latest).")
+        default=None, strict=False,  # a UUID arrives as a JSON string
+        description="The pass that decided this task (its latest).")
     profile: dict[str, Any] | None = Field(
         default=None,
         description="The profile to replay under: the document `berth profile show` prints, "

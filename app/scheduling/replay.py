@@ -252,6 +252,7 @@ class Replaying:
         self.changes_kept = changes_kept
         self.specs = StoredSpecs(4096)
         self.passes = 0
+        self.pass_ids: list[str] = []
         self.decisions = 0
         self.plans_identical = 0
         self.changes: list[Change] = []
@@ -298,6 +299,8 @@ class Replaying:
         replay = pass_replay(r.pass_id, inputs, decisions_decode(r.decisions), r.plan_digest,
                              decides)
         self.passes += 1
+        if len(self.pass_ids) < self.changes_kept:
+            self.pass_ids.append(r.pass_id)
         self.decisions += len(replay.committed)
         self.plans_identical += replay.plan_identical
         self.changed += len(replay.changes)
@@ -320,6 +323,7 @@ class Replaying:
                 "cascade": False,
                 "note": "each pass is replayed from its own recorded inputs: a changed "
                         "decision does not change the inputs of later passes",
+                "passIds": self.pass_ids,
                 "changedTotal": self.changed,
                 "plansIdentical": self.plans_identical,
                 "skipped": self.skipped,
