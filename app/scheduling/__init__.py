@@ -24,13 +24,24 @@ One call decides where one task goes::
                                                                      v
       explain: the stored and served documents (placement, pending reason, preview)
 
-The reconciler orders claimed tasks with a policy (``policies``), skips specs already known
-to fit nowhere this pass (``unsatisfiable``), and records each decision in ``Assumed`` so that
-the tasks after it see its usage and its labels. See docs/scheduling.md.
+A pass plans with one pure function over one immutable input::
+
+    PassInputs (inputs: snapshot, tasks, quota rows, holds, nominations, profile, settings,
+    now) --plan_pass (planner)--> PassPlan (placements, hand-backs, displacements, holds
+    given back, nominations begun and ended)
+
+``plan_pass`` orders the tasks with a policy (``policies``), decides each with ``decide``,
+records each decision in ``Assumed`` so that the tasks after it see its usage and its labels,
+skips specs already known to fit nowhere this pass (``unsatisfiable``), and hands tasks that
+fit nowhere to the displacement planners (``displacement``: preempt, reclaim, nominate). The
+reconciler commits the plan; the previews read their own inputs and plan the same way. See
+docs/scheduling.md.
 
 Modules, in pipeline order: ``spec`` (TaskSpec, compile_spec, StoredSpecs), ``snapshot``
 (PoolState, PlacedTask, Snapshot), ``assumed`` (Assumed), ``framework`` (select and decide:
 the one pipeline) with ``prefilter`` (the class state), ``cycle``, ``stages`` and
 ``plugins/``, ``gangs``, ``reasons``, ``results`` (Result and its parts), ``explain`` (their
-documents), ``unsatisfiable`` and ``policies``. Import each name from its module.
+documents), ``unsatisfiable`` and ``policies``; then ``records`` (the plain records a pass
+hands between its phases), ``inputs``, ``planner`` and ``displacement``. Import each name
+from its module.
 """

@@ -135,6 +135,18 @@ def decide(
     if not (explain or spec.is_gang):
         return _ranked(cycle, pools, applied, total, top_k, rejections)
 
+    return _explained(cycle, pools, applied, total, counts=counts, near=near,
+                      rejected=rejected, rejections=rejections, explain=explain, top_k=top_k)
+
+
+def _explained(
+    cycle: Cycle, pools: np.ndarray, applied: list, total: np.ndarray, *, counts: np.ndarray,
+    near: np.ndarray, rejected: tuple[Rejection, ...], rejections: Mapping[Reason, int],
+    explain: bool, top_k: int,
+) -> Result:
+    """Return the ranked :class:`Result` of a gang, or of any spec with ``explain``: every
+    candidate (with its components when explained) and the members' placement."""
+    spec, snapshot = cycle.spec, cycle.snapshot
     order = rank(total)
 
     def candidate(pos: int, detail: bool) -> Candidate:

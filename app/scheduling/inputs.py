@@ -53,6 +53,9 @@ class PassSettings:
     reclaim_min_runtime_seconds: float
     #: A first-of-its-class task that has not fit for this long is nominated (0: never).
     nomination_seconds: float
+    #: Explain every decision (every candidate and rejection, every preemption candidate):
+    #: a preview's plan.
+    explain: bool = False
 
 
 @dataclass(frozen=True, slots=True)

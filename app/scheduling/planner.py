@@ -42,6 +42,7 @@ from app.scheduling.inputs import PassInputs, PassSettings
 from app.scheduling.parking import STAGE_NONE, pending_stage, wake_keys
 from app.scheduling.plugins.quota import QuotaBook
 from app.scheduling.policies import QueuedTask, get_policy
+from app.scheduling.preemption import Preemption
 from app.scheduling.reasons import Reason
 from app.scheduling.records import (
     PREEMPTING,
@@ -108,6 +109,9 @@ class PassPlan:
     unsatisfiable_hits: int = 0
     #: Tasks that could not reclaim, by outcome.
     reclaims: Mapping[str, int] = field(default_factory=dict)
+    #: With ``explain``: each task's explained decision, and the preemption planned for it.
+    explained: Mapping[uuid.UUID, Result] = field(default_factory=dict)
+    preemptions: Mapping[uuid.UUID, Preemption] = field(default_factory=dict)
 
 
 def pending_logged(task: ClaimedTask, code: str, *, now: datetime, period: float) -> bool:
@@ -207,6 +211,8 @@ class _Planning:
             for t, why in inputs.invalid
         ]
         self.placed: list[Placed] = []
+        self.explain = inputs.settings.explain
+        self.explained: dict[uuid.UUID, Result] = {}
         self.unsatisfiable = False
         #: The rejection counts maps of the pass's outcomes, by identity (kept alive here,
         #: so an id is never reused), with how many tasks had each.
@@ -217,10 +223,10 @@ class _Planning:
             inputs.reclaim, inputs.quota_rows, dict(inputs.cohorts), now=inputs.now,
             grace_seconds=settings.preemption_grace_seconds,
         ) if inputs.reclaim is not None and inputs.quota_rows else None
-        preempt = Preempt(inputs.snapshot, inputs.victims, holds=self.holds,
+        self.preempt = preempt = Preempt(inputs.snapshot, inputs.victims, holds=self.holds,
                           assumed=self.assumed, now=inputs.now,
                           grace_seconds=settings.preemption_grace_seconds,
-                          profile=inputs.profile)
+                          profile=inputs.profile, explain=settings.explain)
         self.planners: tuple[Displacement, ...] = tuple(
             p for p in (preempt, self.reclaim, self.nominate) if p is not None)
 
@@ -255,7 +261,7 @@ class _Planning:
                 held: Mapping[str, Vector] | None, counted: bool) -> Result | Ranked | None:
         try:
             outcome = decide(spec, self.inputs.snapshot, assumed=self.assumed,
-                             top_k=self.inputs.settings.top_k,
+                             top_k=self.inputs.settings.top_k, explain=self.explain,
                              holds=dict(held) if held is not None else None,
                              quotas=None if counted else self.book,
                              profile=self.inputs.profile)
@@ -267,6 +273,8 @@ class _Planning:
                 SCHEDULER_ERROR, f"the scheduler failed on this task: {type(exc).__name__}"),
                 None, now=self.inputs.now, settings=self.inputs.settings))
             return None
+        if self.explain:
+            self.explained[task.id] = outcome  # type: ignore[assignment]
         # Tasks of one placement class mostly share one rejection counts map: each map is
         # counted once per task here and added up at the end.
         counts = outcome.rejection_counts
@@ -333,6 +341,7 @@ class _Planning:
             nominees_passed=tuple(nominate.passed()),
             rejections=dict(rejections), unsatisfiable_hits=self.cache.hits,
             reclaims=dict(self.reclaim.outcomes) if self.reclaim is not None else {},
+            explained=self.explained, preemptions=self.preempt.planned,
         )
 
 

@@ -9,13 +9,14 @@ the pending code ``preempting``.
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime, timedelta
 
 from app.scheduling.assumed import Assumed
 from app.scheduling.displacement import Holds, Settling, Step
 from app.scheduling.explain import preempting_document
 from app.scheduling.plugins.registry import Profile
-from app.scheduling.preemption import Victim, VictimIndex, plan_preemption
+from app.scheduling.preemption import Preemption, Victim, VictimIndex, plan_preemption
 from app.scheduling.records import PREEMPTING, Kind, Unclaim
 from app.scheduling.snapshot import Snapshot
 
@@ -30,9 +31,13 @@ class Preempt:
     def __init__(
         self, snapshot: Snapshot, victims: tuple[Victim, ...], *, holds: Holds,
         assumed: Assumed, now: datetime, grace_seconds: float, profile: Profile,
+        explain: bool = False,
     ) -> None:
         self._snapshot = snapshot
         self._profile = profile
+        self._explain = explain
+        #: With ``explain``: the preemption planned for each task (every candidate pool).
+        self.planned: dict[uuid.UUID, Preemption] = {}
         self._victims = victims
         self._index: VictimIndex | None = None
         self._holds = holds
@@ -49,10 +54,12 @@ class Preempt:
         planned = plan_preemption(
             spec, self._snapshot, self._index, assumed=self._assumed,
             taken=self._holds.taken, holds=dict(step.held) if step.held else None,
-            profile=self._profile,
+            profile=self._profile, explain=self._explain,
         )
         if planned is None:
             return None
+        if self._explain:
+            self.planned[step.task.id] = planned
         victims = tuple(v.task_id for v in planned.victims)
         self._holds.grant(self.kind, step.task.id, victims=victims, holds=planned.holds,
                           revoke_by=self._revoke_by, assumed=self._assumed)
