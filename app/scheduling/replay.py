@@ -75,7 +75,7 @@ def _why(a: Decision, b: Decision) -> tuple[str, ...]:
     why: list[str] = []
     if a.pool_id != b.pool_id:
         why.append("pool")
-    if a.members != b.members:
+    elif a.members != b.members:
         why.append("members")
     if a.code != b.code:
         why.append("code")
@@ -216,10 +216,12 @@ class Effects:
                     borrows = borrows or used[key] > nominal[key]
             if borrows:
                 side.borrowing[tenant] += 1
-        ledger = snap.has_ledger & (snap.cap > 0).all(axis=1)
-        if ledger.any():
-            util = (reserved[ledger] / snap.cap[ledger]).max(axis=1)
-            side.spread.append(float(util.std()))
+        # A pool's utilisation: its fullest resource (of those it has any of).
+        cap = snap.cap[snap.has_ledger]
+        if len(cap):
+            share = np.divide(reserved[snap.has_ledger], cap, out=np.zeros(cap.shape),
+                              where=cap > 0)
+            side.spread.append(float(share.max(axis=1).std()))
 
     def document(self) -> dict[str, Any]:
         """Return the summary of the effects."""
