@@ -19,8 +19,8 @@ from app.ledger.pass_records import pass_record_add, pass_record_pools_touch
 from app.scheduling.inputs import PassInputs
 from app.scheduling.planner import PassPlan
 from app.scheduling.recording import (
+    decision_rows,
     decisions_encode,
-    decisions_of,
     inputs_encode,
     plan_digest,
     pools_encode,
@@ -60,7 +60,7 @@ class Recorder:
             await pass_record_pools_touch(conn, digest=self._digest, pools=self._blob, now=now)
             self._stored = now
             stored = len(self._blob)
-        decisions = decisions_of(plan)
+        decisions = decision_rows(plan)
         body = inputs_encode(inputs)
         out = decisions_encode(decisions)
         await pass_record_add(

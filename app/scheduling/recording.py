@@ -48,6 +48,8 @@ __all__ = [
     "RecordFormatError",
     "decisions_decode",
     "decisions_encode",
+    "decision_from_row",
+    "decision_rows",
     "decisions_of",
     "inputs_decode",
     "inputs_differ",
@@ -59,7 +61,7 @@ __all__ = [
 
 #: The version of the record format this build writes and reads.
 FORMAT = 1
-_LEVEL = 6
+_LEVEL = 1
 _OPTS = orjson.OPT_SERIALIZE_NUMPY
 
 
@@ -318,31 +320,47 @@ class Decision:
     code: str | None = None
 
 
-def decisions_of(plan: PassPlan) -> list[Decision]:
-    """Return each task's decision in ``plan``: placements first, then hand-backs, each in
-    the plan's order."""
-    out = []
+#: A decision as stored: task id, pool id, score, components, members, code.
+DecisionRow = list[Any]
+
+
+def decision_rows(plan: PassPlan) -> list[DecisionRow]:
+    """Return each task's decision in ``plan`` as stored (see :class:`Decision`):
+    placements first, then hand-backs, each in the plan's order."""
+    out: list[DecisionRow] = []
+    add = out.append
     for p in plan.placed:
         result = p.result
         pool_ids = getattr(result, "pool_ids", None)
         if pool_ids is not None:
-            pool, score = pool_ids[0], float(result.scores[0])  # type: ignore[union-attr]
-            comps = tuple((c[0], float(c[1])) for c in result.components)  # type: ignore[union-attr]
-        else:
-            placement = result.placement
-            assert placement is not None
-            pool, score = placement.pool_id, float(placement.score)
-            comps = tuple((c.name, float(c.value)) for c in placement.components)
-        out.append(Decision(str(p.task.id), pool, score, comps, p.members))
-    out.extend(Decision(str(u.task_id), None, None, code=u.reason) for u in plan.unclaims)
+            add([str(p.task.id), pool_ids[0], float(result.scores[0]),  # type: ignore[union-attr]
+                 [[c[0], float(c[1])] for c in result.components],  # type: ignore[union-attr]
+                 p.members, None])
+            continue
+        placement = result.placement
+        assert placement is not None
+        add([str(p.task.id), placement.pool_id, float(placement.score),
+             [[c.name, float(c.value)] for c in placement.components], p.members, None])
+    out.extend([str(u.task_id), None, None, [], (), u.reason] for u in plan.unclaims)
     return out
 
 
-def plan_digest(plan: PassPlan, decisions: list[Decision] | None = None) -> str:
-    """Return a digest of ``plan``: its decisions, displacements and nominations."""
+def decision_from_row(row: DecisionRow) -> Decision:
+    tid, pool, score, comps, members, code = row
+    return Decision(tid, pool, score, tuple((n, v) for n, v in comps),
+                    tuple((p, c) for p, c in members), code)
+
+
+def decisions_of(plan: PassPlan) -> list[Decision]:
+    """Return each task's decision in ``plan`` (the order of :func:`decision_rows`)."""
+    return [decision_from_row(row) for row in decision_rows(plan)]
+
+
+def plan_digest(plan: PassPlan, rows: list[DecisionRow] | None = None) -> str:
+    """Return a digest of ``plan``: its decisions (``rows``, when already built),
+    displacements and nominations."""
     doc = [
-        [[d.task_id, d.pool_id, d.score, d.components, d.members, d.code]
-         for d in (decisions if decisions is not None else decisions_of(plan))],
+        rows if rows is not None else decision_rows(plan),
         [[str(g.task_id), [str(v) for v in g.victims], g.holds, _t(g.revoke_by), str(g.kind)]
          for g in plan.displaced],
         sorted((str(t), o) for t, o in plan.nominations_ended.items()),
@@ -352,19 +370,14 @@ def plan_digest(plan: PassPlan, decisions: list[Decision] | None = None) -> str:
     return hashlib.sha256(orjson.dumps(doc)).hexdigest()[:32]
 
 
-def decisions_encode(decisions: list[Decision]) -> bytes:
-    """Return the bytes of a plan's decisions."""
-    return _pack({"decisions": [
-        [d.task_id, d.pool_id, d.score, d.components, d.members, d.code] for d in decisions]})
+def decisions_encode(rows: list[DecisionRow]) -> bytes:
+    """Return the bytes of a plan's decisions (:func:`decision_rows`)."""
+    return _pack({"decisions": rows})
 
 
 def decisions_decode(blob: bytes) -> list[Decision]:
     """Return the decisions of :func:`decisions_encode`'s bytes."""
-    return [
-        Decision(tid, pool, score, tuple((n, v) for n, v in comps),
-                 tuple((p, c) for p, c in members), code)
-        for tid, pool, score, comps, members, code in _unpack(blob)["decisions"]
-    ]
+    return [decision_from_row(row) for row in _unpack(blob)["decisions"]]
 
 
 def inputs_differ(blob: bytes, inputs: PassInputs) -> list[str]:

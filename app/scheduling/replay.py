@@ -27,8 +27,9 @@ from app.scheduling.profiles import Decides
 from app.scheduling.recording import (
     Decision,
     RecordFormatError,
+    decision_from_row,
+    decision_rows,
     decisions_decode,
-    decisions_of,
     inputs_decode,
     inputs_differ,
     plan_digest,
@@ -137,11 +138,12 @@ def pass_replay(
     profile, and only other placements and hand-backs under another one (its scores differ
     by design)."""
     plan = plan_pass(what_if(inputs, decides) if decides is not None else inputs)
-    replayed = decisions_of(plan)
+    rows = decision_rows(plan)
+    replayed = [decision_from_row(row) for row in rows]
     return PassReplay(pass_id, committed, replayed,
                       decisions_compare(pass_id, committed, replayed,
                                         scores=decides is None),
-                      plan_digest(plan, replayed) == committed_digest)
+                      plan_digest(plan, rows) == committed_digest)
 
 
 @dataclass(slots=True)
