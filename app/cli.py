@@ -134,6 +134,33 @@ def _add_tenants(sub: argparse._SubParsersAction) -> None:
     _data_dir(s, _REFUSED)
 
 
+def _add_replay(sub: argparse._SubParsersAction) -> None:
+    pr = sub.add_parser(
+        "profile", help="the profile that decides placements",
+        description="The plugins, weights, strategy, policy, fairness and quota settings "
+        "that decide placements.",
+    )
+    psub = pr.add_subparsers(dest="profile_command", required=True)
+    psub.add_parser("show", help="print the live profile as JSON",
+                    description="Print the live profile (from the BERTH_* settings) as JSON: "
+                    "the same document, changed, is a profile file for 'berth replay'.")
+    p = sub.add_parser(
+        "replay", help="plan recorded passes again and compare",
+        description="Plan the recorded passes again with this build's planner and compare "
+        "each decision with the one committed (exit 1 when one differs). With --profile, "
+        "replay them under that profile instead and summarise the effect (a what-if). Each "
+        "pass replays from its own recorded inputs (no cascade).",
+    )
+    p.add_argument("--since", help="the passes recorded in this last span, e.g. 10m "
+                   "(default 10m)")
+    p.add_argument("--pass", dest="pass_ids", action="append", default=[], metavar="ID",
+                   help="a pass id (repeatable)")
+    p.add_argument("--profile", metavar="FILE", help="a profile file ('berth profile show' "
+                   "prints the live one)")
+    p.add_argument("--json", action="store_true", help="print the whole answer as JSON")
+    _data_dir(p, _REFUSED)
+
+
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     # The bench package parses its own arguments, --help included.
     p = sub.add_parser(
@@ -164,8 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
         "'berth COMMAND --help' describes a command.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_serve, _add_reconcile, _add_migrate, _add_keys, _add_tenants, _add_bench,
-                _add_openapi):
+    for add in (_add_serve, _add_reconcile, _add_migrate, _add_keys, _add_tenants, _add_replay,
+                _add_bench, _add_openapi):
         add(sub)
     return parser
 
@@ -208,6 +235,14 @@ def _run(args: argparse.Namespace) -> int:
             tenant_id=args.tenant_id, cohort=args.cohort, fair_weight=args.fair_weight,
             quotas=args.quota, data_dir=args.data_dir,
         )
+    if args.command in ("profile", "replay"):
+        from app import replay_cli
+
+        if args.command == "profile":
+            return replay_cli.profile_show()
+        return replay_cli.replay(since=args.since, pass_ids=args.pass_ids,
+                                 profile_file=args.profile, as_json=args.json,
+                                 data_dir=args.data_dir)
     if args.command == "openapi":
         from app.document import openapi_write
 

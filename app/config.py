@@ -188,6 +188,13 @@ class Settings(BaseSettings):
         description="A preview not computed this long after it was asked for is answered "
         "503 with Retry-After.",
     )
+    pass_records_seconds: float = Field(
+        default=900.0,
+        ge=0,
+        description="How long each committed reconcile pass's recorded inputs and decisions "
+        "are kept for `berth replay` and POST /v1/replays; older ones are deleted by the "
+        "reconciler leader's sweeper. 0 records nothing.",
+    )
     log_level: str = Field(default="info", description="debug, info, warning or error.")
     bootstrap_admin_key_file: Path | None = Field(
         default=None,

@@ -114,6 +114,10 @@ IDEMPOTENCY_RECORDS_EXPIRED = Counter(
     "berth_idempotency_records_expired_total",
     "Idempotency records deleted by the sweeper after BERTH_IDEMPOTENCY_RETENTION_HOURS.",
 )
+PASS_RECORDS_PRUNED = Counter(
+    "berth_pass_records_pruned_total",
+    "Recorded passes deleted after BERTH_PASS_RECORDS_SECONDS.",
+)
 TASKS_PRUNED = Counter(
     "berth_tasks_pruned_total",
     "Finished tasks deleted (with their events and leases) after "

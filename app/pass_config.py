@@ -76,6 +76,9 @@ class ReconcilerConfig:
     #: Finished tasks (with their events and leases) older than this are deleted by the
     #: leader's sweeper; 0 keeps them forever.
     finished_retention_seconds: float = _setting("finished_task_retention_hours", 3600)
+    #: Each committed pass's inputs and decisions are recorded and kept this long (replay);
+    #: 0 records nothing.
+    pass_records_seconds: float = _setting("pass_records_seconds")
     #: How often the leader sweeps expired idempotency records and finished tasks.
     sweep_seconds: float = 60.0
     #: Records deleted per sweep transaction.
@@ -121,6 +124,7 @@ class ReconcilerConfig:
             "priority_aging_seconds": settings.priority_aging_seconds,
             "idempotency_retention_seconds": settings.idempotency_retention_hours * 3600,
             "finished_retention_seconds": settings.finished_task_retention_hours * 3600,
+            "pass_records_seconds": settings.pass_records_seconds,
             "preemption_grace_seconds": settings.preemption_grace_seconds,
             "reclaim_min_runtime_seconds": settings.reclaim_min_runtime_seconds,
             "nomination_seconds": settings.nomination_seconds,

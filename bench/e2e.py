@@ -115,6 +115,8 @@ class E2EConfig:
     finished: int = 0
     #: 1: every tenant gets a quota in every runtime class it uses (:func:`_quotas_set`).
     quotas: int = 0
+    #: Replay the run's recorded passes with ``berth replay`` before the database goes.
+    replay: bool = False
 
 
 class BenchFailed(RuntimeError):
@@ -142,6 +144,24 @@ def _start_reconcilers(url: str, cfg: E2EConfig, logdir: Path) -> list[subproces
         ))
         log.close()
     return procs
+
+
+def _replay(url: str, cfg: E2EConfig) -> dict[str, Any]:
+    """Return what ``berth replay --since 10m --json`` says of the run's recorded passes
+    (every decision should be identical), with how long it took."""
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "replay", "--since", "10m", "--json"],
+        env=_env(url, cfg), capture_output=True, cwd=REPO_ROOT, check=False)
+    if done.returncode not in (0, 1):
+        raise BenchFailed(f"berth replay failed: {done.stderr.decode()[-500:]}")
+    answer = orjson.loads(done.stdout)
+    return {"passes": answer["passes"], "decisions": answer["decisions"],
+            "identical": answer["identical"], "changed": answer["summary"]["changedTotal"],
+            "defects": len(answer["summary"]["defects"]),
+            "skipped": len(answer["summary"]["skipped"]),
+            "exitStatus": done.returncode,
+            "wallSeconds": round(time.monotonic() - started, 1)}
 
 
 def _stop(procs: list[subprocess.Popen], timeout: float = 15.0) -> None:
@@ -419,6 +439,7 @@ async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
         latency = await _latency(conn)
         invariants = await ledger_check(conn)
         writes = await _row_writes(conn, ds) if not cfg.finished else None
+        records = await _records_size(conn)
     finally:
         await conn.close()
     return {
@@ -432,7 +453,19 @@ async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
         "latency": latency,
         "invariants": invariants,
         "logs": _log_totals(logdir, cfg.reconcilers),
+        "records": records,
     }
+
+
+async def _records_size(conn: asyncpg.Connection) -> tuple[int, int]:
+    """Return how many passes were recorded and the bytes their records store (inputs,
+    decisions and the static pools they name)."""
+    row = await conn.fetchrow(
+        "SELECT count(*) AS n, coalesce(sum(octet_length(inputs) + octet_length(decisions)), 0)"
+        " AS b FROM pass_records")
+    pools = await conn.fetchval(
+        "SELECT coalesce(sum(octet_length(pools)), 0) FROM pass_record_pools")
+    return int(row["n"]), int(row["b"]) + int(pools)
 
 
 #: Berth's tables a placement writes to; the floor writes to a subset of them.
@@ -530,6 +563,10 @@ async def e2e_run(cfg: E2EConfig, progress: Progress | None = None) -> dict[str,
         logdir = _logdir(cfg.keep_logs or tmp)
         async with scratch_database(cfg.server_url, settings=dict(cfg.pg_settings)) as url:
             run = await _place_with_reconcilers(url, ds, cfg, logdir, progress)
+            if cfg.replay:
+                progress.phase("replaying the recorded passes")
+                run["replay"] = await asyncio.to_thread(_replay, url, cfg)
+                progress.end()
     naive: dict[str, Any] | None = None
     if not cfg.skip_naive:
         progress.phase("naive baseline", total=min(cfg.tasks, cfg.naive_tasks), unit="placed")
@@ -584,6 +621,10 @@ async def e2e_run(cfg: E2EConfig, progress: Progress | None = None) -> dict[str,
         "cpuMsPerPlacement": _per_placement(cpu_work, cfg.tasks),
         "cpuBoundPlacementsPerSec": round((os.cpu_count() or 1) * cfg.tasks / cpu_work, 1)
         if cpu_work > 0 else None,
+        # Recorded passes (BERTH_PASS_RECORDS_SECONDS; 0 records none) and what they store.
+        "passRecords": run["records"][0],
+        "passRecordBytesPerPlacement": round(run["records"][1] / cfg.tasks, 1),
+        **({"replay": run["replay"]} if "replay" in run else {}),
         "rowWritesPerPlacement": run["writes"],
         "invariantsOk": not any(run["invariants"].values()),
         "invariants": run["invariants"],
@@ -712,6 +753,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quotas", action="store_true",
                    help="give every tenant a quota (nominal = its whole demand, one cohort) "
                         "before admitting; compare with --sweep quotas=0,1")
+    p.add_argument("--replay", action="store_true",
+                   help="after the run, replay its recorded passes (berth replay --since 10m) "
+                   "and report whether every decision is identical")
     p.add_argument("--sweep", nargs="+", metavar="KEY=V1,V2",
                    help="run every combination, e.g. pools=1000,5000 reconcilers=1,2,4 "
                         "quotas=0,1 (baselines skipped)")
@@ -830,7 +874,7 @@ def main(argv: list[str]) -> int:
             skip_floor=args.skip_floor, floor_clients=args.floor_clients,
             floor_batch=args.floor_batch, skip_peer=args.skip_peer,
             peer_clients=args.peer_clients, mix=args.mix, finished=args.finished,
-            quotas=int(args.quotas),
+            quotas=int(args.quotas), replay=args.replay,
         )
         with Progress("berth bench e2e") as progress:
             if args.sweep:

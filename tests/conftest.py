@@ -127,16 +127,38 @@ def database_url(server_url: str) -> Iterator[str]:
 
 @pytest_asyncio.fixture(scope="session")
 async def database(database_url: str) -> AsyncIterator[Database]:
-    """Yield the :class:`Database` (asyncpg pool) of the session's test database."""
+    """Yield the :class:`Database` (asyncpg pool) of the session's test database; at the
+    session's end, replay every pass its tests recorded (:func:`session_replay_check`)."""
     database = Database(database_url, max_size=40)
     try:
         yield database
+        await session_replay_check(database)
     finally:
         await database.close()
 
 
+async def session_replay_check(database: Database) -> None:
+    """Replay every pass the session recorded (each test's clean state keeps them, and each
+    xdist worker has a database of its own) and fail unless every decision is identical:
+    the planner is a deterministic function of the recorded inputs."""
+    from datetime import UTC, datetime
+
+    from app.services.replays import ReplayWindow, replay_run
+
+    answer = await replay_run(database, window=ReplayWindow(), profile=None,
+                              now=datetime.now(UTC))
+    summary = answer["summary"]
+    assert answer["identical"] == answer["decisions"] and not summary["defects"] and \
+        not summary["skipped"], (
+        f"{answer['decisions'] - answer['identical']} of the session's {answer['decisions']} "
+        f"recorded decisions differ on replay: {answer['changed'][:5]}, "
+        f"defects {summary['defects'][:5]}, skipped {summary['skipped'][:5]}")
+
+
+#: Tables a test's clean state keeps: the recorded passes, replayed at the session's end.
+KEPT = frozenset({"pass_records", "pass_record_pools"})
 TRUNCATE = "TRUNCATE {} RESTART IDENTITY CASCADE".format(
-    ", ".join(t.name for t in metadata.sorted_tables)
+    ", ".join(t.name for t in metadata.sorted_tables if t.name not in KEPT)
 )
 
 

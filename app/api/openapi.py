@@ -73,6 +73,11 @@ TAGS: list[dict[str, str]] = [
         "long poll, resumable, in commit order, with `410 Gone` for a cursor older than the "
         "history.",
     },
+    {
+        "name": "replays",
+        "description": "Recorded passes planned again with this build's planner and compared "
+        "with what was committed, optionally under another profile (admin only).",
+    },
     {"name": "health", "description": "Liveness and readiness probes (no key needed)."},
 ]
 

@@ -11,6 +11,7 @@ from app.api import (
     placements,
     pools,
     queue,
+    replays,
     runtimes,
     tasks,
     tenants,
@@ -29,5 +30,5 @@ def api_routes() -> list[BaseRoute]:
     """
     routers = (tasks.direct_router, tasks.router, batches.router, pools.router, placements.router,
                queue.router, runtimes.router, leases.router, keys.router, tenants.router,
-               watch.router)
+               watch.router, replays.router)
     return [route for router in routers for route in router.routes]

@@ -498,3 +498,34 @@ nominations = Table(
     CheckConstraint("members >= 1", name="members_positive"),
 )
 Index("ix_nominations_task_id", nominations.c.task_id)
+
+
+# Recorded passes (revision 0020_pass_records): each committed pass's inputs and decisions,
+# compressed (app.scheduling.recording), kept ``pass_records_seconds``. The static part of
+# the snapshot is stored once per digest in ``pass_record_pools`` and named by the records.
+pass_records = Table(
+    "pass_records",
+    metadata,
+    Column("id", BigInteger, Identity(), nullable=False),
+    Column("pass_id", ID, nullable=False),
+    Column("recorded_at", DateTime(timezone=True), nullable=False),
+    Column("pools_digest", ID, nullable=False),
+    Column("task_ids", ARRAY(UUID(as_uuid=True)), nullable=False),
+    Column("placed", Integer, nullable=False),
+    Column("plan_digest", ID, nullable=False),
+    Column("inputs", LargeBinary, nullable=False),
+    Column("decisions", LargeBinary, nullable=False),
+    PrimaryKeyConstraint("id", name="pk_pass_records"),
+)
+Index("ix_pass_records_recorded_at", pass_records.c.recorded_at)
+Index("ix_pass_records_pass_id", pass_records.c.pass_id)
+Index("ix_pass_records_pools_digest", pass_records.c.pools_digest)
+
+pass_record_pools = Table(
+    "pass_record_pools",
+    metadata,
+    Column("digest", ID, nullable=False),
+    Column("used_at", DateTime(timezone=True), nullable=False),
+    Column("pools", LargeBinary, nullable=False),
+    PrimaryKeyConstraint("digest", name="pk_pass_record_pools"),
+)

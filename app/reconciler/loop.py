@@ -46,6 +46,7 @@ from app.ledger.claims import tasks_unpark, tasks_wake
 from app.ledger.idempotency import idempotency_records_expire
 from app.ledger.leases import pool_leases_revoke
 from app.ledger.nominations import nominations_held, nominations_recover
+from app.ledger.pass_records import pass_records_prune
 from app.ledger.preemption import preemptors_unpark, victims_revoke_overdue
 from app.ledger.queue import queue_pending_by_code
 from app.ledger.quotas import quota_usage_read
@@ -58,6 +59,7 @@ from app.metrics import (
     LEASES_EXPIRED,
     NOMINATION_HELD,
     NOMINATIONS,
+    PASS_RECORDS_PRUNED,
     PENDING_EXTRA_CODES,
     POOL_CAPACITY,
     POOL_RESERVED,
@@ -76,6 +78,7 @@ from app.pass_config import ReconcilerConfig
 from app.reconciler.listener import WakeupListener
 from app.reconciler.ownership import DynamicOwnership, StaticOwnership
 from app.reconciler.passes import COMPILED_KEPT, PassContext, PassResult, pass_run
+from app.reconciler.recording import Recorder
 from app.scheduling.reasons import REASONS
 from app.scheduling.spec import StoredSpecs
 from app.shards import shard_of
@@ -180,6 +183,8 @@ class Reconciler:
         self._backlog = WakeBacklog()
         self._compiled = StoredSpecs(COMPILED_KEPT)
         self._snapshot_cache = SnapshotCache()
+        self._recorder = (Recorder(config.pass_records_seconds)
+                          if config.pass_records_seconds > 0 else None)
         #: The most recent pass results, newest last (for operators and tests).
         self.results: deque[PassResult] = deque(maxlen=RESULTS_KEPT)
 
@@ -205,6 +210,7 @@ class Reconciler:
             snapshot_cache=self._snapshot_cache,
             rotation=self._passes,
             pass_guard=self._pass_guard,
+            recorder=self._recorder,
         )
         result = await pass_run(ctx, pass_id=pass_id, now=now or _utcnow())
         self.results.append(result)
@@ -345,6 +351,16 @@ class Reconciler:
             now=now, counter=TASKS_PRUNED, what="finished tasks past the retention deleted",
         )
 
+    async def records_prune_once(self, *, now: datetime | None = None) -> int:
+        """As leader, delete the pass records older than their retention, in batches as
+        :meth:`sweep_once`; return how many (0 when passes are not recorded)."""
+        if self.config.pass_records_seconds <= 0:
+            return 0
+        return await self._leader_batches(
+            pass_records_prune, retention_seconds=self.config.pass_records_seconds,
+            now=now, counter=PASS_RECORDS_PRUNED, what="pass records past the retention deleted",
+        )
+
     async def queue_gauges_refresh(self) -> None:
         """Set the pending-by-reason and parked gauges from the owned slots' waiting tasks,
         and the pool capacity gauges from every ledger."""
@@ -456,6 +472,13 @@ class Reconciler:
                         raise
                     except Exception:
                         log.exception("retention sweep failed; the next round tries again",
+                                      extra={"owner": self.owner_id})
+                    try:
+                        await self.records_prune_once()
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception:
+                        log.exception("pass records sweep failed; the next round tries again",
                                       extra={"owner": self.owner_id})
                 try:
                     # Clear first: a wakeup that arrives from here on triggers another pass.

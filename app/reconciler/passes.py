@@ -53,6 +53,7 @@ from app.metrics import (
 from app.pass_config import ReconcilerConfig
 from app.reconciler.committing import Committed, pass_commit
 from app.reconciler.reading import pass_read
+from app.reconciler.recording import Recorder
 from app.reconciler.retry import transient_retry
 from app.scheduling.planner import plan_pass
 from app.scheduling.plugins.registry import reason_plugins
@@ -112,6 +113,8 @@ class PassResult:
     victims: int = 0
     #: Nominations started (``nominated``) and ended (by outcome) by the pass.
     nominations: Counter[str] = field(default_factory=Counter)
+    #: Bytes the pass's record stored (0: not recorded).
+    recorded_bytes: int = 0
 
     def to_log(self) -> dict[str, Any]:
         """Return the result as flat log fields."""
@@ -157,6 +160,8 @@ class PassContext:
     #: What every pass runs inside (``berth reconcile``: the collector paused, see
     #: :mod:`app.gc_tuning`); nothing by default.
     pass_guard: Callable[[], AbstractContextManager[object]] = nullcontext
+    #: Records each committed pass (None: passes are not recorded).
+    recorder: Recorder | None = None
 
     async def retry(self, operation: Callable[[], Awaitable[Any]], what: str) -> Any:
         """Run a transaction with the configured transient-failure retries."""
@@ -257,6 +262,9 @@ async def _pass_in(
     # Leases and leased_at carry the commit's time, not the pass start.
     commit_now = ctx.clock() if ctx.clock is not None else now
     committed = await pass_commit(conn, plan=plan, inputs=inputs, config=cfg, now=commit_now)
+    if ctx.recorder is not None:
+        result.recorded_bytes = await ctx.recorder.record(
+            conn, pass_id=pass_id, inputs=inputs, plan=plan)
     _result_fill(result, committed, plan.reclaims, now=commit_now)
     phases["commit"] = time.perf_counter() - t0
     return result

@@ -215,6 +215,18 @@ class Snapshot:
         return self
 
     @property
+    def static_pools(self) -> tuple[PoolState, ...]:
+        """Return the pool states the static part was built from (shared by every snapshot
+        derived from it; their ledger and health fields may be older than the arrays)."""
+        return self._built[0]
+
+    def placed_entries(self) -> list[tuple[str, Items, np.ndarray, np.ndarray | int]]:
+        """Return the indexed placements as (tenant, labels, pool indexes, members per
+        index or 1 for each), in the order they were given."""
+        return [(t, labels, idx, w) for t, entries in self._placed.items()
+                for labels, idx, w in entries]
+
+    @property
     def pools(self) -> tuple[PoolState, ...]:
         """Return the pool states in id order.
 

@@ -321,6 +321,29 @@
       queueFollowed() ? "follows changes as they happen" : `refreshes every ${REFRESH_MS / 1000} s`}`;
   }
 
+  // --- Replay of a task's decision (admin) ----------------------------------------------------
+
+  /** Replays already run, by task id: the page refreshes, a replay is asked for once. */
+  const replays = new Map();
+
+  pages.replay = async (args) => {
+    const id = args[0] || "";
+    const title = h("h1", {}, "Replay of task ", h("span", { class: "mono" }, id));
+    if (state.role !== "admin") {
+      return h("div", {}, title, h("p", {}, "Replays are for admins: an admin opening this page " +
+        "has this build plan the pass that placed the task again and compare."));
+    }
+    if (!replays.has(id)) replays.set(id, await api("POST", "/v1/replays", { body: { taskId: id } }));
+    const r = replays.get(id);
+    const c = r.changed.find((x) => x.taskId === id);
+    const side = (d) => `${d.poolId || d.pendingCode} (score ${d.score === null ? "—" : num(d.score)})`;
+    return h("div", {}, title,
+      h("p", { "data-replay": c ? "changed" : "identical" }, `Pass ${(r.summary.passIds || [])[0] || "?"}: `,
+        c ? `committed ${side(c.committed)}, now ${side(c.replayed)}; differs in ${c.why.join(", ")}`
+          : `identical: ${r.identical} of ${r.decisions} decisions of the pass are the same.`),
+      h("p", { class: "muted" }, "The pass is planned again from its own recorded inputs."));
+  };
+
   // --- Queue -------------------------------------------------------------------------------
 
   // The Queue page follows the watch feed (a long poll of GET /v1/watch): each change the key
@@ -482,6 +505,10 @@
     ];
     if (task.pendingReason) out.push(...waitingSection(task));
     if (task.placement) out.push(...decisionSection(task.placement));
+    if (task.placement) {
+      out.push(h("p", { class: "replay" }, h("a", { href: `#/replay/${encodeURIComponent(task.id)}` },
+        "Replay this decision"), " — an admin opening this link has this build plan the pass that placed it again."));
+    }
     if (!finished) out.push(...previewSection(preview, previewProblem, task));
     out.push(...leaseSection(task));
     out.push(h("h2", {}, "Events"), timeline(events));

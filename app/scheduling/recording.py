@@ -1,0 +1,387 @@
+"""A pass's record: its :class:`~app.scheduling.inputs.PassInputs` and what its plan decided,
+as compact, compressed, versioned bytes.
+
+A record has three parts:
+
+* **pools** (:func:`pools_encode`): the static part of the snapshot (each pool's identity,
+  placement keys, cost, status and readiness). Passes share it while no pool row changes,
+  so it is stored once under its digest and the records name it;
+* **inputs** (:func:`inputs_encode`): everything else the planner reads: the ledger and
+  health arrays, the placements affinity reads, the claimed tasks with their stored spec
+  texts (each distinct text once), the quota rows, holds, displacements under way,
+  victims, nominations, the profile and settings that decide, and the pass clock;
+* **decisions** (:func:`decisions_of`): per task, the pool(s), score and score components
+  of its placement, or the code it was handed back with, and a digest of the whole plan.
+
+Every part is JSON (mappings as lists of pairs, so key types and order survive)
+compressed with zlib, and starts with its format version; :func:`inputs_decode` refuses a
+version it does not know. Decoding recompiles the stored spec texts with this build's
+compiler and rebuilds the snapshot from the pools and arrays, so the planner sees what it
+saw (a round-trip test holds this: ``decode(encode(x))`` plans as ``x``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import orjson
+
+from app.scheduling.inputs import NominationInputs, PassInputs, PassSettings, ReclaimInputs
+from app.scheduling.planner import PassPlan
+from app.scheduling.plugins.quota import QuotaRow
+from app.scheduling.preemption import Victim
+from app.scheduling.profiles import plugins_document, profile_from_plugins
+from app.scheduling.records import ClaimedTask, Nomination
+from app.scheduling.snapshot import PlacedTask, PoolState, Snapshot
+from app.scheduling.spec import StoredSpecs
+
+__all__ = [
+    "FORMAT",
+    "Decision",
+    "RecordFormatError",
+    "decisions_decode",
+    "decisions_encode",
+    "decision_from_row",
+    "decision_rows",
+    "decisions_of",
+    "inputs_decode",
+    "inputs_differ",
+    "inputs_encode",
+    "plan_digest",
+    "pools_decode",
+    "pools_encode",
+]
+
+#: The version of the record format this build writes and reads.
+FORMAT = 1
+_LEVEL = 1
+_OPTS = orjson.OPT_SERIALIZE_NUMPY
+
+
+class RecordFormatError(ValueError):
+    """The record was written in a format this build does not read."""
+
+
+def _pack(doc: dict[str, Any]) -> bytes:
+    return zlib.compress(orjson.dumps({"format": FORMAT, **doc}, option=_OPTS), _LEVEL)
+
+
+def _unpack(blob: bytes) -> dict[str, Any]:
+    doc = orjson.loads(zlib.decompress(blob))
+    if doc.get("format") != FORMAT:
+        raise RecordFormatError(
+            f"record format {doc.get('format')!r} is not {FORMAT}, the one this build reads")
+    return doc
+
+
+def _t(at: datetime | None) -> str | None:
+    return None if at is None else at.isoformat()
+
+
+def _at(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text)
+
+
+def _vec(v: Any) -> tuple[int, int, int]:
+    return (int(v[0]), int(v[1]), int(v[2]))
+
+
+# --- pools: the static part of the snapshot ---------------------------------------------------
+
+
+def pools_encode(snapshot: Snapshot) -> tuple[str, bytes]:
+    """Return the digest and bytes of the static part of ``snapshot``'s pools."""
+    rows = [
+        [p.id, sorted(p.tenant_ids), p.runtime_class, p.runtime_instance_id, p.region,
+         p.data_residency, p.failure_domain, list(p.labels.items()),
+         sorted(p.artifact_regions), p.cost_weight, p.status, p.ready]
+        for p in snapshot.static_pools
+    ]
+    raw = orjson.dumps(rows)
+    digest = hashlib.sha256(raw).hexdigest()[:32]
+    return digest, _pack({"pools": orjson.Fragment(raw)})
+
+
+def pools_decode(blob: bytes) -> tuple[PoolState, ...]:
+    """Return the pool states (without ledger and health) of :func:`pools_encode`'s bytes."""
+    return tuple(
+        PoolState(pid, frozenset(tenants), rc, instance, region, residency, fd, dict(labels),
+                  frozenset(artifacts), cost, status, ready)
+        for (pid, tenants, rc, instance, region, residency, fd, labels, artifacts, cost,
+             status, ready) in _unpack(blob)["pools"]
+    )
+
+
+# --- inputs ----------------------------------------------------------------------------------
+
+
+def _task(t: ClaimedTask, texts: dict[str, int]) -> list[Any]:
+    text = texts.setdefault(t.spec_json, len(texts))
+    return [t.id.hex, t.tenant_id, t.seq, t.priority, text, _t(t.admitted_at), t.attempts,
+            t.pending_code, t.pending_json, t.pending_stage, t.logged_code, _t(t.logged_at),
+            t.logged_count]
+
+
+def _task_decode(row: list[Any], texts: list[str]) -> ClaimedTask:
+    (tid, tenant, seq, priority, text, admitted, attempts, code, pending, stage, logged,
+     logged_at, count) = row
+    admitted_at = _at(admitted)
+    assert admitted_at is not None
+    return ClaimedTask(uuid.UUID(tid), tenant, seq, priority, texts[text], admitted_at,
+                       attempts, code, pending, stage, logged, _at(logged_at), count)
+
+
+def _victim(v: Victim) -> list[Any]:
+    return [v.task_id, v.tenant_id, v.priority, v.leased_at, list(v.requests),
+            [list(m) for m in v.members]]
+
+
+def _victim_decode(row: list[Any]) -> Victim:
+    tid, tenant, priority, leased_at, requests, members = row
+    return Victim(tid, tenant, priority, leased_at, _vec(requests),
+                  tuple((p, c) for p, c in members))
+
+
+def _placed(snapshot: Snapshot) -> list[Any]:
+    out = []
+    for tenant, labels, idx, weights in snapshot.placed_entries():
+        out.append([tenant, sorted(labels), idx,
+                    None if isinstance(weights, int) else weights])
+    return out
+
+
+def _placed_decode(rows: list[Any], ids: tuple[str, ...]) -> list[PlacedTask]:
+    return [
+        PlacedTask(str(n), tenant, dict(labels), tuple(ids[i] for i in idx),
+                   tuple(weights) if weights is not None else ())
+        for n, (tenant, labels, idx, weights) in enumerate(rows)
+    ]
+
+
+def _settings(s: PassSettings) -> list[Any]:
+    return [s.top_k, s.policy, s.priority_aging_seconds, s.park_sweep_seconds,
+            s.task_events_kept, s.preemption_grace_seconds, s.reclaim_min_runtime_seconds,
+            s.nomination_seconds]
+
+
+def _reclaim(r: ReclaimInputs | None) -> list[Any] | None:
+    if r is None:
+        return None
+    return [sorted(t.hex for t in r.waiting),
+            [[list(k), list(v)] for k, v in r.revoking.items()],
+            [_victim(v) for v in r.victims], r.leased_before]
+
+
+def _reclaim_decode(row: list[Any] | None) -> ReclaimInputs | None:
+    if row is None:
+        return None
+    waiting, revoking, victims, leased_before = row
+    return ReclaimInputs(frozenset(uuid.UUID(t) for t in waiting),
+                         {(k[0], k[1]): _vec(v) for k, v in revoking},
+                         tuple(_victim_decode(v) for v in victims), leased_before)
+
+
+def _nomination(n: NominationInputs | None) -> list[Any] | None:
+    if n is None:
+        return None
+    return [
+        [[x.pool_id, x.task_id.hex, x.runtime_class, x.members, list(x.need),
+          _t(x.created_at), x.priority, x.seq, x.state] for x in n.nominations],
+        [[rc, [[t.hex, p, s] for t, p, s in heads]] for rc, heads in n.heads.items()],
+        [[t.hex, [[p, list(v)] for p, v in pools.items()]] for t, pools in n.lower.items()],
+    ]
+
+
+def _nomination_decode(row: list[Any] | None) -> NominationInputs | None:
+    if row is None:
+        return None
+    nominations, heads, lower = row
+    return NominationInputs(
+        tuple(Nomination(p, uuid.UUID(t), rc, m, _vec(need), _at(at) or datetime.min, pr, s,
+                         state)
+              for p, t, rc, m, need, at, pr, s, state in nominations),
+        {rc: tuple((uuid.UUID(t), p, s) for t, p, s in hs) for rc, hs in heads},
+        {uuid.UUID(t): {p: _vec(v) for p, v in pools} for t, pools in lower},
+    )
+
+
+def inputs_encode(inputs: PassInputs) -> bytes:
+    """Return the bytes of ``inputs`` but the static pools (see :func:`pools_encode`)."""
+    snap = inputs.snapshot
+    texts: dict[str, int] = {}
+    tasks = [_task(t, texts) for t, _ in inputs.tasks]
+    invalid = [[_task(t, texts), why] for t, why in inputs.invalid]
+    doc = {
+        "now": _t(inputs.now),
+        "settings": _settings(inputs.settings),
+        "profile": plugins_document(inputs.profile, snap.strategy),
+        "strategy": snap.strategy,
+        "arrays": [snap.cap, snap.has_ledger, snap.reserved, snap.fresh],
+        "placed": _placed(snap),
+        "texts": list(texts),
+        "tasks": tasks,
+        "invalid": invalid,
+        "usage": [[k, list(v)] for k, v in inputs.usage.items()],
+        "entitlements": None if inputs.entitlements is None else [
+            [k, list(v)] for k, v in inputs.entitlements.items()],
+        "quotaRows": [[r.tenant_id, r.runtime_class, r.resource, r.cohort, r.nominal, r.cap,
+                       r.lend, r.used] for r in inputs.quota_rows],
+        "cohorts": list(inputs.cohorts.items()),
+        "holds": [[t.hex, [[p, list(v)] for p, v in pools.items()]]
+                  for t, pools in inputs.holds.items()],
+        "waiting": [[t.hex, n, _t(by)] for t, (n, by) in inputs.waiting.items()],
+        "victims": [_victim(v) for v in inputs.victims],
+        "reclaim": _reclaim(inputs.reclaim),
+        "nomination": _nomination(inputs.nomination),
+    }
+    return _pack(doc)
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """A decoded record's inputs, with the plugin part of the profile they were planned
+    under."""
+
+    inputs: PassInputs
+    profile: Mapping[str, Any]
+
+
+def inputs_decode(
+    blob: bytes, pools: tuple[PoolState, ...], *, specs: StoredSpecs,
+    base: Callable[[str], Snapshot] | None = None, strategy: str | None = None,
+) -> Recorded:
+    """Return the inputs recorded in ``blob`` over the static ``pools``.
+
+    ``specs`` compiles the stored spec texts (with this build's compiler),
+    ``base(strategy)``, when given, returns the snapshot of ``pools`` built for that
+    strategy (to share it between records), and ``strategy`` builds the snapshot for
+    another strategy than the recorded one (a what-if).
+    """
+    doc = _unpack(blob)
+    strategy = strategy or doc["strategy"]
+    built = base(strategy) if base is not None else Snapshot.build(pools, strategy=strategy)
+    cap, has_ledger, reserved, fresh = doc["arrays"]
+    n = built.n
+    snapshot = built.with_arrays(
+        cap=np.array(cap, dtype=np.int64).reshape(n, 3),
+        has_ledger=np.array(has_ledger, dtype=bool).reshape(n),
+        reserved=np.array(reserved, dtype=np.int64).reshape(n, 3),
+        fresh=np.array(fresh, dtype=bool).reshape(n),
+        placed=_placed_decode(doc["placed"], built.ids),
+    )
+    texts = doc["texts"]
+    claimed = [_task_decode(row, texts) for row in doc["tasks"]]
+    compiled, failed = specs.compile_all(claimed)
+    if failed:
+        raise RecordFormatError(f"{len(failed)} recorded specs no longer compile: "
+                                f"{failed[0][1]}")
+    settings = PassSettings(*doc["settings"])
+    entitlements = doc["entitlements"]
+    inputs = PassInputs(
+        now=_at(doc["now"]) or datetime.min, settings=settings,
+        profile=profile_from_plugins(doc["profile"]), snapshot=snapshot, tasks=tuple(compiled),
+        invalid=tuple((_task_decode(row, texts), why) for row, why in doc["invalid"]),
+        usage={k: _vec(v) for k, v in doc["usage"]},
+        entitlements=None if entitlements is None else {
+            k: (float(v[0]), float(v[1]), float(v[2])) for k, v in entitlements},
+        quota_rows=tuple(QuotaRow(*row) for row in doc["quotaRows"]),
+        cohorts=dict(doc["cohorts"]),
+        holds={uuid.UUID(t): {p: _vec(v) for p, v in pools} for t, pools in doc["holds"]},
+        waiting={uuid.UUID(t): (n, _at(by) or datetime.min) for t, n, by in doc["waiting"]},
+        victims=tuple(_victim_decode(v) for v in doc["victims"]),
+        reclaim=_reclaim_decode(doc["reclaim"]),
+        nomination=_nomination_decode(doc["nomination"]),
+    )
+    return Recorded(inputs, doc["profile"])
+
+
+# --- decisions -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What a plan decided for one task: its placement (pool, score, score components and
+    members) or the code it was handed back with."""
+
+    task_id: str
+    pool_id: str | None
+    score: float | None
+    #: (plugin, weighted value) per score component of the placement.
+    components: tuple[tuple[str, float], ...] = ()
+    members: tuple[tuple[str, int], ...] = ()
+    #: The hand-back's code (None: placed).
+    code: str | None = None
+
+
+#: A decision as stored: task id, pool id, score, components, members, code.
+DecisionRow = list[Any]
+
+
+def decision_rows(plan: PassPlan) -> list[DecisionRow]:
+    """Return each task's decision in ``plan`` as stored (see :class:`Decision`):
+    placements first, then hand-backs, each in the plan's order."""
+    out: list[DecisionRow] = []
+    add = out.append
+    for p in plan.placed:
+        result = p.result
+        pool_ids = getattr(result, "pool_ids", None)
+        if pool_ids is not None:
+            add([str(p.task.id), pool_ids[0], float(result.scores[0]),  # type: ignore[union-attr]
+                 [[c[0], float(c[1])] for c in result.components],  # type: ignore[union-attr]
+                 p.members, None])
+            continue
+        placement = result.placement
+        assert placement is not None
+        add([str(p.task.id), placement.pool_id, float(placement.score),
+             [[c.name, float(c.value)] for c in placement.components], p.members, None])
+    out.extend([str(u.task_id), None, None, [], (), u.reason] for u in plan.unclaims)
+    return out
+
+
+def decision_from_row(row: DecisionRow) -> Decision:
+    tid, pool, score, comps, members, code = row
+    return Decision(tid, pool, score, tuple((n, v) for n, v in comps),
+                    tuple((p, c) for p, c in members), code)
+
+
+def decisions_of(plan: PassPlan) -> list[Decision]:
+    """Return each task's decision in ``plan`` (the order of :func:`decision_rows`)."""
+    return [decision_from_row(row) for row in decision_rows(plan)]
+
+
+def plan_digest(plan: PassPlan, rows: list[DecisionRow] | None = None) -> str:
+    """Return a digest of ``plan``: its decisions (``rows``, when already built),
+    displacements and nominations."""
+    doc = [
+        rows if rows is not None else decision_rows(plan),
+        [[str(g.task_id), [str(v) for v in g.victims], g.holds, _t(g.revoke_by), str(g.kind)]
+         for g in plan.displaced],
+        sorted((str(t), o) for t, o in plan.nominations_ended.items()),
+        [[str(n.task_id), n.runtime_class] for n in plan.nominations_created],
+        sorted(str(t) for t in plan.nominees_passed),
+    ]
+    return hashlib.sha256(orjson.dumps(doc)).hexdigest()[:32]
+
+
+def decisions_encode(rows: list[DecisionRow]) -> bytes:
+    """Return the bytes of a plan's decisions (:func:`decision_rows`)."""
+    return _pack({"decisions": rows})
+
+
+def decisions_decode(blob: bytes) -> list[Decision]:
+    """Return the decisions of :func:`decisions_encode`'s bytes."""
+    return [decision_from_row(row) for row in _unpack(blob)["decisions"]]
+
+
+def inputs_differ(blob: bytes, inputs: PassInputs) -> list[str]:
+    """Return the parts of the recorded ``blob`` that ``inputs`` (decoded from it) encode
+    differently: empty when the record's inputs survive decoding whole."""
+    before, after = _unpack(blob), _unpack(inputs_encode(inputs))
+    return [k for k in dict.fromkeys([*before, *after]) if before.get(k) != after.get(k)]
