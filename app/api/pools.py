@@ -177,7 +177,7 @@ async def list_pools(
     tags=["pools"],
     summary="Get a pool",
     response_model=Pool,
-    responses=problems(401, 404),
+    responses=problems(400, 401, 404),
 )
 async def get_pool(
     pool_id: PoolIdPath, principal: PrincipalDep, request: Request, response: Response,

@@ -213,7 +213,7 @@ async def list_tenants(
     operation_id="getTenant",
     summary="Read a tenant's quotas and usage",
     response_model=Tenant,
-    responses=problems(401, 403, 404, 422),
+    responses=problems(400, 401, 403, 404, 422),
 )
 async def get_tenant(
     tenant_id: TenantIdPath, principal: PrincipalDep, request: Request,
