@@ -179,6 +179,9 @@ class Reconciler:
         #: What every pass runs inside (see :class:`PassContext`).
         self._pass_guard = pass_guard
         self._passes = 0
+        #: Makes pass ids unique even when two reconcilers are given the same owner id (a
+        #: restarted replica, tests): recorded passes are looked up by them.
+        self._run = uuid.uuid4().hex[:6]
         self._wake = asyncio.Event()
         self._backlog = WakeBacklog()
         self._compiled = StoredSpecs(COMPILED_KEPT)
@@ -198,7 +201,7 @@ class Reconciler:
         if isinstance(self.ownership, DynamicOwnership) and self.ownership.member is None:
             await self.ownership.refresh()
         self._passes += 1
-        pass_id = f"{self.owner_id}/{self._passes}"
+        pass_id = f"{self.owner_id}/{self._run}/{self._passes}"
         ctx = PassContext(
             db=self.db,
             config=self.config,

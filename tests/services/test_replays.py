@@ -41,7 +41,7 @@ async def _busy(db: Database, owner: str) -> list[str]:
             for tenant in ("t1", "t2"):
                 await tasks_add(conn, tenant=tenant, count=6, spec=spec_make(cpu=700 + 100 * k))
         assert (await r.run_once(now=NOW + timedelta(seconds=k))).claimed == 12
-    return [f"{owner}/{k}" for k in range(1, 4)]
+    return [result.pass_id for result in r.results]
 
 
 def _changed_doc() -> dict:
