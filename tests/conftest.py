@@ -163,9 +163,21 @@ TRUNCATE = "TRUNCATE {} RESTART IDENTITY CASCADE".format(
 
 
 async def database_clean(database: Database) -> None:
-    """Empty every table of the test database."""
-    async with database.connection() as conn:
-        await conn.execute(TRUNCATE)
+    """Empty every table of the test database.
+
+    A background session of the test before (a watch hub's read, a reconciler's pass that
+    is being cancelled) may hold a share lock on one table while it waits for another that
+    the truncation has taken: PostgreSQL then breaks the deadlock by failing the truncation,
+    which is tried again once that session has gone."""
+    for attempt in range(5):
+        try:
+            async with database.connection() as conn:
+                await conn.execute(TRUNCATE)
+            return
+        except asyncpg.exceptions.DeadlockDetectedError:
+            if attempt == 4:
+                raise
+            await asyncio.sleep(0.2 * (attempt + 1))
 
 
 @pytest_asyncio.fixture
