@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -329,3 +330,16 @@ async def berth_serving(database_url: str, **settings: str) -> AsyncIterator[str
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def processes_stop(procs: list[subprocess.Popen]) -> None:
+    """Ask ``procs`` to stop (SIGTERM) and wait for them; kill one still running after 30 s."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

@@ -364,6 +364,19 @@ class Reconciler:
             now=now, counter=PASS_RECORDS_PRUNED, what="pass records past the retention deleted",
         )
 
+    async def _sweeps_run(self) -> None:
+        """Run the idempotency, retention and pass-record sweeps; one that fails is logged
+        and tried again next round, and does not stop the others."""
+        for sweep, what in ((self.sweep_once, "idempotency"), (self.prune_once, "retention"),
+                            (self.records_prune_once, "pass records")):
+            try:
+                await sweep()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception(f"{what} sweep failed; the next round tries again",
+                              extra={"owner": self.owner_id})
+
     async def queue_gauges_refresh(self) -> None:
         """Set the pending-by-reason and parked gauges from the owned slots' waiting tasks,
         and the pool capacity gauges from every ledger."""
@@ -462,27 +475,7 @@ class Reconciler:
                                       extra={"owner": self.owner_id})
                 if t >= next_expiry:
                     next_expiry = t + cfg.sweep_seconds
-                    try:
-                        await self.sweep_once()
-                    except asyncio.CancelledError:
-                        raise
-                    except Exception:
-                        log.exception("idempotency sweep failed; the next round tries again",
-                                      extra={"owner": self.owner_id})
-                    try:
-                        await self.prune_once()
-                    except asyncio.CancelledError:
-                        raise
-                    except Exception:
-                        log.exception("retention sweep failed; the next round tries again",
-                                      extra={"owner": self.owner_id})
-                    try:
-                        await self.records_prune_once()
-                    except asyncio.CancelledError:
-                        raise
-                    except Exception:
-                        log.exception("pass records sweep failed; the next round tries again",
-                                      extra={"owner": self.owner_id})
+                    await self._sweeps_run()
                 try:
                     # Clear first: a wakeup that arrives from here on triggers another pass.
                     self._wake.clear()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import signal
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -34,7 +33,13 @@ from app.ledger.invariants import ledger_check
 from app.ledger.keys import api_key_create
 from app.ledger.tenants import Quota, tenant_put
 from tests.api.live import live_server
-from tests.factories import ledger_violations, pools_add, reconcile_process, spec_make
+from tests.factories import (
+    ledger_violations,
+    pools_add,
+    processes_stop,
+    reconcile_process,
+    spec_make,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -174,15 +179,7 @@ def _reconcilers(database_url: str, count: int) -> Iterator[list[subprocess.Pope
     try:
         yield procs
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        processes_stop(procs)
 
 
 async def test_usage_rows_equal_live_leases_through_churn(

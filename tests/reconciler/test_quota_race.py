@@ -16,7 +16,6 @@ borrowing only grow: a limit broken by any pass stays broken, and the checker's 
 from __future__ import annotations
 
 import asyncio
-import signal
 import subprocess
 from datetime import UTC, datetime, timedelta
 
@@ -28,7 +27,14 @@ from app.ledger.tenants import Quota, tenant_put
 from app.ledger.wakeups import WakeSource, wakeup_notify
 from app.reconciler.listener import APPLICATION_NAME
 from app.shards import shard_of, shard_slots_static
-from tests.factories import ledger_violations, pools_add, reconcile_process, spec_make, tasks_add
+from tests.factories import (
+    ledger_violations,
+    pools_add,
+    processes_stop,
+    reconcile_process,
+    spec_make,
+    tasks_add,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -149,15 +155,7 @@ async def test_four_reconciler_processes_never_exceed_a_quota_limit(
             passes = int(await conn.fetchval(
                 "SELECT count(DISTINCT xmin::text) FROM leases"))
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        processes_stop(procs)
     assert all(p.returncode == 0 for p in procs), [p.returncode for p in procs]
     # 75 placements, at most 16 a pass: the checker ran while at least five passes committed.
     assert rounds >= 1 and passes >= 5
