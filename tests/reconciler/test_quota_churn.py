@@ -108,10 +108,14 @@ async def _step(http: httpx.AsyncClient, churn: Churn, rng: random.Random) -> No
         if r.status_code == 201:
             churn.tasks.setdefault(tenant, []).append(r.json()["id"])
     elif roll < 0.55:
+        # The newest tasks are the ones still waiting or leased: cancelling among them
+        # races the reconcilers instead of mostly finding tasks that already finished.
         if churn.tasks.get(tenant):
-            task_id = rng.choice(churn.tasks[tenant])
+            task_id = rng.choice(churn.tasks[tenant][-6:])
             r = await http.post(f"/v1/tasks/{task_id}/cancel", headers=churn.tenants[tenant])
             churn.answer("cancel", r)
+            if r.status_code == 200:
+                churn.tasks[tenant].remove(task_id)
     elif roll < 0.9:
         instance = rng.choice(churn.instances)
         listed = await http.get(f"/v1/runtimes/{instance}/leases", headers=churn.runtime)
