@@ -245,6 +245,14 @@ class Settings(BaseSettings):
         description="A lease younger than this is never reclaimed: a tenant back under its "
         "nominal takes back only borrowed work that has run at least this long.",
     )
+    fair_usage_half_life: float = Field(
+        default=0.0,
+        ge=0,
+        le=365 * 86400,
+        description="Seconds: half-life of the decayed usage that orders tenants which borrow "
+        "within a runtime class (a tenant that consumed more recently waits behind one that "
+        "did not; 0: off, they are ordered by their share of borrowed capacity now).",
+    )
     nomination_seconds: float = Field(
         default=300.0,
         ge=0,

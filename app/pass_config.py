@@ -103,6 +103,8 @@ class ReconcilerConfig:
     #: A task first of its priority in its runtime class that has not fit for this long is
     #: nominated (0: never; see :mod:`app.scheduling.displacement.nominate`).
     nomination_seconds: float = _setting("nomination_seconds")
+    #: Half-life of the decayed usage borrowing tenants are ordered by (0: off).
+    fair_usage_half_life_seconds: float = _setting("fair_usage_half_life")
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: object) -> ReconcilerConfig:
@@ -128,6 +130,7 @@ class ReconcilerConfig:
             "preemption_grace_seconds": settings.preemption_grace_seconds,
             "reclaim_min_runtime_seconds": settings.reclaim_min_runtime_seconds,
             "nomination_seconds": settings.nomination_seconds,
+            "fair_usage_half_life_seconds": settings.fair_usage_half_life,
             # Enough ranked candidates for every walk the limit allows.
             "top_k": max(TOP_K_DEFAULT, settings.reservation_walk_limit + 1),
         }
@@ -143,4 +146,5 @@ class ReconcilerConfig:
             preemption_grace_seconds=self.preemption_grace_seconds,
             reclaim_min_runtime_seconds=self.reclaim_min_runtime_seconds,
             nomination_seconds=self.nomination_seconds,
+            fair_usage_half_life_seconds=self.fair_usage_half_life_seconds,
         )

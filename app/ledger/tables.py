@@ -480,6 +480,21 @@ cohort_usage = Table(
     CheckConstraint("borrowed >= 0", name="borrowed_nonnegative"),
 )
 
+# Fair sharing's decayed usage (revision 0022_fair_usage): per tenant, managed runtime class
+# and resource, an exponentially decayed average of ``quota_usage.used``, brought up to date
+# at most once per pass by the passes that order by it.
+fair_usage = Table(
+    "fair_usage",
+    metadata,
+    Column("tenant_id", ID, nullable=False),
+    Column("runtime_class", ID, nullable=False),
+    Column("resource", Text, nullable=False),
+    Column("decayed", Float, nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False),
+    PrimaryKeyConstraint("tenant_id", "runtime_class", "resource", name="pk_fair_usage"),
+    CheckConstraint("decayed >= 0", name="decayed_nonnegative"),
+)
+
 # A starving task's nomination (revision 0018_nominations): per pool it was promised (one
 # nomination per pool at a time), the members it would place there and what they need.
 # The capacity gathered for it is in ``reservations`` (hold rows), like a preemptor's.

@@ -10,6 +10,8 @@ In the pass's transaction, after the claim:
 * the quota rows of the tasks' runtime classes, with the needs of reclaimers still waiting
   counted as their tenants' usage, and, only when some tenant borrows, what revocations
   give back and the leases a reclaim could take;
+* with quota rows, the fair weights of their tenants and the pass's, and with a usage
+  half-life the pass's tenants' decayed usage (brought up to the pass's ``now``);
 * the holds of the tasks that may hold capacity (preemptors, reclaimers, nominees, possible
   nominees), whose victims are still stopping, and the leases the preemptors may take;
 * the nominations, the head of each concerned runtime class's queue, and for each possible
@@ -26,6 +28,7 @@ from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 
 from app.db import Connection
+from app.ledger.fairshare import fair_usage_decay, fair_weights_read
 from app.ledger.nominations import class_heads_read, lower_usage_read, nominations_read
 from app.ledger.preemption import holds_read, preemptors_waiting, victims_read
 from app.ledger.quotas import quota_rows_read
@@ -74,6 +77,7 @@ async def pass_read(
     if rows:
         rows, reclaim = await _reclaim_read(conn, rows, compiled, snapshot, config, now)
     entitlements = await tenants_entitlements(conn, tenant_ids=tenants) if fair and rows else None
+    weights, fair_usage = await _fair_read(conn, rows, tenants, config, now)
     nomination = await _nominations_read(conn, compiled, snapshot, config, now)
     holders = [t.id for t, spec in compiled
                if spec.may_preempt or t.pending_code in (PREEMPTING, RECLAIMING)]
@@ -87,11 +91,29 @@ async def pass_read(
         now=now, settings=config.pass_settings(), profile=profile(config.strategy),
         snapshot=snapshot, tasks=tuple(compiled),
         invalid=tuple(invalid), usage=usage, entitlements=entitlements,
-        quota_rows=tuple(rows), cohorts=cohorts, holds=holds,
+        quota_rows=tuple(rows), cohorts=cohorts, weights=weights, fair_usage=fair_usage,
+        holds=holds,
         waiting=await preemptors_waiting(conn, task_ids=holders) if holders else {},
         victims=tuple(await _victims_read(conn, compiled)), reclaim=reclaim,
         nomination=nomination,
     )
+
+
+async def _fair_read(
+    conn: Connection, rows: Sequence[QuotaRow], tenants: Collection[str],
+    config: ReconcilerConfig, now: datetime,
+) -> tuple[dict[str, float], dict[tuple[str, str], tuple[float, float, float]] | None]:
+    """Return the fair weights of the tenants of the quota rows and of the pass, and with a
+    usage half-life, the pass's tenants' decayed usage (brought up to ``now``)."""
+    if not rows:
+        return {}, None
+    weights = await fair_weights_read(conn, tenant_ids={r.tenant_id for r in rows} | set(tenants))
+    if config.fair_usage_half_life_seconds <= 0:
+        return weights, None
+    decayed = await fair_usage_decay(
+        conn, tenant_ids=tenants, runtime_classes={r.runtime_class for r in rows},
+        half_life_seconds=config.fair_usage_half_life_seconds, now=now)
+    return weights, decayed
 
 
 def _possible_holders(

@@ -53,6 +53,9 @@ class PassSettings:
     reclaim_min_runtime_seconds: float
     #: A first-of-its-class task that has not fit for this long is nominated (0: never).
     nomination_seconds: float
+    #: Half-life of the decayed usage tenants that borrow are ordered by (0: off, they are
+    #: ordered by their share now).
+    fair_usage_half_life_seconds: float = 0.0
     #: Explain every decision (every candidate and rejection, every preemption candidate):
     #: a preview's plan.
     explain: bool = False
@@ -106,6 +109,10 @@ class PassInputs:
     #: and the tenants' cohorts; empty: no class is managed.
     quota_rows: tuple[QuotaRow, ...] = ()
     cohorts: Mapping[str, str] = field(default_factory=dict)
+    #: Fair weights of the tenants of the quota rows and of the tasks (1 when not listed).
+    weights: Mapping[str, float] = field(default_factory=dict)
+    #: With a usage half-life: per (tenant, class), its decayed usage per resource.
+    fair_usage: Mapping[tuple[str, str], tuple[float, float, float]] | None = None
     #: Capacity held per task and pool (free for that task only).
     holds: Mapping[uuid.UUID, Mapping[str, Vector]] = field(default_factory=dict)
     #: Tasks whose victims are still stopping: (victims, revoke by).

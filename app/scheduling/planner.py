@@ -9,9 +9,11 @@ without the commit.
 :func:`plan_pass`, in the configured policy's order:
 
 1. a task whose victims are still stopping is handed back as it waits;
-2. every other task is decided by the one pipeline (:func:`~app.scheduling.framework.decide`)
-   with its holds and the pass's quota book; a placement is assumed (later tasks see it)
-   and charged to the book; a spec that fits nowhere is remembered in the pass's
+2. every other task (in that order, but the tasks that must borrow by their tenants'
+   shares: :func:`~app.scheduling.fairshare.fair_order`) is decided by the one pipeline
+   (:func:`~app.scheduling.framework.decide`) with its holds and the pass's quota book; a
+   placement is assumed (later tasks see it) and charged to the book; a spec that fits
+   nowhere is remembered in the pass's
    :class:`~app.scheduling.unsatisfiable.UnsatisfiableCache` (later tasks of the same
    fingerprint are skipped with the same reason);
 3. a task that fits nowhere goes to the displacement planners
@@ -37,6 +39,7 @@ from app.scheduling.displacement.nominate import NewNomination, Nominate
 from app.scheduling.displacement.preempt import Preempt
 from app.scheduling.displacement.reclaim import Reclaim
 from app.scheduling.explain import error_document, no_placement_document
+from app.scheduling.fairshare import FairShares, fair_order
 from app.scheduling.framework import decide
 from app.scheduling.inputs import PassInputs, PassSettings
 from app.scheduling.parking import STAGE_NONE, pending_stage, wake_keys
@@ -203,6 +206,11 @@ class _Planning:
         self.cache = UnsatisfiableCache(self.assumed)
         self.book = (QuotaBook(list(inputs.quota_rows), inputs.cohorts)
                      if inputs.quota_rows else None)
+        self.shares = FairShares(
+            self.book, weights=inputs.weights, cohorts=inputs.cohorts,
+            decayed=inputs.fair_usage
+            if inputs.settings.fair_usage_half_life_seconds > 0 else None,
+        ) if self.book is not None else None
         self.holds = Holds(inputs.holds, inputs.waiting)
         self.unclaims: list[Unclaim] = [
             pending_unclaim(t, INVALID_SPEC, error_document(
@@ -301,6 +309,8 @@ class _Planning:
         self.assumed.add(spec, members, task_id=key)
         if self.book is not None and not counted:
             self.book.add(spec.tenant_id, spec.runtime_class, spec.total_requests)
+        if self.shares is not None:
+            self.shares.placed(spec.tenant_id, spec.runtime_class, spec.total_requests)
         self.placed.append(Placed(task, spec, outcome, tuple(members)))
 
     def _fits_nowhere(self, step: Step) -> None:
@@ -348,7 +358,7 @@ class _Planning:
 def plan_pass(inputs: PassInputs) -> PassPlan:
     """Plan one pass: decide its tasks in policy order, then displace (see the module doc)."""
     planning = _Planning(inputs)
-    for task, spec in _ordered(inputs):
+    for task, spec in fair_order(_ordered(inputs), planning.book, planning.shares):
         planning.task(task, spec)
     return planning.plan()
 

@@ -168,7 +168,7 @@ def _placed_decode(rows: list[Any], ids: tuple[str, ...]) -> list[PlacedTask]:
 def _settings(s: PassSettings) -> list[Any]:
     return [s.top_k, s.policy, s.priority_aging_seconds, s.park_sweep_seconds,
             s.task_events_kept, s.preemption_grace_seconds, s.reclaim_min_runtime_seconds,
-            s.nomination_seconds]
+            s.nomination_seconds, s.fair_usage_half_life_seconds]
 
 
 def _reclaim(r: ReclaimInputs | None) -> list[Any] | None:
@@ -234,6 +234,9 @@ def inputs_encode(inputs: PassInputs) -> bytes:
         "quotaRows": [[r.tenant_id, r.runtime_class, r.resource, r.cohort, r.nominal, r.cap,
                        r.lend, r.used] for r in inputs.quota_rows],
         "cohorts": list(inputs.cohorts.items()),
+        "weights": list(inputs.weights.items()),
+        "fairUsage": None if inputs.fair_usage is None else [
+            [list(k), list(v)] for k, v in inputs.fair_usage.items()],
         "holds": [[t.hex, [[p, list(v)] for p, v in pools.items()]]
                   for t, pools in inputs.holds.items()],
         "waiting": [[t.hex, n, _t(by)] for t, (n, by) in inputs.waiting.items()],
@@ -284,6 +287,7 @@ def inputs_decode(
                                 f"{failed[0][1]}")
     settings = PassSettings(*doc["settings"])
     entitlements = doc["entitlements"]
+    fair_usage = doc.get("fairUsage")
     inputs = PassInputs(
         now=_at(doc["now"]) or datetime.min, settings=settings,
         profile=profile_from_plugins(doc["profile"]), snapshot=snapshot, tasks=tuple(compiled),
@@ -293,6 +297,9 @@ def inputs_decode(
             k: (float(v[0]), float(v[1]), float(v[2])) for k, v in entitlements},
         quota_rows=tuple(QuotaRow(*row) for row in doc["quotaRows"]),
         cohorts=dict(doc["cohorts"]),
+        weights={k: float(w) for k, w in doc.get("weights", ())},
+        fair_usage=None if fair_usage is None else {
+            (k[0], k[1]): (float(v[0]), float(v[1]), float(v[2])) for k, v in fair_usage},
         holds={uuid.UUID(t): {p: _vec(v) for p, v in pools} for t, pools in doc["holds"]},
         waiting={uuid.UUID(t): (n, _at(by) or datetime.min) for t, n, by in doc["waiting"]},
         victims=tuple(_victim_decode(v) for v in doc["victims"]),

@@ -18,7 +18,7 @@ same check again when the pass commits. Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from app.scheduling.plugins import names
@@ -66,8 +66,10 @@ class QuotaBook:
     Each (tenant, managed class) has one slot per managed resource of the class,
     ``[resource index, nominal, cap, lend, used, cohort totals]``, made on first use (a
     tenant without a row there has nominal 0 and lends nothing); ``cohort totals`` is the
-    ``[lendable, borrowed]`` of its (cohort, class, resource), shared by the cohort's slots,
-    so that a check or a placement looks nothing else up.
+    ``[lendable, borrowed, can lend]`` of its (cohort, class, resource), shared by the
+    cohort's slots, so that a check or a placement looks nothing else up (``can lend``: what
+    its tenants would lend were they idle, the measure of a share,
+    :mod:`app.scheduling.fairshare`).
     """
 
     __slots__ = ("_cohort", "_managed", "_rows", "_slots", "_totals")
@@ -83,9 +85,11 @@ class QuotaBook:
             self._rows[(r.tenant_id, r.runtime_class, r.resource)] = r
             self._cohort.setdefault(r.tenant_id, r.cohort)
             self._managed.setdefault(r.runtime_class, set()).add(r.resource)
-            totals = self._totals.setdefault((r.cohort, r.runtime_class, r.resource), [0, 0])
+            totals = self._totals.setdefault((r.cohort, r.runtime_class, r.resource),
+                                             [0, 0, 0])
             totals[0] += _lendable(r.nominal, r.lend, r.used)
             totals[1] += max(0, r.used - r.nominal)
+            totals[2] += _lendable(r.nominal, r.lend, 0)
 
     def managed(self, runtime_class: str) -> bool:
         """Return whether some tenant's quota names a resource of ``runtime_class``."""
@@ -105,7 +109,7 @@ class QuotaBook:
             if resource not in resources:
                 continue
             r = self._rows.get((tenant_id, runtime_class, resource))
-            totals = self._totals.setdefault((cohort, runtime_class, resource), [0, 0])
+            totals = self._totals.setdefault((cohort, runtime_class, resource), [0, 0, 0])
             if r is None:
                 slots.append([i, 0, None, 0, 0, totals])
             else:
@@ -129,6 +133,38 @@ class QuotaBook:
             if refused is not None:
                 return refused
         return None
+
+    def borrows(self, tenant_id: str, runtime_class: str, need: Sequence[int]) -> bool:
+        """Return whether a task of ``tenant_id`` needing ``need`` must borrow: it takes
+        some managed resource of ``runtime_class`` above its tenant's nominal."""
+        slots = self._slots_of(tenant_id, runtime_class)
+        if slots is None:
+            return False
+        return any(s[4] + need[s[0]] > s[1] for s in slots if need[s[0]] > 0)
+
+    def borrowing(
+        self, tenant_id: str, runtime_class: str, need: Sequence[int] = (0, 0, 0)
+    ) -> tuple[list[float], list[float]]:
+        """Return what the tenant borrows in the class with ``need`` more, and what its
+        cohort can lend, per resource (0 where not managed)."""
+        slots = self._slots_of(tenant_id, runtime_class) or ()
+        used = [0.0, 0.0, 0.0]
+        for s in slots:
+            used[s[0]] = s[4] + need[s[0]]
+        return self.borrowing_of(tenant_id, runtime_class, used)
+
+    def borrowing_of(
+        self, tenant_id: str, runtime_class: str, used: Sequence[float]
+    ) -> tuple[list[float], list[float]]:
+        """Return what the tenant would borrow in the class using ``used``, and what its
+        cohort can lend, per resource (0 where not managed)."""
+        borrowed = [0.0, 0.0, 0.0]
+        lendable = [0.0, 0.0, 0.0]
+        for s in self._slots_of(tenant_id, runtime_class) or ():
+            i = s[0]
+            borrowed[i] = max(0.0, used[i] - s[1])
+            lendable[i] = s[5][2]
+        return borrowed, lendable
 
     def add(self, tenant_id: str, runtime_class: str, need: tuple[int, int, int]) -> None:
         """Count a placement of the pass (``need`` for all its members) in the book."""
