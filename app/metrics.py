@@ -64,6 +64,22 @@ RECLAIMS = Counter(
 )
 for _outcome in RECLAIM_OUTCOMES:
     RECLAIMS.labels(_outcome)
+#: Fair-share reclaims (borrowed work of tenants above their share, for a tenant below it),
+#: by outcome: committed, lost at commit, or unfair (no set of victims would leave the
+#: reclaimer's share at most the victims').
+FAIR_SHARE_RECLAIM_OUTCOMES = ("started", "conflict", "unfair")
+FAIR_SHARE_RECLAIMS = Counter(
+    "berth_fair_share_reclaims_total",
+    "Fair-share reclaims of borrowed capacity from tenants above their share, by outcome "
+    "(started, conflict, unfair).",
+    ["outcome"],
+)
+for _outcome in FAIR_SHARE_RECLAIM_OUTCOMES:
+    FAIR_SHARE_RECLAIMS.labels(_outcome)
+FAIR_SHARE_RECLAIM_VICTIMS = Counter(
+    "berth_fair_share_reclaim_victims_total",
+    "Borrowed leases revoked by fair-share reclaims.",
+)
 RECLAIM_VICTIMS = Counter(
     "berth_reclaim_victims_total",
     "Borrowed leases revoked by reclaims (what became of them is counted with the "

@@ -36,6 +36,8 @@ from app.db import Connection, Database
 from app.ledger.claims import claims_settings, tasks_claim
 from app.ledger.snapshot import SnapshotCache
 from app.metrics import (
+    FAIR_SHARE_RECLAIM_VICTIMS,
+    FAIR_SHARE_RECLAIMS,
     FILTER_REJECTIONS,
     NOMINATIONS,
     PASS_DURATION,
@@ -101,6 +103,9 @@ class PassResult:
     #: Reclaims by outcome (app.reconciler.reclaiming), and their victims committed.
     reclaims: Counter[str] = field(default_factory=Counter)
     reclaim_victims: int = 0
+    #: Fair-share reclaims by outcome, and their victims committed.
+    fair_reclaims: Counter[str] = field(default_factory=Counter)
+    fair_reclaim_victims: int = 0
     #: Whether the pass re-read the pool rows (a pool changed) instead of reusing them.
     snapshot_rebuilt: bool = False
     duration_seconds: float = 0.0
@@ -216,6 +221,10 @@ def _metrics_count(result: PassResult) -> None:
         RECLAIMS.labels(outcome=outcome).inc(n)
     if result.reclaim_victims:
         RECLAIM_VICTIMS.inc(result.reclaim_victims)
+    for outcome, n in result.fair_reclaims.items():
+        FAIR_SHARE_RECLAIMS.labels(outcome=outcome).inc(n)
+    if result.fair_reclaim_victims:
+        FAIR_SHARE_RECLAIM_VICTIMS.inc(result.fair_reclaim_victims)
     for outcome, n in result.nominations.items():
         NOMINATIONS.labels(outcome=outcome).inc(n)
     TASKS_LEASED.inc(result.leased)
@@ -266,8 +275,22 @@ async def _pass_in(
         result.recorded_bytes = await ctx.recorder.record(
             conn, pass_id=pass_id, inputs=inputs, plan=plan)
     _result_fill(result, committed, plan.reclaims, now=commit_now)
+    _fair_fill(result, committed, plan.fair_reclaims)
     phases["commit"] = time.perf_counter() - t0
     return result
+
+
+def _fair_fill(
+    result: PassResult, committed: Committed, outcomes: Mapping[str, int]
+) -> None:
+    """Count the pass's fair-share reclaims by outcome, and their victims."""
+    result.fair_reclaims.update(outcomes)
+    fair = committed.displaced.get(Kind.FAIR_SHARE, [])
+    if fair:
+        result.fair_reclaims["started"] += len(fair)
+        result.fair_reclaim_victims = sum(len(g.victims) for g in fair)
+    if committed.lost.get(Kind.FAIR_SHARE):
+        result.fair_reclaims["conflict"] += committed.lost[Kind.FAIR_SHARE]
 
 
 def _result_fill(

@@ -418,12 +418,14 @@ def preempting_document(
 
 def reclaiming_document(
     victims: int, revoke_by: datetime, *, rejections: Mapping[str, int] | None = None,
-    victim_ids: Iterable[str] = (), pool_ids: Iterable[str] = (),
+    victim_ids: Iterable[str] = (), pool_ids: Iterable[str] = (), fair: bool = False,
 ) -> PendingReason:
-    """Build the pending reason of a task waiting for ``victims`` borrowed leases."""
+    """Build the pending reason of a task waiting for ``victims`` borrowed leases (with
+    ``fair``: taken from tenants above their fair share)."""
     noun = "lease" if victims == 1 else "leases"
+    what = ("reclaiming its fair share" if fair else "reclaiming its tenant's nominal")
     return waiting_document(
-        RECLAIMING, f"reclaiming its tenant's nominal: waiting for {victims} borrowed {noun} "
+        RECLAIMING, f"{what}: waiting for {victims} borrowed {noun} "
         "of its cohort to stop", victims, revoke_by, rejections=rejections,
         victim_ids=victim_ids, pool_ids=pool_ids)
 

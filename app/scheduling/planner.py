@@ -17,7 +17,8 @@ without the commit.
    :class:`~app.scheduling.unsatisfiable.UnsatisfiableCache` (later tasks of the same
    fingerprint are skipped with the same reason);
 3. a task that fits nowhere goes to the displacement planners
-   (:mod:`app.scheduling.displacement`: preempt, reclaim, nominate, in that order), and is
+   (:mod:`app.scheduling.displacement`: preempt, reclaim, fair-share reclaim, nominate, in
+   that order), and is
    otherwise handed back parked with its reason and wake keys;
 4. after the last task, the planners settle (reclaims and nominations are planned on top of
    every placement of the pass).
@@ -35,6 +36,7 @@ from typing import NamedTuple
 
 from app.scheduling.assumed import Assumed
 from app.scheduling.displacement import Displacement, Holds, HoldsPlan, Settling, Step
+from app.scheduling.displacement.fairshare import FairShareReclaim
 from app.scheduling.displacement.nominate import NewNomination, Nominate
 from app.scheduling.displacement.preempt import Preempt
 from app.scheduling.displacement.reclaim import Reclaim
@@ -110,8 +112,9 @@ class PassPlan:
     #: Filter rejections by reason code over the pass's decisions.
     rejections: Mapping[str, int] = field(default_factory=dict)
     unsatisfiable_hits: int = 0
-    #: Tasks that could not reclaim, by outcome.
+    #: Tasks that could not reclaim (their nominal, their fair share), by outcome.
     reclaims: Mapping[str, int] = field(default_factory=dict)
+    fair_reclaims: Mapping[str, int] = field(default_factory=dict)
     #: With ``explain``: each task's explained decision, and the preemption planned for it.
     explained: Mapping[uuid.UUID, Result] = field(default_factory=dict)
     preemptions: Mapping[uuid.UUID, Preemption] = field(default_factory=dict)
@@ -229,14 +232,15 @@ class _Planning:
         self.nominate = Nominate(inputs, self.assumed)
         self.reclaim = Reclaim(
             inputs.reclaim, inputs.quota_rows, dict(inputs.cohorts), now=inputs.now,
-            grace_seconds=settings.preemption_grace_seconds,
+            grace_seconds=settings.preemption_grace_seconds, weights=inputs.weights,
         ) if inputs.reclaim is not None and inputs.quota_rows else None
+        self.fair = FairShareReclaim(self.reclaim) if self.reclaim is not None else None
         self.preempt = preempt = Preempt(inputs.snapshot, inputs.victims, holds=self.holds,
                           assumed=self.assumed, now=inputs.now,
                           grace_seconds=settings.preemption_grace_seconds,
                           profile=inputs.profile, explain=settings.explain)
         self.planners: tuple[Displacement, ...] = tuple(
-            p for p in (preempt, self.reclaim, self.nominate) if p is not None)
+            p for p in (preempt, self.reclaim, self.fair, self.nominate) if p is not None)
 
     def task(self, task: ClaimedTask, spec: CompiledSpec) -> None:
         """Plan one task: wait, place, or hand it back (displacing when it can)."""
@@ -351,6 +355,7 @@ class _Planning:
             nominees_passed=tuple(nominate.passed()),
             rejections=dict(rejections), unsatisfiable_hits=self.cache.hits,
             reclaims=dict(self.reclaim.outcomes) if self.reclaim is not None else {},
+            fair_reclaims=dict(self.fair.outcomes) if self.fair is not None else {},
             explained=self.explained, preemptions=self.preempt.planned,
         )
 

@@ -43,11 +43,13 @@ reclaim of the pass never counts a victim tenant's borrowed work twice.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from app.scheduling.assumed import Assumed
+from app.scheduling.fairshare import share_of, weight_of
 from app.scheduling.framework import feasible_but_capacity
 from app.scheduling.plugins.quota import RESOURCES, QuotaRow
 from app.scheduling.plugins.registry import Profile
@@ -62,7 +64,8 @@ from app.scheduling.records import Vector
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec
 
-__all__ = ["ReclaimBook", "plan_reclaim", "reclaim_victims", "victim_total"]
+__all__ = ["FairTest", "ReclaimBook", "fair_test", "plan_reclaim", "reclaim_victims",
+           "victim_total"]
 
 Key = tuple[str, str]  # (tenant, runtime class)
 
@@ -85,7 +88,7 @@ class ReclaimBook:
     managed there and never limit anything.
     """
 
-    __slots__ = ("_cohort", "_managed", "_nominal", "_used")
+    __slots__ = ("_cohort", "_lendable", "_managed", "_nominal", "_used", "_weights")
 
     def __init__(
         self,
@@ -94,8 +97,12 @@ class ReclaimBook:
         *,
         revoking: Mapping[Key, Vector] = {},
         waiting: Mapping[Key, Vector] = {},
+        weights: Mapping[str, float] = {},
     ) -> None:
         self._cohort: dict[str, str] = dict(cohorts)
+        self._weights = weights
+        #: Per (cohort, class), what its tenants can lend (were they idle), per resource.
+        self._lendable: dict[Key, np.ndarray] = {}
         self._managed: dict[str, np.ndarray] = {}
         self._nominal: dict[Key, np.ndarray] = {}
         self._used: dict[Key, np.ndarray] = {}
@@ -105,6 +112,8 @@ class ReclaimBook:
             self._nominal.setdefault((r.tenant_id, r.runtime_class), _zero())[k] = r.nominal
             self._used.setdefault((r.tenant_id, r.runtime_class), _zero())[k] = r.used
             self._cohort.setdefault(r.tenant_id, r.cohort)
+            can = r.nominal if r.lend is None else min(r.lend, r.nominal)
+            self._lendable.setdefault((r.cohort, r.runtime_class), _zero())[k] += can
         for key, amount in revoking.items():
             self.add(*key, np.negative(np.array(amount, dtype=np.int64)))
         for key, amount in waiting.items():
@@ -147,6 +156,54 @@ class ReclaimBook:
         key = (tenant_id, runtime_class)
         over = np.maximum(self._get(self._used, key) - self._get(self._nominal, key), 0)
         return np.where(mask, over, 0)
+
+
+    def share(
+        self, tenant_id: str, runtime_class: str, more: np.ndarray | None = None
+    ) -> float:
+        """Return the tenant's share in the class (with ``more`` usage: negative to take
+        some off), measured against what its cohort can lend
+        (:func:`~app.scheduling.fairshare.share_of`)."""
+        mask = self._managed.get(runtime_class)
+        if mask is None:
+            return 0.0
+        key = (tenant_id, runtime_class)
+        used = self._get(self._used, key)
+        if more is not None:
+            used = used + more
+        borrowed = np.where(mask, np.maximum(used - self._get(self._nominal, key), 0), 0)
+        lendable = self._lendable.get((self.cohort(tenant_id), runtime_class), _zero())
+        return share_of(borrowed.tolist(), lendable.tolist(),
+                        weight_of(self._weights, tenant_id))
+
+
+@dataclass(frozen=True, slots=True)
+class FairTest:
+    """Which victims a fair-share reclaim may take: leases of tenants whose share is above
+    the reclaimer's share with its task (``lender``), in sets after which each victim
+    tenant's share is still at least that (``accepts``)."""
+
+    lender: Callable[[str], bool]
+    accepts: Callable[[Sequence[Victim]], bool]
+
+
+def fair_test(book: ReclaimBook, spec: CompiledSpec) -> FairTest:
+    """Return the fairness test of a fair-share reclaim for ``spec`` on ``book``: the
+    reclaimer's share with its task must stay at or below each victim tenant's share after
+    the set is taken (no reclaim back and forth)."""
+    rc = spec.runtime_class
+    mine = book.share(spec.tenant_id, rc, np.array(spec.total_requests, dtype=np.int64))
+
+    def lender(tenant_id: str) -> bool:
+        return book.share(tenant_id, rc) > mine
+
+    def accepts(chosen: Sequence[Victim]) -> bool:
+        taken: dict[str, np.ndarray] = {}
+        for v in chosen:
+            taken[v.tenant_id] = taken.get(v.tenant_id, _zero()) + victim_total(v)
+        return all(book.share(t, rc, np.negative(a)) >= mine for t, a in taken.items())
+
+    return FairTest(lender, accepts)
 
 
 def reclaim_victims(
@@ -206,14 +263,17 @@ def plan_reclaim(
     holds: dict[str, Vector] | None = None,
     leased_before: float = float("inf"),
     profile: Profile | None = None,
+    fair: FairTest | None = None,
 ) -> Preemption | None:
     """Plan the reclaim that would let ``spec`` fit, or None (see the module doc).
 
     ``taken`` are victims other plans of the pass claimed already; ``leased_before`` the
-    latest lease time a victim may have (now less the minimum runtime).
+    latest lease time a victim may have (now less the minimum runtime). With ``fair``, a
+    fair-share reclaim: the task need not be within its nominal, and its victims are those
+    the test allows.
     """
     rc, tenant = spec.runtime_class, spec.tenant_id
-    if not book.within_nominal(tenant, rc, spec.total_requests):
+    if fair is None and not book.within_nominal(tenant, rc, spec.total_requests):
         return None
     idx, total, cycle = feasible_but_capacity(spec, snapshot, assumed=assumed, holds=holds,
                                               profile=profile)
@@ -224,7 +284,8 @@ def plan_reclaim(
 
     def lender(t: str) -> bool:
         if t not in borrowed:
-            ok = t != tenant and book.cohort(t) == cohort
+            ok = (t != tenant and book.cohort(t) == cohort
+                  and (fair is None or fair.lender(t)))
             borrowed[t] = book.borrowed(t, rc) if ok else _zero()
         return bool(borrowed[t].any())
 
@@ -241,7 +302,8 @@ def plan_reclaim(
         def cheapest(
             free: np.ndarray, need: np.ndarray, eligible: Sequence[Victim], pool_id: str
         ) -> tuple[Victim, ...] | None:
-            chosen = reclaim_victims(free, need, eligible, pool_id, borrowed, spent)
+            chosen = _fair(reclaim_victims(free, need, eligible, pool_id, borrowed, spent),
+                           fair)
             for v in chosen or ():
                 took = np.where(borrowed[v.tenant_id] > 0, victim_total(v), 0)
                 spent[v.tenant_id] = spent.get(v.tenant_id, _zero()) + took
@@ -253,10 +315,19 @@ def plan_reclaim(
     def cheapest_single(
         free: np.ndarray, need: np.ndarray, eligible: Sequence[Victim], pool_id: str
     ) -> tuple[Victim, ...] | None:
-        return reclaim_victims(free, need, eligible, pool_id, borrowed)
+        return _fair(reclaim_victims(free, need, eligible, pool_id, borrowed), fair)
 
     return plan_single(snapshot, idx, total, free_all, req, eligible_on,
                        cheapest=cheapest_single)
+
+
+def _fair(
+    chosen: tuple[Victim, ...] | None, fair: FairTest | None
+) -> tuple[Victim, ...] | None:
+    """Return ``chosen`` unless the fairness test refuses it."""
+    if chosen is None or fair is None or fair.accepts(chosen):
+        return chosen
+    return None
 
 
 def book_reclaimed(book: ReclaimBook, spec: CompiledSpec, plan: Preemption) -> None:

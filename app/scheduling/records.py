@@ -53,10 +53,12 @@ def vector_sum(vectors: Iterable[Vector]) -> Vector:
 
 class Kind(StrEnum):
     """What displaces: a preemption (same tenant, lower priority), a reclaim (borrowed work
-    of the cohort) or a nomination (capacity freed on a starving task's pools)."""
+    of the cohort), a fair-share reclaim (borrowed work of tenants above their share) or a
+    nomination (capacity freed on a starving task's pools)."""
 
     PREEMPT = "preempt"
     RECLAIM = "reclaim"
+    FAIR_SHARE = "fair_share"
     NOMINATE = "nominate"
 
 

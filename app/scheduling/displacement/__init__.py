@@ -1,9 +1,11 @@
 """Displacement: one mechanism by which a task that fits nowhere gets capacity held for it.
 
-Three planners share it, each a module of this package with the same shape
+Four planners share it, each a module of this package with the same shape
 (:class:`Displacement`): **preempt** (lower-priority leases of the same tenant,
 :mod:`.preempt`), **reclaim** (borrowed leases of the cohort, for a task within its
-tenant's nominal, :mod:`.reclaim`) and **nominate** (capacity freed on a starving task's
+tenant's nominal, :mod:`.reclaim`), **fair-share reclaim** (borrowed leases of tenants
+above their share, for a borrowing task whose share stays at most theirs,
+:mod:`.fairshare`) and **nominate** (capacity freed on a starving task's
 pools, no victims, :mod:`.nominate`). They differ only in which victims they may take and
 why; everything else is here:
 

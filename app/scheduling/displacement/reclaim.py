@@ -13,6 +13,7 @@ set of victims).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -21,9 +22,9 @@ from app.scheduling.displacement import Settling, Step
 from app.scheduling.explain import reclaiming_document
 from app.scheduling.inputs import ReclaimInputs
 from app.scheduling.plugins.quota import QuotaRow
-from app.scheduling.preemption import VictimIndex
+from app.scheduling.preemption import Preemption, VictimIndex
 from app.scheduling.reasons import Reason
-from app.scheduling.reclaim import ReclaimBook, book_reclaimed, plan_reclaim
+from app.scheduling.reclaim import FairTest, ReclaimBook, book_reclaimed, plan_reclaim
 from app.scheduling.records import RECLAIMING, Kind, Unclaim
 
 __all__ = ["Reclaim"]
@@ -42,14 +43,17 @@ class Reclaim:
 
     def __init__(
         self, inputs: ReclaimInputs, rows: tuple[QuotaRow, ...], cohorts: dict[str, str],
-        *, now: datetime, grace_seconds: float,
+        *, now: datetime, grace_seconds: float, weights: Mapping[str, float],
     ) -> None:
         self._inputs = inputs
         self._rows = rows
         self._cohorts = cohorts
+        self._weights = weights
+        self._book: ReclaimBook | None = None
         self._managed = {r.runtime_class for r in rows}
         self._revoke_by = now + timedelta(seconds=grace_seconds)
         self._candidates: list[Step] = []
+        self._index: VictimIndex | None = None
         #: Tasks that could not reclaim, by outcome.
         self.outcomes: Counter[str] = Counter()
 
@@ -57,40 +61,68 @@ class Reclaim:
         """Return whether ``task_id`` is a waiting reclaimer (its need counted already)."""
         return task_id in self._inputs.waiting
 
+    def wants(self, step: Step) -> bool:
+        """Return whether a task that fits nowhere could reclaim: it lacks capacity in a
+        managed runtime class and is not reclaiming already."""
+        spec = step.spec
+        return (step.reason.code in (_GANG if spec.is_gang else _CAPACITY)
+                and spec.runtime_class in self._managed
+                and step.task.id not in self._inputs.waiting)
+
     def consider(self, step: Step) -> Unclaim | None:
         """Remember a task that fits nowhere for capacity in a managed runtime class."""
-        spec = step.spec
-        if (step.reason.code in (_GANG if spec.is_gang else _CAPACITY)
-                and spec.runtime_class in self._managed
-                and step.task.id not in self._inputs.waiting):
+        if self.wants(step):
             self._candidates.append(step)
         return None
+
+    def book(self, state: Settling) -> ReclaimBook:
+        """Return the pass's reclaim book: the usage read, what revocations give back, the
+        pass's placements, and the reclaims planned so far (by every reclaiming planner)."""
+        if self._book is None:
+            book = ReclaimBook(self._rows, self._cohorts, revoking=self._inputs.revoking,
+                               weights=self._weights)
+            for task, spec in state.placed:
+                if not self.counted(task.id):
+                    book.add(spec.tenant_id, spec.runtime_class,
+                             np.array(spec.total_requests, dtype=np.int64))
+            self._book = book
+        return self._book
 
     def settle(self, state: Settling) -> None:
         """Plan the remembered tasks' reclaims, replacing their hand-backs."""
         if not self._candidates:
             return
-        book = ReclaimBook(self._rows, self._cohorts, revoking=self._inputs.revoking)
-        for task, spec in state.placed:
-            if not self.counted(task.id):
-                book.add(spec.tenant_id, spec.runtime_class,
-                         np.array(spec.total_requests, dtype=np.int64))
-        index = VictimIndex(state.inputs.snapshot, self._inputs.victims)
+        book = self.book(state)
         for step in self._candidates:
-            spec = step.spec
-            planned = plan_reclaim(
-                spec, state.inputs.snapshot, index, book, assumed=state.assumed,
-                taken=state.holds.taken, holds=dict(step.held) if step.held else None,
-                leased_before=self._inputs.leased_before, profile=state.inputs.profile,
-            )
-            if planned is None:
+            if self.plan(state, step, book, None) is None:
                 self.outcomes["unavailable"] += 1
-                continue
-            book_reclaimed(book, spec, planned)
-            victims = tuple(v.task_id for v in planned.victims)
-            state.holds.grant(self.kind, step.task.id, victims=victims, holds=planned.holds,
-                              revoke_by=self._revoke_by, assumed=state.assumed)
-            doc = reclaiming_document(
-                len(victims), self._revoke_by, rejections=step.reason.rejections,
-                victim_ids=victims, pool_ids=[p for p, _ in planned.members])
-            state.unclaims[step.at] = Unclaim(step.task.id, RECLAIMING, doc, parked=True)
+
+    def plan(
+        self, state: Settling, step: Step, book: ReclaimBook, fair: FairTest | None, *,
+        kind: Kind | None = None,
+    ) -> Preemption | None:
+        """Plan the reclaim of one task (with ``fair``: a fair-share reclaim, granted as
+        ``kind``) on ``book`` and grant it, replacing the task's hand-back; None when no set
+        of victims lets it fit."""
+        spec = step.spec
+        index = self._index
+        if index is None:
+            index = self._index = VictimIndex(state.inputs.snapshot, self._inputs.victims)
+        planned = plan_reclaim(
+            spec, state.inputs.snapshot, index, book, assumed=state.assumed,
+            taken=state.holds.taken, holds=dict(step.held) if step.held else None,
+            leased_before=self._inputs.leased_before, profile=state.inputs.profile, fair=fair,
+        )
+        if planned is None:
+            return None
+        book_reclaimed(book, spec, planned)
+        victims = tuple(v.task_id for v in planned.victims)
+        state.holds.grant(kind or self.kind, step.task.id, victims=victims,
+                          holds=planned.holds, revoke_by=self._revoke_by,
+                          assumed=state.assumed)
+        doc = reclaiming_document(
+            len(victims), self._revoke_by, rejections=step.reason.rejections,
+            victim_ids=victims, pool_ids=[p for p, _ in planned.members],
+            fair=fair is not None)
+        state.unclaims[step.at] = Unclaim(step.task.id, RECLAIMING, doc, parked=True)
+        return planned
