@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from app.scheduling.plugins.quota import QuotaRow
+from app.scheduling.plugins.quota import CohortRow, QuotaRow
 from app.scheduling.plugins.registry import Profile
 from app.scheduling.preemption import Victim
 from app.scheduling.records import ClaimedTask, Nomination, Vector
@@ -106,6 +106,9 @@ class PassInputs:
     #: and the tenants' cohorts; empty: no class is managed.
     quota_rows: tuple[QuotaRow, ...] = ()
     cohorts: Mapping[str, str] = field(default_factory=dict)
+    #: The cohorts' rows of those classes (the quota tree) and the tenants' fair weights.
+    quota_cohorts: tuple[CohortRow, ...] = ()
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)
     #: Capacity held per task and pool (free for that task only).
     holds: Mapping[uuid.UUID, Mapping[str, Vector]] = field(default_factory=dict)
     #: Tasks whose victims are still stopping: (victims, revoke by).

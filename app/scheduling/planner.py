@@ -201,8 +201,9 @@ class _Planning:
         self.inputs = inputs
         self.assumed = Assumed(inputs.snapshot)
         self.cache = UnsatisfiableCache(self.assumed)
-        self.book = (QuotaBook(list(inputs.quota_rows), inputs.cohorts)
-                     if inputs.quota_rows else None)
+        self.book = (QuotaBook(inputs.quota_rows, inputs.cohorts, inputs.quota_cohorts,
+                               inputs.tenant_weights)
+                     if inputs.quota_rows or inputs.quota_cohorts else None)
         self.holds = Holds(inputs.holds, inputs.waiting)
         self.unclaims: list[Unclaim] = [
             pending_unclaim(t, INVALID_SPEC, error_document(

@@ -35,7 +35,7 @@ import orjson
 
 from app.scheduling.inputs import NominationInputs, PassInputs, PassSettings, ReclaimInputs
 from app.scheduling.planner import PassPlan
-from app.scheduling.plugins.quota import QuotaRow
+from app.scheduling.plugins.quota import CohortRow, QuotaRow
 from app.scheduling.preemption import Victim
 from app.scheduling.profiles import plugins_document, profile_from_plugins
 from app.scheduling.records import ClaimedTask, Nomination
@@ -234,6 +234,9 @@ def inputs_encode(inputs: PassInputs) -> bytes:
         "quotaRows": [[r.tenant_id, r.runtime_class, r.resource, r.cohort, r.nominal, r.cap,
                        r.lend, r.used] for r in inputs.quota_rows],
         "cohorts": list(inputs.cohorts.items()),
+        "quotaCohorts": [[c.cohort, c.runtime_class, c.resource, c.parent, c.nominal, c.cap,
+                          c.lend, c.lim, c.used, c.weight] for c in inputs.quota_cohorts],
+        "tenantWeights": list(inputs.tenant_weights.items()),
         "holds": [[t.hex, [[p, list(v)] for p, v in pools.items()]]
                   for t, pools in inputs.holds.items()],
         "waiting": [[t.hex, n, _t(by)] for t, (n, by) in inputs.waiting.items()],
@@ -293,6 +296,8 @@ def inputs_decode(
             k: (float(v[0]), float(v[1]), float(v[2])) for k, v in entitlements},
         quota_rows=tuple(QuotaRow(*row) for row in doc["quotaRows"]),
         cohorts=dict(doc["cohorts"]),
+        quota_cohorts=tuple(CohortRow(*row) for row in doc.get("quotaCohorts", ())),
+        tenant_weights=dict(doc.get("tenantWeights", ())),
         holds={uuid.UUID(t): {p: _vec(v) for p, v in pools} for t, pools in doc["holds"]},
         waiting={uuid.UUID(t): (n, _at(by) or datetime.min) for t, n, by in doc["waiting"]},
         victims=tuple(_victim_decode(v) for v in doc["victims"]),
