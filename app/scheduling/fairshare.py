@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from app.scheduling.records import ClaimedTask
     from app.scheduling.spec import CompiledSpec
 
-__all__ = ["FairKey", "FairShares", "fair_order", "share_of", "tenant_path", "weight_of"]
+__all__ = ["FairKey", "FairShares", "fair_order", "share_of"]
 
 #: The ordering key of a tenant: (share, node id) per level, from the top of its path down.
 FairKey = tuple[tuple[float, str], ...]
@@ -55,36 +55,24 @@ def share_of(borrowed: Sequence[float], lendable: Sequence[float], weight: float
     return dominant / weight
 
 
-def weight_of(weights: Mapping[str, float], node: str) -> float:
-    """Return the fair weight of ``node`` (1 when it has none set)."""
-    return weights.get(node, 1.0)
-
-
-def tenant_path(tenant_id: str, cohorts: Mapping[str, str]) -> tuple[str, ...]:
-    """Return the cohorts above ``tenant_id``, from its own cohort up to the root."""
-    return (cohorts.get(tenant_id, "default"),)
-
-
 class FairShares:
-    """The shares of a pass's tenants in its managed runtime classes, read from its quota
-    book (which follows the pass's placements), with their weights and, when a usage
-    half-life is set, their decayed usage.
+    """The shares of a pass's tenants and cohorts in its managed runtime classes, read from
+    its quota book (which follows the pass's placements and knows the tree and the weights),
+    and, when a usage half-life is set, the tenants' decayed usage.
 
     With ``decayed`` (per (tenant, class), an exponentially decayed average of its usage
-    per resource), the key a tenant is ordered by is the share of its decayed usage above
-    nominal, plus what the pass placed for it so far: a tenant that consumed more recently
-    waits behind one that did not.
+    per resource), the share a tenant is ordered by is that of its decayed usage plus what
+    the pass placed for it so far: a tenant that consumed more recently waits behind one
+    that did not.
     """
 
-    __slots__ = ("_book", "_cohorts", "_decayed", "_placed", "_weights")
+    __slots__ = ("_book", "_decayed", "_placed")
 
     def __init__(
-        self, book: QuotaBook, *, weights: Mapping[str, float], cohorts: Mapping[str, str],
+        self, book: QuotaBook, *,
         decayed: Mapping[tuple[str, str], Sequence[float]] | None = None,
     ) -> None:
         self._book = book
-        self._weights = weights
-        self._cohorts = cohorts
         self._decayed = decayed
         #: What the pass placed per (tenant, class) (with decay: added to the decayed usage).
         self._placed: dict[tuple[str, str], list[int]] = {}
@@ -100,27 +88,29 @@ class FairShares:
     def share(
         self, tenant_id: str, runtime_class: str, need: Sequence[int] = (0, 0, 0)
     ) -> float:
-        """Return the tenant's share in the class now, with ``need`` more."""
-        borrowed, lendable = self._book.borrowing(tenant_id, runtime_class, need)
-        return share_of(borrowed, lendable, weight_of(self._weights, tenant_id))
-
-    def _ordering_share(self, tenant_id: str, runtime_class: str, need: Sequence[int]) -> float:
-        if self._decayed is None:
-            return self.share(tenant_id, runtime_class, need)
-        key = (tenant_id, runtime_class)
-        used = list(self._decayed.get(key, (0.0, 0.0, 0.0)))
-        for i, n in enumerate(self._placed.get(key, (0, 0, 0))):
-            used[i] += n + need[i]
-        borrowed, lendable = self._book.borrowing_of(tenant_id, runtime_class, used)
-        return share_of(borrowed, lendable, weight_of(self._weights, tenant_id))
+        """Return the tenant's share in the class now, with ``need`` more (with decay: the
+        share of its decayed usage)."""
+        used: list[float] | None = None
+        if self._decayed is not None:
+            key = (tenant_id, runtime_class)
+            used = list(self._decayed.get(key, (0.0, 0.0, 0.0)))
+            for i, n in enumerate(self._placed.get(key, (0, 0, 0))):
+                used[i] += n
+        borrowed, lendable = self._book.borrowing(tenant_id, runtime_class, used, need)
+        return share_of(borrowed, lendable, self._book.tenant_weight(tenant_id))
 
     def key(self, tenant_id: str, runtime_class: str, need: Sequence[int]) -> FairKey:
         """Return the key the tenant's next task (needing ``need``) is ordered by: per
-        level of its path from the top, the node's share and id (the tenant last)."""
-        path = tenant_path(tenant_id, self._cohorts)
+        level of its path from the top, the node's share and id (the tenant last, with the
+        task)."""
+        book = self._book
+        path = book.path(tenant_id)
         # The root lends and is lent nothing: its children are the first level compared.
-        levels = [(0.0, node) for node in reversed(path[:-1])]
-        levels.append((self._ordering_share(tenant_id, runtime_class, need), tenant_id))
+        levels = []
+        for cohort in reversed(path[:-1]):
+            node = book.cohort_node(cohort, runtime_class)
+            levels.append((node.share if node is not None else 0.0, cohort))
+        levels.append((self.share(tenant_id, runtime_class, need), tenant_id))
         return tuple(levels)
 
 

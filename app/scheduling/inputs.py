@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from app.scheduling.plugins.quota import QuotaRow
+from app.scheduling.plugins.quota import CohortRow, QuotaRow
 from app.scheduling.plugins.registry import Profile
 from app.scheduling.preemption import Victim
 from app.scheduling.records import ClaimedTask, Nomination, Vector
@@ -109,8 +109,9 @@ class PassInputs:
     #: and the tenants' cohorts; empty: no class is managed.
     quota_rows: tuple[QuotaRow, ...] = ()
     cohorts: Mapping[str, str] = field(default_factory=dict)
-    #: Fair weights of the tenants of the quota rows and of the tasks (1 when not listed).
-    weights: Mapping[str, float] = field(default_factory=dict)
+    #: The cohorts' rows of those classes (the quota tree) and the tenants' fair weights.
+    quota_cohorts: tuple[CohortRow, ...] = ()
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)
     #: With a usage half-life: per (tenant, class), its decayed usage per resource.
     fair_usage: Mapping[tuple[str, str], tuple[float, float, float]] | None = None
     #: Capacity held per task and pool (free for that task only).

@@ -207,11 +207,11 @@ class _Planning:
         self.inputs = inputs
         self.assumed = Assumed(inputs.snapshot)
         self.cache = UnsatisfiableCache(self.assumed)
-        self.book = (QuotaBook(list(inputs.quota_rows), inputs.cohorts)
-                     if inputs.quota_rows else None)
+        self.book = (QuotaBook(inputs.quota_rows, inputs.cohorts, inputs.quota_cohorts,
+                               inputs.tenant_weights)
+                     if inputs.quota_rows or inputs.quota_cohorts else None)
         self.shares = FairShares(
-            self.book, weights=inputs.weights, cohorts=inputs.cohorts,
-            decayed=inputs.fair_usage
+            self.book, decayed=inputs.fair_usage
             if inputs.settings.fair_usage_half_life_seconds > 0 else None,
         ) if self.book is not None else None
         self.holds = Holds(inputs.holds, inputs.waiting)
@@ -232,7 +232,7 @@ class _Planning:
         self.nominate = Nominate(inputs, self.assumed)
         self.reclaim = Reclaim(
             inputs.reclaim, inputs.quota_rows, dict(inputs.cohorts), now=inputs.now,
-            grace_seconds=settings.preemption_grace_seconds, weights=inputs.weights,
+            grace_seconds=settings.preemption_grace_seconds, quota=self.book,
         ) if inputs.reclaim is not None and inputs.quota_rows else None
         self.fair = FairShareReclaim(self.reclaim) if self.reclaim is not None else None
         self.preempt = preempt = Preempt(inputs.snapshot, inputs.victims, holds=self.holds,

@@ -49,9 +49,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.scheduling.assumed import Assumed
-from app.scheduling.fairshare import share_of, weight_of
+from app.scheduling.fairshare import share_of
 from app.scheduling.framework import feasible_but_capacity
-from app.scheduling.plugins.quota import RESOURCES, QuotaRow
+from app.scheduling.plugins.quota import RESOURCES, QuotaBook, QuotaRow
 from app.scheduling.plugins.registry import Profile
 from app.scheduling.preemption import (
     Preemption,
@@ -88,7 +88,7 @@ class ReclaimBook:
     managed there and never limit anything.
     """
 
-    __slots__ = ("_cohort", "_lendable", "_managed", "_nominal", "_used", "_weights")
+    __slots__ = ("_cohort", "_managed", "_nominal", "_quota", "_used")
 
     def __init__(
         self,
@@ -97,12 +97,11 @@ class ReclaimBook:
         *,
         revoking: Mapping[Key, Vector] = {},
         waiting: Mapping[Key, Vector] = {},
-        weights: Mapping[str, float] = {},
+        quota: QuotaBook | None = None,
     ) -> None:
         self._cohort: dict[str, str] = dict(cohorts)
-        self._weights = weights
-        #: Per (cohort, class), what its tenants can lend (were they idle), per resource.
-        self._lendable: dict[Key, np.ndarray] = {}
+        #: The pass's quota book: what each tenant's parent can lend, and the weights.
+        self._quota = quota
         self._managed: dict[str, np.ndarray] = {}
         self._nominal: dict[Key, np.ndarray] = {}
         self._used: dict[Key, np.ndarray] = {}
@@ -112,8 +111,6 @@ class ReclaimBook:
             self._nominal.setdefault((r.tenant_id, r.runtime_class), _zero())[k] = r.nominal
             self._used.setdefault((r.tenant_id, r.runtime_class), _zero())[k] = r.used
             self._cohort.setdefault(r.tenant_id, r.cohort)
-            can = r.nominal if r.lend is None else min(r.lend, r.nominal)
-            self._lendable.setdefault((r.cohort, r.runtime_class), _zero())[k] += can
         for key, amount in revoking.items():
             self.add(*key, np.negative(np.array(amount, dtype=np.int64)))
         for key, amount in waiting.items():
@@ -162,19 +159,18 @@ class ReclaimBook:
         self, tenant_id: str, runtime_class: str, more: np.ndarray | None = None
     ) -> float:
         """Return the tenant's share in the class (with ``more`` usage: negative to take
-        some off), measured against what its cohort can lend
-        (:func:`~app.scheduling.fairshare.share_of`)."""
+        some off), measured against what its parent in the quota book can lend
+        (:func:`~app.scheduling.fairshare.share_of`; 0 without a quota book)."""
         mask = self._managed.get(runtime_class)
-        if mask is None:
+        if mask is None or self._quota is None:
             return 0.0
         key = (tenant_id, runtime_class)
         used = self._get(self._used, key)
         if more is not None:
             used = used + more
         borrowed = np.where(mask, np.maximum(used - self._get(self._nominal, key), 0), 0)
-        lendable = self._lendable.get((self.cohort(tenant_id), runtime_class), _zero())
-        return share_of(borrowed.tolist(), lendable.tolist(),
-                        weight_of(self._weights, tenant_id))
+        _, lendable = self._quota.borrowing(tenant_id, runtime_class)
+        return share_of(borrowed.tolist(), lendable, self._quota.tenant_weight(tenant_id))
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ import orjson
 
 from app.scheduling.inputs import NominationInputs, PassInputs, PassSettings, ReclaimInputs
 from app.scheduling.planner import PassPlan
-from app.scheduling.plugins.quota import QuotaRow
+from app.scheduling.plugins.quota import CohortRow, QuotaRow
 from app.scheduling.preemption import Victim
 from app.scheduling.profiles import plugins_document, profile_from_plugins
 from app.scheduling.records import ClaimedTask, Nomination
@@ -234,7 +234,9 @@ def inputs_encode(inputs: PassInputs) -> bytes:
         "quotaRows": [[r.tenant_id, r.runtime_class, r.resource, r.cohort, r.nominal, r.cap,
                        r.lend, r.used] for r in inputs.quota_rows],
         "cohorts": list(inputs.cohorts.items()),
-        "weights": list(inputs.weights.items()),
+        "quotaCohorts": [[c.cohort, c.runtime_class, c.resource, c.parent, c.nominal, c.cap,
+                          c.lend, c.lim, c.used, c.weight] for c in inputs.quota_cohorts],
+        "tenantWeights": list(inputs.tenant_weights.items()),
         "fairUsage": None if inputs.fair_usage is None else [
             [list(k), list(v)] for k, v in inputs.fair_usage.items()],
         "holds": [[t.hex, [[p, list(v)] for p, v in pools.items()]]
@@ -297,7 +299,8 @@ def inputs_decode(
             k: (float(v[0]), float(v[1]), float(v[2])) for k, v in entitlements},
         quota_rows=tuple(QuotaRow(*row) for row in doc["quotaRows"]),
         cohorts=dict(doc["cohorts"]),
-        weights={k: float(w) for k, w in doc.get("weights", ())},
+        quota_cohorts=tuple(CohortRow(*row) for row in doc.get("quotaCohorts", ())),
+        tenant_weights=dict(doc.get("tenantWeights", ())),
         fair_usage=None if fair_usage is None else {
             (k[0], k[1]): (float(v[0]), float(v[1]), float(v[2])) for k, v in fair_usage},
         holds={uuid.UUID(t): {p: _vec(v) for p, v in pools} for t, pools in doc["holds"]},

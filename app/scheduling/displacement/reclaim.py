@@ -13,7 +13,6 @@ set of victims).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -21,7 +20,7 @@ import numpy as np
 from app.scheduling.displacement import Settling, Step
 from app.scheduling.explain import reclaiming_document
 from app.scheduling.inputs import ReclaimInputs
-from app.scheduling.plugins.quota import QuotaRow
+from app.scheduling.plugins.quota import QuotaBook, QuotaRow
 from app.scheduling.preemption import Preemption, VictimIndex
 from app.scheduling.reasons import Reason
 from app.scheduling.reclaim import FairTest, ReclaimBook, book_reclaimed, plan_reclaim
@@ -43,12 +42,12 @@ class Reclaim:
 
     def __init__(
         self, inputs: ReclaimInputs, rows: tuple[QuotaRow, ...], cohorts: dict[str, str],
-        *, now: datetime, grace_seconds: float, weights: Mapping[str, float],
+        *, now: datetime, grace_seconds: float, quota: QuotaBook | None,
     ) -> None:
         self._inputs = inputs
         self._rows = rows
         self._cohorts = cohorts
-        self._weights = weights
+        self._quota = quota
         self._book: ReclaimBook | None = None
         self._managed = {r.runtime_class for r in rows}
         self._revoke_by = now + timedelta(seconds=grace_seconds)
@@ -80,7 +79,7 @@ class Reclaim:
         pass's placements, and the reclaims planned so far (by every reclaiming planner)."""
         if self._book is None:
             book = ReclaimBook(self._rows, self._cohorts, revoking=self._inputs.revoking,
-                               weights=self._weights)
+                               quota=self._quota)
             for task, spec in state.placed:
                 if not self.counted(task.id):
                     book.add(spec.tenant_id, spec.runtime_class,

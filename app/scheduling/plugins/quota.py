@@ -1,19 +1,31 @@
 """Admission by quota: the filter stage before the pool filters.
 
-A task fits its tenant's quota in its runtime class when, for every resource that some
-tenant's quota names in that class (a *managed* resource), the tenant's usage plus the task's
-whole request (every member) stays within its nominal, or the part above nominal stays
-within its borrowing limit (``cap`` = nominal + borrowing limit) **and** within what its
-cohort can still lend: the sum over the cohort's other tenants of ``min(lend, unused
-nominal)``, minus what the cohort borrows already. A class with no managed resource is not
-looked at. The verdict does not depend on the pool, so it is made once per task, before any
-pool is: ``quota_exceeded`` (its own limit) or ``quota_borrow_unavailable`` (the cohort has
-not enough to lend), with the numbers in the message.
+Quotas form a tree: tenants are its leaves, cohorts its inner nodes (a cohort nobody
+configured is a root with no quota of its own). Per managed (runtime class, resource) each
+node has a **cap**, the capacity it holds itself (its nominal, plus for a cohort what its
+members lend up to it), lends ``lend`` of it (the lending limit, at most the cap; a tenant
+without one lends its whole nominal) and keeps the rest, ``cap - lend``, as its own. Its
+**usage** is the sum of its live leases for a tenant and, for a cohort, what its members
+draw on it: each node draws ``max(0, usage - (cap - lend))`` on its parent. Usage above
+the cap is **borrowed**; a non-root node may use at most ``cap + borrowingLimit`` (``lim``;
+None: no limit of its own), a root at most its cap.
 
-:class:`QuotaBook` holds the quota rows a pass read (``app.ledger.quotas``) and, like
+A task fits when, for every managed resource, its tenant's usage plus the task's whole
+request (every member) stays within the tenant's limit (else ``quota_exceeded``) and, if it
+goes above the tenant's nominal, every level it borrows from has room: walking up the path,
+a node that receives a borrowed draw must stay within its ``lim`` (else
+``quota_borrow_unavailable``, naming the level), and the draw stops borrowing at the first
+node that stays within its cap (the capacity lent by that node's subtree covers it). A draw
+that is not borrowed (a node taking back what it lent) is never refused: the guarantee
+holds, and reclaim frees the capacity. The verdict does not depend on the pool, so it is
+made once per task, before any pool is.
+
+:class:`QuotaBook` holds the rows a pass read (``app.ledger.quotas``) and, like
 :class:`~app.scheduling.assumed.Assumed`, the pass's own decisions on top of them
 (:meth:`QuotaBook.add`), so that later tasks of the pass see them. The database makes the
-same check again when the pass commits. Pure: no I/O.
+same walk again when the pass commits. :meth:`QuotaBook.tenant_node` and
+:meth:`QuotaBook.cohort_node` describe a node for fair sharing (:class:`QuotaNode`). Pure:
+no I/O.
 """
 
 from __future__ import annotations
@@ -21,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from app.scheduling.fairshare import share_of
 from app.scheduling.plugins import names
 from app.scheduling.reasons import Reason
 from app.scheduling.results import NoPlacement
@@ -28,10 +41,12 @@ from app.scheduling.results import NoPlacement
 NAME = names.QUOTA
 REASONS = (Reason.QUOTA_EXCEEDED, Reason.QUOTA_BORROW_UNAVAILABLE)
 RESOURCES = ("cpuMillis", "memoryMiB", "llmSlots")
+DEFAULT_COHORT = "default"
 _UNITS = {"cpuMillis": ("m", " cpu"), "memoryMiB": (" MiB", " memory"),
           "llmSlots": ("", " llm slots")}
 
-__all__ = ["NAME", "REASONS", "QuotaBook", "QuotaRow"]
+__all__ = ["DEFAULT_COHORT", "NAME", "REASONS", "CohortRow", "QuotaBook", "QuotaNode",
+           "QuotaRow", "tenant_kept"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,50 +65,142 @@ class QuotaRow:
     used: int
 
 
+@dataclass(frozen=True, slots=True)
+class CohortRow:
+    """A cohort's row of one managed (runtime class, resource), as the ledger holds it:
+    its parent (None: a root), its own nominal, ``cap`` (nominal + what its members lend
+    up), ``lend`` (what of the cap it lends to its parent), ``lim`` (the most it may use:
+    cap + borrowing limit, the cap for a root; None: no limit of its own), ``used`` (what
+    its members draw on it) and its fair weight."""
+
+    cohort: str
+    runtime_class: str
+    resource: str
+    parent: str | None
+    nominal: int
+    cap: int
+    lend: int
+    lim: int | None
+    used: int
+    weight: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaNode:
+    """A node of the quota tree in one runtime class, as fair sharing sees it: ``path``
+    is the cohort ids from its parent to the root, ``borrowed`` what it uses above its cap
+    and ``parent_lendable`` its parent's cap (what the parent's subtree pools and lends to
+    its members), per resource in ``RESOURCES`` order (0 where unmanaged)."""
+
+    kind: str  # "tenant" or "cohort"
+    id: str
+    runtime_class: str
+    path: tuple[str, ...]
+    weight: float
+    borrowed: tuple[int, int, int]
+    parent_lendable: tuple[int, int, int]
+
+    @property
+    def share(self) -> float:
+        """The dominant borrowed resource (borrowed / what the parent lends, largest over
+        resources) divided by the weight; 0 when it borrows nothing."""
+        return share_of(self.borrowed, self.parent_lendable, self.weight)
+
+
+def tenant_kept(nominal: int, lend: int | None) -> int:
+    """Return what of its nominal a tenant keeps (never lent): nominal - lending limit."""
+    return 0 if lend is None else max(0, nominal - lend)
+
+
 def _amount(resource: str, n: int) -> str:
     unit, _ = _UNITS[resource]
     return f"{n}{unit}"
 
 
-def _lendable(nominal: int, lend: int | None, used: int) -> int:
-    unused = max(0, nominal - used)
-    return unused if lend is None else min(lend, unused)
+def _draw(before: int, after: int, kept: int) -> int:
+    """Return how much more a node moving from ``before`` to ``after`` draws on its parent."""
+    return max(0, after - kept) - max(0, before - kept)
+
+
+# A cohort's cell in one (runtime class, resource), shared by the slots of its subtree:
+# [used, cap, kept (cap - lend), lim, parent cell or None, cohort id].
+_USED, _CAP, _KEPT, _LIM, _UP, _ID = range(6)
 
 
 class QuotaBook:
     """The quota rows of a pass and its decisions on top; says whether a task fits.
 
     Each (tenant, managed class) has one slot per managed resource of the class,
-    ``[resource index, nominal, cap, lend, used, cohort totals]``, made on first use (a
-    tenant without a row there has nominal 0 and lends nothing); ``cohort totals`` is the
-    ``[lendable, borrowed, can lend]`` of its (cohort, class, resource), shared by the
-    cohort's slots, so that a check or a placement looks nothing else up (``can lend``: what
-    its tenants would lend were they idle, the measure of a share,
-    :mod:`app.scheduling.fairshare`).
+    ``[resource index, nominal, lim, kept, used, cohort cell]``, made on first use (a
+    tenant without a row there has nominal 0 and lends nothing); the cohort cells
+    (``_USED``...``_ID``) link to their parents', so that a check or a placement walks the
+    path to the root and looks nothing else up.
     """
 
-    __slots__ = ("_cohort", "_managed", "_rows", "_slots", "_totals")
+    __slots__ = ("_cells", "_cohort", "_managed", "_parent", "_rows", "_slots", "_weight")
 
-    def __init__(self, rows: Iterable[QuotaRow], cohorts: Mapping[str, str]) -> None:
+    def __init__(
+        self, rows: Iterable[QuotaRow], cohorts: Mapping[str, str],
+        cohort_rows: Iterable[CohortRow] = (), weights: Mapping[str, float] = {},
+    ) -> None:
         self._rows: dict[tuple[str, str, str], QuotaRow] = {}
         self._cohort: dict[str, str] = dict(cohorts)
         self._managed: dict[str, set[str]] = {}
-        #: (cohort, class, resource) -> [what its tenants lend, what they borrow] now.
-        self._totals: dict[tuple[str, str, str], list[int]] = {}
+        self._weight: dict[tuple[str, str], float] = {
+            ("tenant", t): w for t, w in weights.items()}
+        self._parent: dict[str, str | None] = {}
+        self._cells: dict[tuple[str, str, str], list] = {}
         self._slots: dict[tuple[str, str], list[list]] = {}
         for r in rows:
             self._rows[(r.tenant_id, r.runtime_class, r.resource)] = r
             self._cohort.setdefault(r.tenant_id, r.cohort)
             self._managed.setdefault(r.runtime_class, set()).add(r.resource)
-            totals = self._totals.setdefault((r.cohort, r.runtime_class, r.resource),
-                                             [0, 0, 0])
-            totals[0] += _lendable(r.nominal, r.lend, r.used)
-            totals[1] += max(0, r.used - r.nominal)
-            totals[2] += _lendable(r.nominal, r.lend, 0)
+        cohort_rows = list(cohort_rows)
+        for c in cohort_rows:
+            self._managed.setdefault(c.runtime_class, set()).add(c.resource)
+            self._parent[c.cohort] = c.parent
+            self._weight[("cohort", c.cohort)] = c.weight
+            self._cells[(c.cohort, c.runtime_class, c.resource)] = [
+                c.used, c.cap, c.cap - c.lend, c.lim, None, c.cohort]
+        # A cohort the rows name without a row of its own (rows read without the tree): a
+        # root pooling what its tenants lend.
+        flat: dict[tuple[str, str, str], list] = {}
+        for r in self._rows.values():
+            key = (r.cohort, r.runtime_class, r.resource)
+            if key in self._cells:
+                continue
+            lend = r.nominal - tenant_kept(r.nominal, r.lend)
+            acc = flat.setdefault(key, [0, 0])
+            acc[0] += _draw(0, r.used, r.nominal - lend)
+            acc[1] += lend
+        for (cohort, rc, resource), (used, cap) in flat.items():
+            self._cells[(cohort, rc, resource)] = [used, cap, cap, cap, None, cohort]
+        for c in cohort_rows:
+            if c.parent is not None:
+                self._cells[(c.cohort, c.runtime_class, c.resource)][_UP] = self._cell(
+                    c.parent, c.runtime_class, c.resource)
 
     def managed(self, runtime_class: str) -> bool:
-        """Return whether some tenant's quota names a resource of ``runtime_class``."""
+        """Return whether some quota names a resource of ``runtime_class``."""
         return runtime_class in self._managed
+
+    def path(self, tenant_id: str) -> tuple[str, ...]:
+        """Return the cohort ids from the tenant's cohort to the root."""
+        return self._path_from(self._cohort.get(tenant_id, DEFAULT_COHORT))
+
+    def _path_from(self, cohort: str | None) -> tuple[str, ...]:
+        out: list[str] = []
+        while cohort is not None and cohort not in out and len(out) < 16:
+            out.append(cohort)
+            cohort = self._parent.get(cohort)
+        return tuple(out)
+
+    def _cell(self, cohort: str, runtime_class: str, resource: str) -> list:
+        """Return the cohort's cell; a cohort without a row is a root that holds nothing."""
+        cell = self._cells.get((cohort, runtime_class, resource))
+        if cell is None:
+            cell = self._cells[(cohort, runtime_class, resource)] = [0, 0, 0, 0, None, cohort]
+        return cell
 
     def _slots_of(self, tenant_id: str, runtime_class: str) -> list[list] | None:
         """Return the slots of ``tenant_id`` in ``runtime_class`` (None: not managed)."""
@@ -103,17 +210,18 @@ class QuotaBook:
         resources = self._managed.get(runtime_class)
         if not resources:
             return None
-        cohort = self._cohort.get(tenant_id, "default")
+        cohort = self._cohort.get(tenant_id, DEFAULT_COHORT)
         slots = []
         for i, resource in enumerate(RESOURCES):
             if resource not in resources:
                 continue
             r = self._rows.get((tenant_id, runtime_class, resource))
-            totals = self._totals.setdefault((cohort, runtime_class, resource), [0, 0, 0])
+            cell = self._cell(cohort, runtime_class, resource)
             if r is None:
-                slots.append([i, 0, None, 0, 0, totals])
+                slots.append([i, 0, None, 0, 0, cell])
             else:
-                slots.append([i, r.nominal, r.cap, r.lend, r.used, totals])
+                slots.append([i, r.nominal, r.cap, tenant_kept(r.nominal, r.lend), r.used,
+                              cell])
         self._slots[(tenant_id, runtime_class)] = slots
         return slots
 
@@ -125,14 +233,33 @@ class QuotaBook:
         slots = self._slots_of(tenant_id, runtime_class)
         if slots is None:
             return None
-        for i, nominal, cap, lend, used, totals in slots:
+        for i, nominal, lim, kept, used, cell in slots:
             want = need[i]
-            if want <= 0 or used + want <= nominal:
+            if want <= 0:
                 continue
-            refused = _refusal(tenant_id, RESOURCES[i], want, nominal, cap, lend, used, totals)
+            refused = _refusal(tenant_id, RESOURCES[i], want, nominal, lim, kept, used, cell)
             if refused is not None:
                 return refused
         return None
+
+    def add(self, tenant_id: str, runtime_class: str, need: tuple[int, int, int]) -> None:
+        """Count a placement of the pass (``need`` for all its members) in the book."""
+        slots = self._slots_of(tenant_id, runtime_class)
+        if slots is None:
+            return
+        for slot in slots:
+            want = need[slot[0]]
+            if want == 0:
+                continue
+            used = slot[4]
+            slot[4] = used + want
+            d = _draw(used, used + want, slot[3])
+            cell = slot[5]
+            while cell is not None and d != 0:
+                before = cell[_USED]
+                cell[_USED] = before + d
+                d = _draw(before, before + d, cell[_KEPT])
+                cell = cell[_UP]
 
     def borrows(self, tenant_id: str, runtime_class: str, need: Sequence[int]) -> bool:
         """Return whether a task of ``tenant_id`` needing ``need`` must borrow: it takes
@@ -142,76 +269,91 @@ class QuotaBook:
             return False
         return any(s[4] + need[s[0]] > s[1] for s in slots if need[s[0]] > 0)
 
-    def borrowing(
-        self, tenant_id: str, runtime_class: str, need: Sequence[int] = (0, 0, 0)
-    ) -> tuple[list[float], list[float]]:
-        """Return what the tenant borrows in the class with ``need`` more, and what its
-        cohort can lend, per resource (0 where not managed)."""
-        slots = self._slots_of(tenant_id, runtime_class) or ()
-        used = [0.0, 0.0, 0.0]
-        for s in slots:
-            used[s[0]] = s[4] + need[s[0]]
-        return self.borrowing_of(tenant_id, runtime_class, used)
+    def tenant_weight(self, tenant_id: str) -> float:
+        """Return the tenant's fair weight (1 when it has none set)."""
+        return self._weight.get(("tenant", tenant_id), 1.0)
 
-    def borrowing_of(
-        self, tenant_id: str, runtime_class: str, used: Sequence[float]
+    def borrowing(
+        self, tenant_id: str, runtime_class: str, used: Sequence[float] | None = None,
+        need: Sequence[int] = (0, 0, 0),
     ) -> tuple[list[float], list[float]]:
-        """Return what the tenant would borrow in the class using ``used``, and what its
-        cohort can lend, per resource (0 where not managed)."""
+        """Return what the tenant borrows in the class, using ``used`` (None: its usage
+        now) with ``need`` more, and what its parent can lend, per resource (0 where not
+        managed)."""
         borrowed = [0.0, 0.0, 0.0]
         lendable = [0.0, 0.0, 0.0]
-        for s in self._slots_of(tenant_id, runtime_class) or ():
-            i = s[0]
-            borrowed[i] = max(0.0, used[i] - s[1])
-            lendable[i] = s[5][2]
+        for i, nominal, _, _, now, cell in self._slots_of(tenant_id, runtime_class) or ():
+            borrowed[i] = max(0.0, (now if used is None else used[i]) + need[i] - nominal)
+            lendable[i] = cell[_CAP]
         return borrowed, lendable
 
-    def add(self, tenant_id: str, runtime_class: str, need: tuple[int, int, int]) -> None:
-        """Count a placement of the pass (``need`` for all its members) in the book."""
+    def tenant_node(self, tenant_id: str, runtime_class: str) -> QuotaNode | None:
+        """Return the tenant as a node of the tree in ``runtime_class`` (None: unmanaged)."""
         slots = self._slots_of(tenant_id, runtime_class)
         if slots is None:
-            return
-        for slot in slots:
-            want = need[slot[0]]
-            if want <= 0:
-                continue
-            nominal, lend, used = slot[1], slot[3], slot[4]
-            after = used + want
-            slot[4] = after
-            totals = slot[5]
-            if used < nominal:  # it lent some of its unused nominal: less now
-                unused = nominal - used
-                left = nominal - after if after < nominal else 0
-                totals[0] -= (unused - left if lend is None
-                              else (unused if unused < lend else lend)
-                              - (left if left < lend else lend))
-            if after > nominal:
-                totals[1] += after - (used if used > nominal else nominal)
+            return None
+        borrowed = [0, 0, 0]
+        lendable = [0, 0, 0]
+        for i, nominal, _, _, used, cell in slots:
+            borrowed[i] = max(0, used - nominal)
+            lendable[i] = cell[_CAP]
+        return QuotaNode("tenant", tenant_id, runtime_class, self.path(tenant_id),
+                         self._weight.get(("tenant", tenant_id), 1.0),
+                         (borrowed[0], borrowed[1], borrowed[2]),
+                         (lendable[0], lendable[1], lendable[2]))
+
+    def cohort_node(self, cohort_id: str, runtime_class: str) -> QuotaNode | None:
+        """Return the cohort as a node of the tree in ``runtime_class`` (None: unmanaged)."""
+        resources = self._managed.get(runtime_class)
+        if not resources:
+            return None
+        borrowed = [0, 0, 0]
+        lendable = [0, 0, 0]
+        for i, resource in enumerate(RESOURCES):
+            if resource in resources:
+                cell = self._cell(cohort_id, runtime_class, resource)
+                borrowed[i] = max(0, cell[_USED] - cell[_CAP])
+                up = cell[_UP]
+                lendable[i] = up[_CAP] if up is not None else 0
+        return QuotaNode("cohort", cohort_id, runtime_class,
+                         self._path_from(self._parent.get(cohort_id)),
+                         self._weight.get(("cohort", cohort_id), 1.0),
+                         (borrowed[0], borrowed[1], borrowed[2]),
+                         (lendable[0], lendable[1], lendable[2]))
 
 
 def _refusal(
-    tenant_id: str, resource: str, want: int, nominal: int, cap: int | None, lend: int | None,
-    used: int, totals: list[int],
+    tenant_id: str, resource: str, want: int, nominal: int, lim: int | None, kept: int,
+    used: int, cell: list | None,
 ) -> NoPlacement | None:
-    """Return why ``want`` more of ``resource``, above ``nominal``, does not fit: beyond the
-    tenant's own cap, or more than its cohort can lend now (None when it fits)."""
+    """Return why ``want`` more of ``resource`` does not fit: beyond the tenant's own limit,
+    or more than some level of its path can lend now (None when it fits)."""
     after = used + want
     _, word = _UNITS[resource]
     head = (f"needs {_amount(resource, want)}{word}; {tenant_id} uses "
             f"{_amount(resource, used)} of {_amount(resource, nominal)} nominal")
-    if cap is not None and after > cap:
+    if lim is not None and after > lim:
         return NoPlacement(
             Reason.QUOTA_EXCEEDED,
-            f"{head} and may borrow at most {_amount(resource, cap - nominal)}",
+            f"{head} and may borrow at most {_amount(resource, lim - nominal)}",
             {}, None,
         )
+    # ``more``: the borrowed part of the draw ``d`` on the next level up.
     more = max(0, after - nominal) - max(0, used - nominal)
-    own = _lendable(nominal, lend, used)
-    left = max(0, totals[0] - own - totals[1])
-    if more > left:
-        return NoPlacement(
-            Reason.QUOTA_BORROW_UNAVAILABLE,
-            f"{head}, its cohort can lend {_amount(resource, left)} now",
-            {}, None,
-        )
+    d = _draw(used, after, kept)
+    first = True
+    while more > 0 and cell is not None and d > 0:
+        before = cell[_USED]
+        if cell[_LIM] is not None and before + d > cell[_LIM]:
+            left = max(0, cell[_LIM] - before - (d - more))
+            where = "its cohort" if first else f"cohort {cell[_ID]} on its path"
+            return NoPlacement(
+                Reason.QUOTA_BORROW_UNAVAILABLE,
+                f"{head}, {where} can lend {_amount(resource, left)} now",
+                {}, None,
+            )
+        first = False
+        more = min(more, max(0, before + d - cell[_CAP]) - max(0, before - cell[_CAP]))
+        d = _draw(before, before + d, cell[_KEPT])
+        cell = cell[_UP]
     return None
