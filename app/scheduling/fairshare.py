@@ -109,9 +109,15 @@ class FairShares:
         levels = []
         for cohort in reversed(path[:-1]):
             node = book.cohort_node(cohort, runtime_class)
-            levels.append((node.share if node is not None else 0.0, cohort))
-        levels.append((self.share(tenant_id, runtime_class, need), tenant_id))
+            levels.append((_tied(node.share) if node is not None else 0.0, cohort))
+        levels.append((_tied(self.share(tenant_id, runtime_class, need)), tenant_id))
         return tuple(levels)
+
+
+def _tied(share: float) -> float:
+    """Return ``share`` rounded so that shares equal but for float rounding tie (and go by
+    node id)."""
+    return round(share, 9)
 
 
 def _borrows(book: QuotaBook, spec: CompiledSpec) -> bool:
@@ -139,12 +145,16 @@ def fair_order(
                 by_class.setdefault(spec.runtime_class, []).append(key)
             queues[key].append(pos)
     done = [False] * len(tasks)
-    for pos, (_, spec) in enumerate(tasks):
+    pos = 0
+    while pos < len(tasks):
         if done[pos]:
+            pos += 1
             continue
+        spec = tasks[pos][1]
         if not book.managed(spec.runtime_class) or not _borrows(book, spec):
             chosen = pos
         else:
+            # The task at ``pos`` stays first in line until it is chosen itself.
             chosen = _lowest_share(tasks, queues, by_class[spec.runtime_class], book, shares)
         done[chosen] = True
         chosen_task, chosen_spec = tasks[chosen]
