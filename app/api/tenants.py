@@ -142,6 +142,11 @@ class ClassUsage(CamelModel):
         description="What it could borrow above nominal now: its cohort's unused lendable "
         "quota, within its borrowing limit; null where no quota names the resource."
     )
+    share: float = Field(
+        description="Its fair share in the class: its dominant borrowed resource (borrowed "
+        "over what its cohort can lend, largest over resources) divided by its fairWeight; "
+        "0 when it borrows nothing or the class is not managed."
+    )
 
 
 class Tenant(CamelModel):
@@ -152,7 +157,8 @@ class Tenant(CamelModel):
             "used": {"cpuMillis": 9000, "memoryMiB": 0, "llmSlots": 2},
             "borrowed": {"cpuMillis": 1000, "memoryMiB": 0, "llmSlots": 0},
             "borrowable": {"cpuMillis": 3000, "memoryMiB": None, "llmSlots": 6},
-        }}, "updatedAt": "2026-12-01T12:00:00Z",
+            "share": 0.125,
+        }}, "share": 0.125, "updatedAt": "2026-12-01T12:00:00Z",
     }]})
 
     id: str
@@ -160,6 +166,7 @@ class Tenant(CamelModel):
     fair_weight: float
     quotas: dict[str, dict[str, QuotaView]]
     usage: dict[str, ClassUsage]
+    share: float = Field(description="Its largest share over the runtime classes (see usage).")
     updated_at: datetime | None = Field(description="Null for a tenant nobody configured.")
 
 

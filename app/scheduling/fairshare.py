@@ -25,34 +25,21 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
+
+from app.scheduling.shares import share_of
 
 if TYPE_CHECKING:
     from app.scheduling.plugins.quota import QuotaBook
     from app.scheduling.records import ClaimedTask
     from app.scheduling.spec import CompiledSpec
 
-__all__ = ["FairKey", "FairShares", "fair_order", "share_of"]
+__all__ = ["FairKey", "FairShares", "fair_order"]
 
 #: The ordering key of a tenant: (share, node id) per level, from the top of its path down.
 FairKey = tuple[tuple[float, str], ...]
-
-
-def share_of(borrowed: Sequence[float], lendable: Sequence[float], weight: float) -> float:
-    """Return the share of a node that borrows ``borrowed`` of what its parent can lend,
-    ``lendable`` (per resource), with ``weight``: its dominant borrowed resource ÷ weight
-    (infinite when it borrows what its parent cannot lend at all)."""
-    dominant = 0.0
-    for b, cap in zip(borrowed, lendable, strict=True):
-        if b <= 0:
-            continue
-        if cap <= 0:
-            return math.inf
-        dominant = max(dominant, b / cap)
-    return dominant / weight
 
 
 class FairShares:

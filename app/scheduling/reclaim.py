@@ -49,7 +49,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.scheduling.assumed import Assumed
-from app.scheduling.fairshare import share_of
 from app.scheduling.framework import feasible_but_capacity
 from app.scheduling.plugins.quota import RESOURCES, QuotaBook, QuotaRow
 from app.scheduling.plugins.registry import Profile
@@ -61,6 +60,7 @@ from app.scheduling.preemption import (
     plan_single,
 )
 from app.scheduling.records import Vector
+from app.scheduling.shares import share_of
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from app.ledger.quotas import quota_charge
 from tests.api.conftest import TENANT_A, TENANT_B, assert_problem
 from tests.api.ledger_state import lease_hold
 
@@ -132,3 +133,21 @@ async def test_no_borrowing_across_cohorts_in_the_view(client, keys, pool_make, 
     await put(client, keys, TENANT_B, b)
     usage_b = (await client.get(f"/v1/tenants/{TENANT_B}", headers=keys.tenant_b)).json()
     assert usage_b["usage"]["gpu-small"]["borrowable"]["cpuMillis"] == 0
+
+
+async def test_share_is_the_dominant_borrowed_resource_over_weight(client, keys, db) -> None:
+    lender = {"cohort": "c", "quotas": {"gpu-small": {"cpuMillis": {"nominal": 8000}}}}
+    a = {"cohort": "c", "fairWeight": 2,
+         "quotas": {"gpu-small": {"cpuMillis": {"nominal": 1000}}}}
+    assert (await put(client, keys, TENANT_B, lender)).status_code == 200
+    assert (await put(client, keys, TENANT_A, a)).status_code == 200
+    body = (await client.get(f"/v1/tenants/{TENANT_A}", headers=keys.tenant_a)).json()
+    assert body["share"] == 0.0
+    async with db.transaction() as conn:
+        # The quota rows as a pass moves them: a uses 3000 (borrows 2000).
+        await quota_charge(conn, amounts={(TENANT_A, "gpu-small", "cpuMillis"): 3000},
+                           exists=())
+    body = (await client.get(f"/v1/tenants/{TENANT_A}", headers=keys.tenant_a)).json()
+    # 2000 borrowed of the 9000 the cohort can lend (both nominals), over weight 2.
+    assert body["share"] == pytest.approx(2000 / 9000 / 2)
+    assert body["usage"]["gpu-small"]["share"] == body["share"]

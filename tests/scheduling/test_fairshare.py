@@ -13,11 +13,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.scheduling.fairshare import FairShares, fair_order, share_of
+from app.scheduling.fairshare import FairShares, fair_order
 from app.scheduling.plugins.quota import QuotaBook, QuotaRow
 from app.scheduling.preemption import VictimIndex
 from app.scheduling.reclaim import ReclaimBook, book_reclaimed, fair_test, plan_reclaim
 from app.scheduling.records import ClaimedTask
+from app.scheduling.shares import share_of
 
 from .factories import spec
 from .test_reclaim_properties import COHORT, REQS, SETTINGS, World, worlds

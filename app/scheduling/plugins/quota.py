@@ -33,10 +33,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from app.scheduling.fairshare import share_of
 from app.scheduling.plugins import names
 from app.scheduling.reasons import Reason
 from app.scheduling.results import NoPlacement
+from app.scheduling.shares import share_of
 
 NAME = names.QUOTA
 REASONS = (Reason.QUOTA_EXCEEDED, Reason.QUOTA_BORROW_UNAVAILABLE)
