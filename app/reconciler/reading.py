@@ -28,7 +28,7 @@ from datetime import datetime, timedelta
 from app.db import Connection
 from app.ledger.nominations import class_heads_read, lower_usage_read, nominations_read
 from app.ledger.preemption import holds_read, preemptors_waiting, victims_read
-from app.ledger.quotas import quota_rows_read
+from app.ledger.quotas import quota_rows_read, quota_tree_read
 from app.ledger.reclaim import reclaim_revoking_read, reclaim_victims_read, reclaimers_read
 from app.ledger.snapshot import (
     SnapshotCache,
@@ -70,6 +70,9 @@ async def pass_read(
     rows, cohorts = await quota_rows_read(
         conn, runtime_classes={spec.runtime_class for _, spec in compiled}, tenant_ids=tenants
     )
+    tree, weights = await quota_tree_read(
+        conn, runtime_classes={spec.runtime_class for _, spec in compiled}, tenant_ids=tenants
+    ) if rows else ([], {})
     reclaim = None
     if rows:
         rows, reclaim = await _reclaim_read(conn, rows, compiled, snapshot, config, now)
@@ -87,7 +90,8 @@ async def pass_read(
         now=now, settings=config.pass_settings(), profile=profile(config.strategy),
         snapshot=snapshot, tasks=tuple(compiled),
         invalid=tuple(invalid), usage=usage, entitlements=entitlements,
-        quota_rows=tuple(rows), cohorts=cohorts, holds=holds,
+        quota_rows=tuple(rows), cohorts=cohorts, quota_cohorts=tuple(tree),
+        tenant_weights=weights, holds=holds,
         waiting=await preemptors_waiting(conn, task_ids=holders) if holders else {},
         victims=tuple(await _victims_read(conn, compiled)), reclaim=reclaim,
         nomination=nomination,

@@ -19,6 +19,7 @@ from app.ledger.tenants import (
     Quota,
     TenantNotFound,
     TenantRow,
+    TenantUsage,
     tenants_list,
     tenants_read,
     tenants_usage,
@@ -28,7 +29,7 @@ from app.services.tenancy import TenantUnknown, principal_narrowed
 __all__ = ["tenant_get", "tenant_put", "tenants_page"]
 
 
-def _document(row: TenantRow, usage: Mapping[str, Any]) -> dict[str, Any]:
+def _document(row: TenantRow, usage: TenantUsage | None) -> dict[str, Any]:
     return {
         "id": row.id,
         "cohort": row.cohort,
@@ -41,7 +42,9 @@ def _document(row: TenantRow, usage: Mapping[str, Any]) -> dict[str, Any]:
             }
             for rc, by_res in row.quotas.items()
         },
-        "usage": usage,
+        "usage": usage.usage if usage else {},
+        "path": list(usage.path) if usage else [row.cohort],
+        "share": usage.share if usage else 0.0,
         "updatedAt": row.updated_at,
     }
 
@@ -72,7 +75,7 @@ async def tenants_page(
             rows = [read[i] for i in ids]
         usage = await tenants_usage(conn, tenants=rows)
     last = rows[-1].id if len(rows) == limit else None
-    return [_document(r, usage.get(r.id, {})) for r in rows], last
+    return [_document(r, usage.get(r.id)) for r in rows], last
 
 
 async def tenant_get(
@@ -87,7 +90,7 @@ async def tenant_get(
     async with db.connection() as conn:
         row = (await tenants_read(conn, tenant_ids=[tenant_id]))[tenant_id]
         usage = await tenants_usage(conn, tenants=[row])
-    return _document(row, usage.get(tenant_id, {}))
+    return _document(row, usage.get(tenant_id))
 
 
 async def tenant_put(
@@ -113,4 +116,4 @@ async def tenant_put(
         )
     async with db.connection() as conn:
         usage = await tenants_usage(conn, tenants=[row])
-    return _document(row, usage.get(tenant_id, {}))
+    return _document(row, usage.get(tenant_id))
