@@ -68,6 +68,11 @@ TAGS: list[dict[str, str]] = [
         "reads its own), with usage per runtime class.",
     },
     {
+        "name": "cohorts",
+        "description": "The quota tree's cohorts: parent, fair weight and quotas of their own "
+        "(admin writes; a tenant key reads those on its path to the root), with usage.",
+    },
+    {
         "name": "watch",
         "description": "The changes a key may see, after a cursor: Server-Sent Events or a "
         "long poll, resumable, in commit order, with `410 Gone` for a cursor older than the "

@@ -6,6 +6,7 @@ from starlette.routing import BaseRoute
 
 from app.api import (
     batches,
+    cohorts,
     keys,
     leases,
     placements,
@@ -30,5 +31,5 @@ def api_routes() -> list[BaseRoute]:
     """
     routers = (tasks.direct_router, tasks.router, batches.router, pools.router, placements.router,
                queue.router, runtimes.router, leases.router, keys.router, tenants.router,
-               watch.router, replays.router)
+               cohorts.router, watch.router, replays.router)
     return [route for router in routers for route in router.routes]

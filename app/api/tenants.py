@@ -54,7 +54,7 @@ _EXAMPLE: dict[str, Any] = {
 }
 
 
-class QuotaAmounts(RequestModel):
+class QuotaFields(RequestModel):
     """One resource's quota: guaranteed, and how far it may borrow and lend."""
 
     nominal: int = Field(ge=0, le=MAX_AMOUNT, description="Guaranteed to the tenant.")
@@ -68,6 +68,14 @@ class QuotaAmounts(RequestModel):
         "null: all of it.",
     )
 
+    def quota(self) -> Quota:
+        """Return the ledger's value."""
+        return Quota(self.nominal, self.borrowing_limit, self.lending_limit)
+
+
+class QuotaAmounts(QuotaFields):
+    """One resource's quota of a tenant: it lends only from its own nominal."""
+
     @model_validator(mode="after")
     def _lending_within_nominal(self) -> QuotaAmounts:
         if self.lending_limit is not None and self.lending_limit > self.nominal:
@@ -76,10 +84,6 @@ class QuotaAmounts(RequestModel):
                 "tenant lends only from its own nominal"
             )
         return self
-
-    def quota(self) -> Quota:
-        """Return the ledger's value."""
-        return Quota(self.nominal, self.borrowing_limit, self.lending_limit)
 
 
 class ClassQuotas(RequestModel):
@@ -91,9 +95,14 @@ class ClassQuotas(RequestModel):
 
     def quotas(self) -> dict[str, Quota]:
         """Return the named resources' quotas by API name."""
-        pairs = (("cpuMillis", self.cpu_millis), ("memoryMiB", self.memory_mib),
-                 ("llmSlots", self.llm_slots))
-        return {name: q.quota() for name, q in pairs if q is not None}
+        return quotas_named(self)
+
+
+def quotas_named(model: Any) -> dict[str, Quota]:
+    """Return the quotas a class's quotas model names, by resource API name."""
+    pairs = (("cpuMillis", model.cpu_millis), ("memoryMiB", model.memory_mib),
+             ("llmSlots", model.llm_slots))
+    return {name: q.quota() for name, q in pairs if q is not None}
 
 
 class TenantSettings(RequestModel):
@@ -142,11 +151,6 @@ class ClassUsage(CamelModel):
         description="What it could borrow above nominal now: its cohort's unused lendable "
         "quota, within its borrowing limit; null where no quota names the resource."
     )
-    share: float = Field(
-        description="Its fair share in the class: its dominant borrowed resource (borrowed "
-        "over what its cohort can lend, largest over resources) divided by its fairWeight; "
-        "0 when it borrows nothing or the class is not managed."
-    )
 
 
 class Tenant(CamelModel):
@@ -157,8 +161,7 @@ class Tenant(CamelModel):
             "used": {"cpuMillis": 9000, "memoryMiB": 0, "llmSlots": 2},
             "borrowed": {"cpuMillis": 1000, "memoryMiB": 0, "llmSlots": 0},
             "borrowable": {"cpuMillis": 3000, "memoryMiB": None, "llmSlots": 6},
-            "share": 0.125,
-        }}, "share": 0.125, "updatedAt": "2026-12-01T12:00:00Z",
+        }}, "path": ["research", "org"], "share": 0.125, "updatedAt": "2026-12-01T12:00:00Z",
     }]})
 
     id: str
@@ -166,7 +169,10 @@ class Tenant(CamelModel):
     fair_weight: float
     quotas: dict[str, dict[str, QuotaView]]
     usage: dict[str, ClassUsage]
-    share: float = Field(description="Its largest share over the runtime classes (see usage).")
+    path: list[str] = Field(description="The cohort ids from its cohort to the root.")
+    share: float = Field(
+        description="Its dominant borrowed resource (borrowed / what its cohort pools, "
+        "largest over resources and runtime classes) divided by its fair weight.")
     updated_at: datetime | None = Field(description="Null for a tenant nobody configured.")
 
 

@@ -1,8 +1,7 @@
 """Fair sharing in the ledger: the tenants' fair weights, and their decayed usage.
 
 * :func:`fair_weights_read`: the ``fairWeight`` of each tenant a pass orders or reclaims
-  from (a tenant without a row weighs 1); :func:`fair_classes_read`: the managed runtime
-  classes of some tenants (whose shares a tenant document shows);
+  from (a tenant without a row weighs 1);
 * :func:`fair_usage_decay`: with a usage half-life ``h`` set, brings the ``fair_usage``
   rows of the pass's tenants and classes up to date and returns them. A row is an
   exponentially decayed average of the tenant's usage (``quota_usage.used``): at each
@@ -20,15 +19,9 @@ from datetime import datetime
 from app.db import Connection
 from app.ledger.quotas import RESOURCES
 
-__all__ = ["fair_classes_read", "fair_usage_decay", "fair_weights_read"]
+__all__ = ["fair_usage_decay", "fair_weights_read"]
 
 _WEIGHTS = "SELECT id, fair_weight FROM tenants WHERE id = ANY($1::text[])"
-_CLASSES = "SELECT DISTINCT runtime_class FROM quota_usage WHERE tenant_id = ANY($1::text[])"
-
-
-async def fair_classes_read(conn: Connection, *, tenant_ids: Collection[str]) -> list[str]:
-    """Return the managed runtime classes ``tenant_ids`` have quota rows in."""
-    return [r[0] for r in await conn.fetch(_CLASSES, sorted(set(tenant_ids)))]
 
 
 async def fair_weights_read(

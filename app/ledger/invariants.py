@@ -41,7 +41,8 @@ _CHECKS = {
     # (runtime class, resource), each tenant's row equals the sum of its live reservations
     # there, and a tenant with such usage has a row.
     "quota_usage_not_sum_of_leases": """
-        WITH managed AS (SELECT DISTINCT runtime_class, resource FROM tenant_quotas),
+        WITH managed AS (SELECT runtime_class, resource FROM tenant_quotas
+            UNION SELECT runtime_class, resource FROM cohort_quotas),
         live AS (SELECT t.tenant_id, t.runtime_class, x.resource, sum(x.amount) AS amount
             FROM reservations r JOIN tasks t ON t.id = r.task_id
             CROSS JOIN LATERAL (VALUES ('cpuMillis', r.cpu), ('memoryMiB', r.memory),
@@ -53,19 +54,32 @@ _CHECKS = {
             ON (q.tenant_id, q.runtime_class, q.resource)
              = (w.tenant_id, w.runtime_class, w.resource)
         WHERE coalesce(q.used, 0) <> coalesce(w.amount, 0)""",
-    "quota_cohort_not_sum_of_borrowed": """
+    # Every level of the tree: each cohort's row equals what its members draw on it (each
+    # tenant ``max(0, used - kept)``, kept = nominal - lending limit; each child cohort
+    # ``max(0, used - (cap - lend))``), so by induction the live leases it covers; its
+    # parent is the tree's.
+    "quota_cohort_not_sum_of_draws": """
         SELECT count(*) FROM cohort_usage c FULL JOIN (
-            SELECT cohort, runtime_class, resource, sum(greatest(0, used - nominal)) AS b
-            FROM quota_usage GROUP BY 1, 2, 3) s
+            SELECT cohort, runtime_class, resource, sum(d) AS d FROM (
+                SELECT cohort, runtime_class, resource,
+                    greatest(0, used - (nominal - coalesce(lend, nominal))) AS d
+                FROM quota_usage
+                UNION ALL
+                SELECT parent, runtime_class, resource, greatest(0, used - (cap - lend))
+                FROM cohort_usage WHERE parent IS NOT NULL) x GROUP BY 1, 2, 3) s
             ON (c.cohort, c.runtime_class, c.resource) = (s.cohort, s.runtime_class, s.resource)
-        WHERE coalesce(c.borrowed, 0) <> coalesce(s.b, 0)""",
+        WHERE coalesce(c.used, 0) <> coalesce(s.d, 0)""",
+    "quota_cohort_not_its_tree": """
+        SELECT count(*) FROM cohort_usage c LEFT JOIN cohorts n ON n.id = c.cohort
+        WHERE c.parent IS DISTINCT FROM n.parent""",
     "quota_usage_over_cap": """
         SELECT count(*) FROM quota_usage WHERE cap IS NOT NULL AND used > cap""",
     # Each usage row carries its tenant's quota and cohort as they are now (a tenant without
     # a quota there: nominal 0, no cap, nothing lent), only managed (class, resource) have
     # rows, and every quota has its row.
     "quota_usage_not_its_quota": """
-        WITH managed AS (SELECT DISTINCT runtime_class, resource FROM tenant_quotas)
+        WITH managed AS (SELECT runtime_class, resource FROM tenant_quotas
+            UNION SELECT runtime_class, resource FROM cohort_quotas)
         SELECT count(*) FROM quota_usage u
             LEFT JOIN tenant_quotas q USING (tenant_id, runtime_class, resource)
             LEFT JOIN tenants n ON n.id = u.tenant_id

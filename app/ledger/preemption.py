@@ -230,6 +230,7 @@ _HAND_OVER = (
     "FROM moved GROUP BY heir, pool_id) "
     "UPDATE reservations x SET cpu = x.cpu + m.cpu, memory = x.memory + m.memory, "
     "llm = x.llm + m.llm FROM m WHERE x.task_id = m.heir AND x.pool_id = m.pool_id "
+    "AND (SELECT n FROM gone_cohort) >= 0 "
     "RETURNING x.task_id"
 )
 _HEIRS_UNPARK = (

@@ -35,15 +35,18 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from app.db import Connection
-from app.scheduling.plugins.quota import QuotaRow
+from app.scheduling.plugins.quota import CohortRow, QuotaRow
 
 __all__ = [
     "QUOTA_LOCK",
     "RETURN_CTES",
     "QuotaPlan",
+    "CohortRow",
     "QuotaRow",
+    "cohort_rows_computed",
     "quota_charge",
     "quota_rows_read",
+    "quota_tree_read",
     "quota_uncharge",
     "quota_usage_read",
     "quota_usage_rebuild",
@@ -112,6 +115,28 @@ async def quota_rows_read(
     return rows, cohorts
 
 
+_COHORT_ROWS = (
+    "SELECT c.cohort, c.runtime_class, c.resource, c.parent, c.nominal, c.cap, c.lend, "
+    "c.lim, c.used, coalesce(n.fair_weight, 1) FROM cohort_usage c "
+    "LEFT JOIN cohorts n ON n.id = c.cohort WHERE c.runtime_class = ANY($1::text[])"
+)
+_WEIGHTS = "SELECT id, fair_weight FROM tenants WHERE id = ANY($1::text[])"
+
+
+async def quota_tree_read(
+    conn: Connection, *, runtime_classes: Collection[str], tenant_ids: Collection[str]
+) -> tuple[list[CohortRow], dict[str, float]]:
+    """Return the cohorts' rows of ``runtime_classes`` (the quota tree) and the fair weights
+    of ``tenant_ids`` that have one set."""
+    rows = [CohortRow(r[0], r[1], r[2], r[3], int(r[4]), int(r[5]), int(r[6]),
+                      None if r[7] is None else int(r[7]), int(r[8]), float(r[9]))
+            for r in await conn.fetch(_COHORT_ROWS, sorted(set(runtime_classes)))]
+    if not rows:
+        return [], {}
+    weights = {r[0]: float(r[1]) for r in await conn.fetch(_WEIGHTS, sorted(set(tenant_ids)))}
+    return rows, weights
+
+
 _QUOTA_USAGE = (
     "SELECT q.tenant_id, q.runtime_class, q.resource, q.nominal, q.used "
     "FROM quota_usage q JOIN tenant_quotas t ON (t.tenant_id, t.runtime_class, t.resource) "
@@ -133,13 +158,19 @@ _ROWS_ENSURE = (
     "FROM unnest($1::text[], $2::text[], $3::text[]) AS v(tenant_id, rc, resource) "
     "LEFT JOIN tenants n ON n.id = v.tenant_id ON CONFLICT DO NOTHING"
 )
+# A cohort its tenants name without a row in the class (never configured, no quota): a
+# root that holds nothing, so its members borrow nothing there.
 _COHORTS_ENSURE = (
-    "INSERT INTO cohort_usage (cohort, runtime_class, resource) "
-    "SELECT DISTINCT q.cohort, q.runtime_class, q.resource FROM quota_usage q "
+    "INSERT INTO cohort_usage (cohort, runtime_class, resource, lim) "
+    "SELECT DISTINCT q.cohort, q.runtime_class, q.resource, 0 FROM quota_usage q "
     "JOIN unnest($1::text[], $2::text[], $3::text[]) AS v(tenant_id, rc, resource) "
     "ON (q.tenant_id, q.runtime_class, q.resource) = (v.tenant_id, v.rc, v.resource) "
     "ON CONFLICT DO NOTHING"
 )
+#: What a tenant's row keeps of its nominal (never lent): nominal - lending limit.
+_KEPT = "(q.nominal - coalesce(q.lend, q.nominal))"
+# Each row returns its draw on its cohort (``max(0, used - kept)`` after less before) and
+# the borrowed part of it (what goes above nominal).
 _CHARGE = (
     "WITH v AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) "
     "AS v(tenant_id, rc, resource, amount)), "
@@ -150,41 +181,26 @@ _CHARGE = (
     "WHERE (q.tenant_id, q.runtime_class, q.resource) = (v.tenant_id, v.rc, v.resource) "
     "AND (SELECT count(*) FROM locked) > 0 AND (q.cap IS NULL OR q.used + v.amount <= q.cap) "
     "RETURNING q.tenant_id, q.runtime_class, q.resource, q.cohort, "
+    f"greatest(0, q.used - {_KEPT}) - greatest(0, q.used - v.amount - {_KEPT}), "
     "greatest(0, q.used - q.nominal) - greatest(0, q.used - v.amount - q.nominal)"
 )
-# One (tenant, class)'s more borrowing, all of its resources or none: the cohort's rows are
-# locked first (``FOR UPDATE`` reads them as committed last), and they rise only when every
-# one of them stays within what the cohort's other tenants lend now.
-_BORROW = (
-    "WITH v AS (SELECT * FROM unnest($3::text[], $4::bigint[]) AS v(resource, more)), "
-    "lk AS (SELECT c.resource, c.borrowed FROM cohort_usage c WHERE c.cohort = $2 "
-    "AND c.runtime_class = $5 AND c.resource = ANY($3::text[]) ORDER BY c.resource "
-    "FOR UPDATE), "
-    "fit AS (SELECT count(*) AS n FROM lk JOIN v USING (resource) "
-    "WHERE lk.borrowed + v.more <= (SELECT coalesce(sum(CASE WHEN o.lend IS NULL "
-    "THEN greatest(0, o.nominal - o.used) ELSE least(o.lend, greatest(0, o.nominal - o.used)) "
-    "END), 0) FROM quota_usage o WHERE o.cohort = $2 AND o.runtime_class = $5 "
-    "AND o.resource = v.resource AND o.tenant_id <> $1)) "
-    "UPDATE cohort_usage c SET borrowed = c.borrowed + v.more FROM v "
-    "WHERE c.cohort = $2 AND c.runtime_class = $5 AND c.resource = v.resource "
-    "AND (SELECT n FROM fit) = cardinality($3::text[]) "
-    "RETURNING c.resource"
+# The cohorts' rows up the paths of the draws, deepest first (quota_tree_draw, revision
+# 0021_cohort_trees); the units refused.
+_TREE_DRAW = (
+    "SELECT u FROM quota_tree_draw($1::int[], $2::text[], $3::text[], $4::text[], "
+    "$5::bigint[], $6::bigint[]) AS u"
 )
 _UNCHARGE = (
     "WITH v AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) "
     "AS v(tenant_id, rc, resource, amount)), "
     "locked AS (SELECT q.tenant_id FROM quota_usage q JOIN v "
     "ON (q.tenant_id, q.runtime_class, q.resource) = (v.tenant_id, v.rc, v.resource) "
-    "ORDER BY q.tenant_id, q.runtime_class, q.resource FOR UPDATE OF q), "
-    "u AS (UPDATE quota_usage q SET used = q.used - v.amount FROM v "
+    "ORDER BY q.tenant_id, q.runtime_class, q.resource FOR UPDATE OF q) "
+    "UPDATE quota_usage q SET used = q.used - v.amount FROM v "
     "WHERE (q.tenant_id, q.runtime_class, q.resource) = (v.tenant_id, v.rc, v.resource) "
     "AND (SELECT count(*) FROM locked) >= 0 "
     "RETURNING q.cohort, q.runtime_class, q.resource, "
-    "greatest(0, q.used + v.amount - q.nominal) - greatest(0, q.used - q.nominal) AS freed) "
-    "UPDATE cohort_usage c SET borrowed = c.borrowed - f.freed FROM (SELECT cohort, "
-    "runtime_class, resource, sum(freed) AS freed FROM u GROUP BY 1, 2, 3) f "
-    "WHERE (c.cohort, c.runtime_class, c.resource) = (f.cohort, f.runtime_class, f.resource) "
-    "AND f.freed > 0"
+    f"greatest(0, q.used - {_KEPT}) - greatest(0, q.used + v.amount - {_KEPT})"
 )
 
 Key = tuple[str, str]  # (tenant, runtime class)
@@ -221,31 +237,34 @@ async def quota_charge(
     charged = {(r[0], r[1], r[2]) for r in rows}
     refused: set[Key] = {(t, rc) for t, rc, res in zip(cols[0], cols[1], cols[2], strict=True)
                          if (t, rc, res) not in charged}
-    more: dict[Key, dict[str, int]] = {}
-    cohort_of: dict[Key, str] = {}
-    for r in rows:
-        if int(r[4]) > 0 and (r[0], r[1]) not in refused:
-            more.setdefault((r[0], r[1]), {})[r[2]] = int(r[4])
-            cohort_of[(r[0], r[1])] = r[3]
-    if more:
-        keys = [(t, rc, res) for (t, rc), by in more.items() for res in by]
-        k = list(zip(*keys, strict=True))
+    draws = [r for r in rows if int(r[4]) != 0 and (r[0], r[1]) not in refused]
+    if draws:
+        k = list(zip(*[(r[0], r[1], r[2]) for r in draws], strict=True))
         await conn.execute(_COHORTS_ENSURE, list(k[0]), list(k[1]), list(k[2]))
-    for key in sorted(more):
-        by = more[key]
-        res = sorted(by)
-        # All or nothing: a refused pair raised no cohort row.
-        if not await conn.fetch(
-            _BORROW, key[0], cohort_of[key], res, [by[x] for x in res], key[1]
-        ):
-            refused.add(key)
+        refused |= await _tree_draw(conn, [((r[0], r[1]), r[3], r[1], r[2], int(r[4]),
+                                            int(r[5])) for r in draws])
     if refused:
-        # Give back the usage the refused pairs added; no cohort row rose for them.
+        # Give back the usage the refused pairs added; their cohort rows were put back.
         back = {k: a for k, a in amounts.items() if (k[0], k[1]) in refused
                 and k in charged}
         if back:
             await conn.execute(_USED_LOWER, *_columns(back))
     return refused
+
+
+async def _tree_draw(
+    conn: Connection, draws: list[tuple[Key, str, str, str, int, int]]
+) -> set[Key]:
+    """Move the cohort rows by ``draws`` ((tenant, class) unit, cohort, class, resource,
+    draw, borrowed part), each unit all or nothing; return the units refused."""
+    units = sorted({d[0] for d in draws})
+    number = {u: i for i, u in enumerate(units)}
+    refused = await conn.fetch(
+        _TREE_DRAW, [number[d[0]] for d in draws], [d[1] for d in draws],
+        [d[2] for d in draws], [d[3] for d in draws], [d[4] for d in draws],
+        [d[5] for d in draws],
+    )
+    return {units[r[0]] for r in refused}
 
 
 # Undo a refused pair's charge (rows this transaction raised and holds locked).
@@ -260,18 +279,23 @@ async def quota_uncharge(
     conn: Connection, *, amounts: Mapping[tuple[str, str, str], int]
 ) -> None:
     """Take ``amounts`` back off the tenants' usage (placements this transaction charged and
-    then dropped), lowering their cohorts' borrowed totals by what was borrowed."""
+    then dropped), lowering their cohorts' rows up the tree by what they drew."""
     cols = _columns(amounts)
-    if cols[0]:
-        await conn.execute(_UNCHARGE, *cols)
+    if not cols[0]:
+        return
+    rows = [r for r in await conn.fetch(_UNCHARGE, *cols) if int(r[3]) != 0]
+    if rows:
+        await _tree_draw(conn, [(("", ""), r[0], r[1], r[2], int(r[3]), 0) for r in rows])
 
 
 # --- return, inside the statements that delete reservations --------------------------------
 
 #: CTEs to append to a statement whose CTE ``gone(task_id, pool_id, cpu, memory, llm)`` holds
 #: the reservations of ended leases: they lower their tenants' usage rows (locked in key
-#: order) and their cohorts' borrowed totals in the same statement. Rows of unmanaged
-#: classes do not exist, so nothing is updated for them.
+#: order) and their cohorts' rows up the tree (``quota_tree_draw``, deepest first) in the same
+#: statement. Rows of unmanaged classes do not exist, so nothing is updated for them. The
+#: statement's main query must read ``gone_cohort`` (``(SELECT n FROM gone_cohort) >= 0``),
+#: so that it runs.
 RETURN_CTES = (
     "gone_q AS (SELECT t.tenant_id, t.runtime_class, x.resource, sum(x.amount) AS amount "
     "FROM gone g JOIN tasks t ON t.id = g.task_id "
@@ -284,11 +308,13 @@ RETURN_CTES = (
     "WHERE (q.tenant_id, q.runtime_class, q.resource) = (a.tenant_id, a.runtime_class, "
     "a.resource) AND (SELECT count(*) FROM gone_locked) >= 0 "
     "RETURNING q.cohort, q.runtime_class, q.resource, "
-    "greatest(0, q.used + a.amount - q.nominal) - greatest(0, q.used - q.nominal) AS freed), "
-    "gone_cohort AS (UPDATE cohort_usage c SET borrowed = c.borrowed - f.freed FROM ("
-    "SELECT cohort, runtime_class, resource, sum(freed) AS freed FROM gone_used "
-    "GROUP BY 1, 2, 3) f WHERE (c.cohort, c.runtime_class, c.resource) = "
-    "(f.cohort, f.runtime_class, f.resource) AND f.freed > 0 RETURNING 1) "
+    f"greatest(0, q.used - {_KEPT}) - greatest(0, q.used + a.amount - {_KEPT}) AS drawn), "
+    "gone_draw AS (SELECT cohort, runtime_class, resource, sum(drawn)::bigint AS drawn "
+    "FROM gone_used GROUP BY 1, 2, 3 HAVING sum(drawn) <> 0), "
+    "gone_cohort AS (SELECT count(*) AS n FROM (SELECT array_agg(0) AS u, "
+    "array_agg(cohort) AS c, array_agg(runtime_class) AS rc, array_agg(resource) AS res, "
+    "array_agg(drawn) AS d, array_agg(0::bigint) AS m FROM gone_draw) s, "
+    "LATERAL quota_tree_draw(s.u, s.c, s.rc, s.res, s.d, s.m)) "
 )
 
 
@@ -304,8 +330,9 @@ _LEASED_LOCK = (
 _USAGE_DELETE = "DELETE FROM quota_usage WHERE runtime_class = ANY($1::text[])"
 _COHORT_DELETE = "DELETE FROM cohort_usage WHERE runtime_class = ANY($1::text[])"
 _USAGE_INSERT = (
-    "WITH managed AS (SELECT DISTINCT runtime_class, resource FROM tenant_quotas "
-    "WHERE runtime_class = ANY($1::text[])), "
+    "WITH managed AS (SELECT runtime_class, resource FROM tenant_quotas "
+    "WHERE runtime_class = ANY($1::text[]) UNION SELECT runtime_class, resource "
+    "FROM cohort_quotas WHERE runtime_class = ANY($1::text[])), "
     "used AS (SELECT t.tenant_id, t.runtime_class, x.resource, sum(x.amount) AS amount "
     "FROM reservations r JOIN tasks t ON t.id = r.task_id "
     "CROSS JOIN LATERAL (VALUES ('cpuMillis', r.cpu), ('memoryMiB', r.memory), "
@@ -323,16 +350,78 @@ _USAGE_INSERT = (
     "LEFT JOIN used u ON (u.tenant_id, u.runtime_class, u.resource) = "
     "(w.tenant_id, w.runtime_class, w.resource)"
 )
-_COHORT_INSERT = (
-    "INSERT INTO cohort_usage (cohort, runtime_class, resource, borrowed) "
-    "SELECT cohort, runtime_class, resource, sum(greatest(0, used - nominal)) "
-    "FROM quota_usage WHERE runtime_class = ANY($1::text[]) GROUP BY 1, 2, 3"
+_TENANT_ROWS = (
+    "SELECT cohort, runtime_class, resource, nominal, lend, used FROM quota_usage "
+    "WHERE runtime_class = ANY($1::text[])"
 )
+_MANAGED = (
+    "SELECT runtime_class, resource FROM tenant_quotas WHERE runtime_class = ANY($1::text[]) "
+    "UNION SELECT runtime_class, resource FROM cohort_quotas "
+    "WHERE runtime_class = ANY($1::text[])"
+)
+_TREE = "SELECT id, parent, fair_weight FROM cohorts"
+_COHORT_QUOTAS = (
+    "SELECT cohort_id, runtime_class, resource, nominal, borrowing_limit, lending_limit "
+    "FROM cohort_quotas WHERE runtime_class = ANY($1::text[])"
+)
+_COHORT_INSERT = (
+    "INSERT INTO cohort_usage (cohort, runtime_class, resource, parent, depth, nominal, cap, "
+    "lend, lim, used) SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], "
+    "$5::int[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[])"
+)
+
+#: (cohort, class, resource) -> (nominal, borrowing limit, lending limit)
+CohortQuotas = Mapping[tuple[str, str, str], tuple[int, int | None, int | None]]
+
+
+def cohort_rows_computed(
+    tenant_rows: Iterable[tuple[str, str, str, int, int | None, int]],
+    parents: Mapping[str, str | None],
+    quotas: CohortQuotas,
+    managed: Iterable[tuple[str, str]],
+) -> list[tuple[str, str, str, str | None, int, int, int, int, int | None, int]]:
+    """Return the cohort rows of the tree from the tenants' rows ((cohort, class, resource,
+    nominal, lending limit, used)): per managed (class, resource), every cohort configured
+    or named, with (cohort, class, resource, parent, depth, nominal, cap, lend, lim, used),
+    children before parents (a cohort's cap and usage are its members' sums)."""
+    cohorts = (set(parents) | {p for p in parents.values() if p is not None}
+               | {r[0] for r in tenant_rows})
+    depth = {c: len(_path(c, parents)) - 1 for c in cohorts}
+    order = sorted(cohorts, key=lambda c: (-depth[c], c))
+    out = []
+    for rc, resource in sorted(set(managed)):
+        cap: dict[str, int] = {}
+        used: dict[str, int] = {}
+        for c_, rc_, res_, nominal, lend, u in tenant_rows:
+            if (rc_, res_) == (rc, resource):
+                lent = nominal if lend is None else min(lend, nominal)
+                cap[c_] = cap.get(c_, 0) + lent
+                used[c_] = used.get(c_, 0) + max(0, u - (nominal - lent))
+        for c in order:
+            nominal, borrowing, lending = quotas.get((c, rc, resource), (0, None, None))
+            own = cap.get(c, 0) + nominal
+            parent = parents.get(c)
+            lent = own if lending is None else min(lending, own)
+            lim = own if parent is None else (None if borrowing is None else own + borrowing)
+            u = used.get(c, 0)
+            out.append((c, rc, resource, parent, depth[c], nominal, own, lent, lim, u))
+            if parent is not None:
+                cap[parent] = cap.get(parent, 0) + lent
+                used[parent] = used.get(parent, 0) + max(0, u - (own - lent))
+    return out
+
+
+def _path(cohort: str, parents: Mapping[str, str | None]) -> list[str]:
+    out = [cohort]
+    while (up := parents.get(out[-1])) is not None and up not in out:
+        out.append(up)
+    return out
 
 
 async def quota_usage_rebuild(conn: Connection, *, runtime_classes: Collection[str]) -> None:
-    """Compute the quota rows of ``runtime_classes`` again from the quotas and the live
-    leases (after an admin changed a tenant), waiting for passes and lease ends in flight."""
+    """Compute the quota rows of ``runtime_classes`` again from the quotas, the tree and the
+    live leases (after an admin changed a tenant or a cohort), waiting for passes and lease
+    ends in flight."""
     classes = sorted(set(runtime_classes))
     if not classes:
         return
@@ -341,4 +430,13 @@ async def quota_usage_rebuild(conn: Connection, *, runtime_classes: Collection[s
     await conn.execute(_USAGE_DELETE, classes)
     await conn.execute(_COHORT_DELETE, classes)
     await conn.execute(_USAGE_INSERT, classes)
-    await conn.execute(_COHORT_INSERT, classes)
+    tenant_rows = [(r[0], r[1], r[2], int(r[3]), None if r[4] is None else int(r[4]),
+                    int(r[5])) for r in await conn.fetch(_TENANT_ROWS, classes)]
+    parents = {r[0]: r[1] for r in await conn.fetch(_TREE)}
+    quotas = {(r[0], r[1], r[2]): (int(r[3]), None if r[4] is None else int(r[4]),
+                                   None if r[5] is None else int(r[5]))
+              for r in await conn.fetch(_COHORT_QUOTAS, classes)}
+    managed = [(r[0], r[1]) for r in await conn.fetch(_MANAGED, classes)]
+    rows = cohort_rows_computed(tenant_rows, parents, quotas, managed)
+    if rows:
+        await conn.execute(_COHORT_INSERT, *[list(col) for col in zip(*rows, strict=True)])

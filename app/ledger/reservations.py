@@ -86,7 +86,7 @@ _RESERVATIONS_DELETE = (
     "RETURNING task_id, pool_id, cpu, memory, llm, hold), "
     "gone AS (SELECT task_id, pool_id, cpu, memory, llm FROM d WHERE NOT hold), "
     + RETURN_CTES
-    + "SELECT pool_id, cpu, memory, llm FROM d"
+    + "SELECT pool_id, cpu, memory, llm FROM d WHERE (SELECT n FROM gone_cohort) >= 0"
 )
 
 

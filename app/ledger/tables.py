@@ -467,17 +467,65 @@ quota_usage = Table(
 )
 Index("ix_quota_usage_cohort", quota_usage.c.cohort, quota_usage.c.runtime_class)
 
-# What a cohort's tenants borrow in total per managed (runtime class, resource): the sum of
-# ``max(0, used - nominal)`` over its tenants' ``quota_usage`` rows, moved with them.
+# Cohorts an admin configured (revision 0021_cohort_trees): parent (NULL: a root) and fair
+# weight. A cohort a tenant names without a row is a root with no quota of its own.
+cohorts = Table(
+    "cohorts",
+    metadata,
+    Column("id", ID, nullable=False),
+    Column("parent", ID),
+    Column("fair_weight", Float, nullable=False, server_default="1"),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=NOW),
+    PrimaryKeyConstraint("id", name="pk_cohorts"),
+    CheckConstraint("fair_weight BETWEEN 0.001 AND 1000", name="fair_weight_range"),
+    CheckConstraint("parent IS NULL OR parent <> id", name="parent_not_self"),
+)
+Index("ix_cohorts_parent", cohorts.c.parent)
+
+# A cohort's own quota per runtime class and resource: capacity that belongs to it and is
+# lent to its subtree; the most it may use above its cap, and the most it lends up.
+cohort_quotas = Table(
+    "cohort_quotas",
+    metadata,
+    Column("cohort_id", ID, ForeignKey("cohorts.id", ondelete="CASCADE"), nullable=False),
+    Column("runtime_class", ID, nullable=False),
+    Column("resource", Text, nullable=False),
+    Column("nominal", BigInteger, nullable=False),
+    Column("borrowing_limit", BigInteger),
+    Column("lending_limit", BigInteger),
+    PrimaryKeyConstraint("cohort_id", "runtime_class", "resource", name="pk_cohort_quotas"),
+    CheckConstraint(
+        "resource IN ('cpuMillis', 'memoryMiB', 'llmSlots')", name="resource_known"
+    ),
+    CheckConstraint(
+        "nominal >= 0 AND (borrowing_limit IS NULL OR borrowing_limit >= 0) "
+        "AND (lending_limit IS NULL OR lending_limit >= 0)",
+        name="amounts_valid",
+    ),
+)
+Index("ix_cohort_quotas_runtime_class", cohort_quotas.c.runtime_class)
+
+# Each cohort of the tree per managed (runtime class, resource): its parent and depth (the
+# lock order: deepest first), its own nominal, ``cap`` (nominal + what its members lend up),
+# ``lend`` (what of the cap it lends to its parent), ``lim`` (the most it may use; NULL: no
+# limit of its own) and ``used``: what its members draw on it, each ``max(0, used - (cap -
+# lend))`` of its own row (revision 0021_cohort_trees).
 cohort_usage = Table(
     "cohort_usage",
     metadata,
     Column("cohort", ID, nullable=False),
     Column("runtime_class", ID, nullable=False),
     Column("resource", Text, nullable=False),
-    Column("borrowed", BigInteger, nullable=False, server_default="0"),
+    Column("used", BigInteger, nullable=False, server_default="0"),
+    Column("parent", ID),
+    Column("depth", Integer, nullable=False, server_default="0"),
+    Column("nominal", BigInteger, nullable=False, server_default="0"),
+    Column("cap", BigInteger, nullable=False, server_default="0"),
+    Column("lend", BigInteger, nullable=False, server_default="0"),
+    Column("lim", BigInteger),
     PrimaryKeyConstraint("cohort", "runtime_class", "resource", name="pk_cohort_usage"),
-    CheckConstraint("borrowed >= 0", name="borrowed_nonnegative"),
+    CheckConstraint("used >= 0", name="used_nonnegative"),
+    CheckConstraint("lend BETWEEN 0 AND cap", name="lend_within_cap"),
 )
 
 # Fair sharing's decayed usage (revision 0022_fair_usage): per tenant, managed runtime class

@@ -23,8 +23,9 @@ import asyncpg
 from app.db import Connection
 from app.errors import Conflict, NotFound
 from app.ledger.quotas import RESOURCES as QUOTA_RESOURCES
-from app.ledger.quotas import quota_usage_rebuild
+from app.ledger.quotas import quota_rows_read, quota_tree_read, quota_usage_rebuild
 from app.ledger.wakeups import WakeSource, wakeup_notify
+from app.scheduling.plugins.quota import QuotaBook
 
 __all__ = [
     "DEFAULT_COHORT",
@@ -32,6 +33,9 @@ __all__ = [
     "QuotaBelowUsage",
     "TenantNotFound",
     "TenantRow",
+    "TenantUsage",
+    "quota_book_read",
+    "quota_parked_wake",
     "tenant_put",
     "tenants_entitlements",
     "tenants_list",
@@ -189,12 +193,23 @@ async def tenant_put(
             f"a quota of tenant {tenant_id} is below what it uses now (nominal + "
             "borrowingLimit must hold its live leases); nothing was changed"
         ) from None
-    classes = sorted(before | set(quotas))
-    cohorts = sorted({cohort, was or DEFAULT_COHORT})
-    if classes and await conn.fetch(_QUOTA_PARKED_WAKE, tenant_id, cohorts, classes, now):
+    await quota_parked_wake(conn, tenant_id=tenant_id, cohorts={cohort, was or DEFAULT_COHORT},
+                            runtime_classes=before | set(quotas), now=now)
+    return (await tenants_read(conn, tenant_ids=[tenant_id]))[tenant_id]
+
+
+async def quota_parked_wake(
+    conn: Connection, *, tenant_id: str | None, cohorts: Collection[str],
+    runtime_classes: Collection[str], now: datetime,
+) -> None:
+    """Unpark the tasks parked by a quota reason in ``runtime_classes`` of ``tenant_id``
+    and of the members of ``cohorts``, and start a pass when there are any."""
+    classes = sorted(set(runtime_classes))
+    if classes and await conn.fetch(
+        _QUOTA_PARKED_WAKE, tenant_id, sorted(set(cohorts)), classes, now
+    ):
         # The tasks are unparked already: the wakeup names nothing, it only starts a pass.
         await wakeup_notify(conn, source=WakeSource.QUOTA_CHANGED, pools=())
-    return (await tenants_read(conn, tenant_ids=[tenant_id]))[tenant_id]
 
 
 # Per tenant with a quota: its nominal per resource (summed over runtime classes) times its
@@ -221,7 +236,8 @@ async def tenants_entitlements(
 _USAGE = (
     "SELECT t.tenant_id, t.runtime_class, sum(r.cpu), sum(r.memory), sum(r.llm) "
     "FROM reservations r JOIN tasks t ON t.id = r.task_id "
-    "WHERE NOT r.hold AND t.runtime_class = ANY($1::text[]) GROUP BY 1, 2"
+    "WHERE NOT r.hold AND t.runtime_class = ANY($1::text[]) AND t.tenant_id = ANY($2::text[]) "
+    "GROUP BY 1, 2"
 )
 # The runtime classes the tenants ``$1`` use now or have a quota in.
 _CLASSES = (
@@ -229,95 +245,61 @@ _CLASSES = (
     "WHERE NOT r.hold AND t.tenant_id = ANY($1::text[]) "
     "UNION SELECT runtime_class FROM tenant_quotas WHERE tenant_id = ANY($1::text[])"
 )
-# The cohort members of ``$1`` (configured tenants of the same cohorts), with their cohort.
-_COHORT_MEMBERS = (
-    "SELECT m.id, m.cohort FROM tenants m WHERE m.cohort = ANY($1::text[])"
-)
 
 
-def _vector(raw: Mapping[str, int]) -> dict[str, int]:
-    return {res: int(raw.get(res, 0)) for res in QUOTA_RESOURCES}
+@dataclass(frozen=True, slots=True)
+class TenantUsage:
+    """A tenant's usage by runtime class (``used``, ``borrowed``, ``borrowable`` per
+    resource), its path in the quota tree and its share (largest over classes)."""
+
+    usage: Mapping[str, Mapping[str, Any]]
+    path: tuple[str, ...]
+    share: float
 
 
-async def _used(
-    conn: Connection, *, runtime_classes: Collection[str]
-) -> dict[str, dict[str, dict[str, int]]]:
-    out: dict[str, dict[str, dict[str, int]]] = {}
-    for r in await conn.fetch(_USAGE, sorted(set(runtime_classes))):
-        out.setdefault(r[0], {})[r[1]] = dict(
-            zip(QUOTA_RESOURCES, (int(r[2]), int(r[3]), int(r[4])), strict=True)
-        )
-    return out
-
-
-def _borrowable(
-    tenant: TenantRow,
-    runtime_class: str,
-    resource: str,
-    *,
-    members: Collection[TenantRow],
-    used: Mapping[str, Mapping[str, Mapping[str, int]]],
-) -> int | None:
-    """Return what ``tenant`` could borrow now above its nominal (None: not limited)."""
-    own = tenant.quotas.get(runtime_class, {}).get(resource)
-    managed = any(resource in m.quotas.get(runtime_class, {}) for m in members)
-    if not managed:
-        return None
-    lendable = 0
-    borrowed = 0
-    for m in members:
-        q = m.quotas.get(runtime_class, {}).get(resource)
-        u = used.get(m.id, {}).get(runtime_class, {}).get(resource, 0)
-        nominal = q.nominal if q else 0
-        borrowed += max(0, u - nominal)
-        if m.id != tenant.id and q is not None:
-            unused = max(0, nominal - u)
-            lendable += unused if q.lending_limit is None else min(q.lending_limit, unused)
-    left = max(0, lendable - borrowed)
-    if own is not None and own.borrowing_limit is not None:
-        u = used.get(tenant.id, {}).get(runtime_class, {}).get(resource, 0)
-        left = min(left, max(0, own.borrowing_limit - max(0, u - own.nominal)))
-    return left
+async def quota_book_read(
+    conn: Connection, *, runtime_classes: Collection[str], tenant_ids: Collection[str],
+    cohorts: Mapping[str, str] = {},
+) -> QuotaBook:
+    """Return a quota book of ``runtime_classes`` as the ledger holds it now (``cohorts``:
+    the tenants' cohorts when known already)."""
+    rows, read = await quota_rows_read(
+        conn, runtime_classes=runtime_classes, tenant_ids=tenant_ids)
+    tree, weights = await quota_tree_read(
+        conn, runtime_classes=runtime_classes, tenant_ids=tenant_ids)
+    return QuotaBook(rows, {**read, **cohorts}, tree, weights)
 
 
 async def tenants_usage(
     conn: Connection, *, tenants: Collection[TenantRow]
-) -> dict[str, dict[str, dict[str, Any]]]:
+) -> dict[str, TenantUsage]:
     """Return per tenant, per runtime class it uses or has a quota in: ``used``, ``borrowed``
-    and ``borrowable`` per resource (``borrowable`` null where no one's quota names the
-    resource, so nothing limits it)."""
+    and ``borrowable`` per resource (``borrowable`` null where no quota names the
+    resource, so nothing limits it), with its path and share."""
     if not tenants:
         return {}
-    cohorts = sorted({t.cohort for t in tenants})
-    classes_of = [r[0] for r in await conn.fetch(_CLASSES, sorted(t.id for t in tenants))]
-    used = await _used(conn, runtime_classes=classes_of)
-    member_ids = {r[0]: r[1] for r in await conn.fetch(_COHORT_MEMBERS, cohorts)}
+    ids = sorted(t.id for t in tenants)
+    classes_of = [r[0] for r in await conn.fetch(_CLASSES, ids)]
+    used: dict[str, dict[str, tuple[int, int, int]]] = {}
+    for r in await conn.fetch(_USAGE, sorted(set(classes_of)), ids):
+        used.setdefault(r[0], {})[r[1]] = (int(r[2]), int(r[3]), int(r[4]))
+    book = await quota_book_read(conn, runtime_classes=classes_of, tenant_ids=ids,
+                                 cohorts={t.id: t.cohort for t in tenants})
+    out: dict[str, TenantUsage] = {}
     for t in tenants:
-        member_ids[t.id] = t.cohort
-    # Tenants nobody configured are in the default cohort.
-    unknown = set(used) - member_ids.keys()
-    rows = await tenants_read(conn, tenant_ids=set(member_ids) | unknown)
-    for tenant_id in unknown:
-        member_ids[tenant_id] = rows[tenant_id].cohort
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for t in tenants:
-        members = [rows[i] for i, c in member_ids.items() if c == t.cohort]
-        classes = sorted(set(used.get(t.id, {})) | set(t.quotas))
         view: dict[str, dict[str, Any]] = {}
-        for rc in classes:
-            mine = _vector(used.get(t.id, {}).get(rc, {}))
-            quota = t.quotas.get(rc, {})
+        share = 0.0
+        for rc in sorted(set(used.get(t.id, {})) | set(t.quotas)):
+            mine = used.get(t.id, {}).get(rc, (0, 0, 0))
+            node = book.tenant_node(t.id, rc)
+            borrowable = book.borrowable(t.id, rc)
+            if node is not None:
+                share = max(share, node.share)
             view[rc] = {
-                "used": mine,
-                "borrowed": {
-                    res: max(0, mine[res] - (quota[res].nominal if res in quota else 0))
-                    if _borrowable(t, rc, res, members=members, used=used) is not None else 0
-                    for res in QUOTA_RESOURCES
-                },
-                "borrowable": {
-                    res: _borrowable(t, rc, res, members=members, used=used)
-                    for res in QUOTA_RESOURCES
-                },
+                "used": dict(zip(QUOTA_RESOURCES, mine, strict=True)),
+                "borrowed": dict(zip(QUOTA_RESOURCES, node.borrowed if node else (0, 0, 0),
+                                     strict=True)),
+                "borrowable": dict(zip(QUOTA_RESOURCES, borrowable, strict=True)),
             }
-        out[t.id] = view
+        out[t.id] = TenantUsage(view, book.path(t.id), share)
     return out

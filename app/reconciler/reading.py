@@ -31,7 +31,7 @@ from app.db import Connection
 from app.ledger.fairshare import fair_usage_decay, fair_weights_read
 from app.ledger.nominations import class_heads_read, lower_usage_read, nominations_read
 from app.ledger.preemption import holds_read, preemptors_waiting, victims_read
-from app.ledger.quotas import quota_rows_read
+from app.ledger.quotas import quota_rows_read, quota_tree_read
 from app.ledger.reclaim import reclaim_revoking_read, reclaim_victims_read, reclaimers_read
 from app.ledger.snapshot import (
     SnapshotCache,
@@ -73,6 +73,9 @@ async def pass_read(
     rows, cohorts = await quota_rows_read(
         conn, runtime_classes={spec.runtime_class for _, spec in compiled}, tenant_ids=tenants
     )
+    tree, _ = await quota_tree_read(
+        conn, runtime_classes={spec.runtime_class for _, spec in compiled}, tenant_ids=tenants
+    ) if rows else ([], {})
     reclaim = None
     if rows:
         rows, reclaim = await _reclaim_read(conn, rows, compiled, snapshot, config, now)
@@ -91,9 +94,8 @@ async def pass_read(
         now=now, settings=config.pass_settings(), profile=profile(config.strategy),
         snapshot=snapshot, tasks=tuple(compiled),
         invalid=tuple(invalid), usage=usage, entitlements=entitlements,
-        quota_rows=tuple(rows), cohorts=cohorts, tenant_weights=weights,
-        fair_usage=fair_usage,
-        holds=holds,
+        quota_rows=tuple(rows), cohorts=cohorts, quota_cohorts=tuple(tree),
+        tenant_weights=weights, fair_usage=fair_usage, holds=holds,
         waiting=await preemptors_waiting(conn, task_ids=holders) if holders else {},
         victims=tuple(await _victims_read(conn, compiled)), reclaim=reclaim,
         nomination=nomination,

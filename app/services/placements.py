@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from app.auth import Principal
 from app.db import Database
 from app.ledger.preemption import victims_read
-from app.ledger.quotas import quota_rows_read
+from app.ledger.quotas import quota_rows_read, quota_tree_read
 from app.ledger.snapshot import placements_read, pools_read
 from app.pass_config import ReconcilerConfig
 from app.scheduling.inputs import PassInputs
@@ -73,6 +73,9 @@ async def placement_inputs_read(
         rows, cohorts = await quota_rows_read(
             conn, runtime_classes=[compiled.runtime_class], tenant_ids=[tenant_id]
         )
+        tree, weights = await quota_tree_read(
+            conn, runtime_classes=[compiled.runtime_class], tenant_ids=[tenant_id]
+        )
         victims = (
             await victims_read(conn, below={tenant_id: compiled.priority})
             if compiled.may_preempt else []
@@ -84,6 +87,7 @@ async def placement_inputs_read(
             config.pass_settings(), top_k=PREVIEW_TOP_K, explain=True),
         profile=profile(strategy), snapshot=Snapshot.build(pools, placed, strategy=strategy),
         tasks=((task, compiled),), quota_rows=tuple(rows), cohorts=cohorts,
+        quota_cohorts=tuple(tree), tenant_weights=weights,
         victims=tuple(victims),
     )
     return PlacementInputs(compiled, task.id, inputs)

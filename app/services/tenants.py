@@ -8,60 +8,28 @@ than admin and tenant are refused (403). Writes commit before :func:`tenant_put`
 from __future__ import annotations
 
 import dataclasses
-import math
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 from app.auth import ADMIN, TENANT, Principal, role_check
-from app.db import Connection, Database
+from app.db import Database
 from app.ledger import tenants as ledger
-from app.ledger.fairshare import fair_classes_read, fair_weights_read
-from app.ledger.quotas import quota_rows_read
 from app.ledger.tenants import (
     Quota,
     TenantNotFound,
     TenantRow,
+    TenantUsage,
     tenants_list,
     tenants_read,
     tenants_usage,
 )
-from app.scheduling.plugins.quota import QuotaBook
 from app.services.tenancy import TenantUnknown, principal_narrowed
 
 __all__ = ["tenant_get", "tenant_put", "tenants_page"]
 
 
-async def _shares(
-    conn: Connection, rows: Sequence[TenantRow]
-) -> dict[str, dict[str, float]]:
-    """Return each tenant's share per managed runtime class it has a row in (the dominant
-    borrowed resource over what its cohort can lend, over its weight)."""
-    if not rows:
-        return {}
-    ids = [r.id for r in rows]
-    quota, cohorts = await quota_rows_read(
-        conn, runtime_classes=await fair_classes_read(conn, tenant_ids=ids), tenant_ids=ids)
-    if not quota:
-        return {}
-    weights = await fair_weights_read(conn, tenant_ids={q.tenant_id for q in quota})
-    book = QuotaBook(quota, cohorts, (), weights)
-    out: dict[str, dict[str, float]] = {}
-    for q in quota:
-        if q.tenant_id in cohorts and q.runtime_class not in out.get(q.tenant_id, {}):
-            node = book.tenant_node(q.tenant_id, q.runtime_class)
-            if node is not None:
-                # A share over nothing lendable (a lender's quota cut meanwhile) shows as
-                # the largest JSON number.
-                share = node.share if math.isfinite(node.share) else sys.float_info.max
-                out.setdefault(q.tenant_id, {})[q.runtime_class] = share
-    return out
-
-
-def _document(
-    row: TenantRow, usage: Mapping[str, Any], shares: Mapping[str, float]
-) -> dict[str, Any]:
+def _document(row: TenantRow, usage: TenantUsage | None) -> dict[str, Any]:
     return {
         "id": row.id,
         "cohort": row.cohort,
@@ -74,8 +42,9 @@ def _document(
             }
             for rc, by_res in row.quotas.items()
         },
-        "usage": {rc: {**view, "share": shares.get(rc, 0.0)} for rc, view in usage.items()},
-        "share": max(shares.values(), default=0.0),
+        "usage": usage.usage if usage else {},
+        "path": list(usage.path) if usage else [row.cohort],
+        "share": usage.share if usage else 0.0,
         "updatedAt": row.updated_at,
     }
 
@@ -105,9 +74,8 @@ async def tenants_page(
             read = await tenants_read(conn, tenant_ids=ids)
             rows = [read[i] for i in ids]
         usage = await tenants_usage(conn, tenants=rows)
-        shares = await _shares(conn, rows)
     last = rows[-1].id if len(rows) == limit else None
-    return [_document(r, usage.get(r.id, {}), shares.get(r.id, {})) for r in rows], last
+    return [_document(r, usage.get(r.id)) for r in rows], last
 
 
 async def tenant_get(
@@ -122,8 +90,7 @@ async def tenant_get(
     async with db.connection() as conn:
         row = (await tenants_read(conn, tenant_ids=[tenant_id]))[tenant_id]
         usage = await tenants_usage(conn, tenants=[row])
-        shares = await _shares(conn, [row])
-    return _document(row, usage.get(tenant_id, {}), shares.get(tenant_id, {}))
+    return _document(row, usage.get(tenant_id))
 
 
 async def tenant_put(
@@ -149,5 +116,4 @@ async def tenant_put(
         )
     async with db.connection() as conn:
         usage = await tenants_usage(conn, tenants=[row])
-        shares = await _shares(conn, [row])
-    return _document(row, usage.get(tenant_id, {}), shares.get(tenant_id, {}))
+    return _document(row, usage.get(tenant_id))

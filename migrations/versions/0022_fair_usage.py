@@ -5,7 +5,7 @@ A pass with a usage half-life set brings the rows of its tenants up to date once
 ``quota_usage``) and orders the tenants that borrow by them.
 
 Revision ID: 0022_fair_usage
-Revises: 0020_pass_records
+Revises: 0021_cohort_trees
 Create Date: 2026-12-05
 """
 
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0022_fair_usage"
-down_revision: str | None = "0020_pass_records"
+down_revision: str | None = "0021_cohort_trees"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 from app.db import Database
 from app.ledger.leases import lease_complete
+from app.ledger.quotas import quota_usage_rebuild
 from tests.api.conftest import RUNTIME_1, TENANT_A
 
 
@@ -65,6 +66,8 @@ async def lease_hold(
             "expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
             lease_id, task_id, pool_id, instance_id, epoch, now, now + expires_in,
         )
+        # The quota rows count the lease, as a placement's would.
+        await quota_usage_rebuild(conn, runtime_classes=["gpu-small"])
     return HeldLease(id=lease_id, task_id=task_id, epoch=epoch)
 
 

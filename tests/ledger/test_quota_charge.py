@@ -15,7 +15,7 @@ async def _rows(conn) -> tuple[list, list]:
     usage = [tuple(r) for r in await conn.fetch(
         "SELECT tenant_id, resource, used FROM quota_usage ORDER BY 1, 2")]
     cohort = [tuple(r) for r in await conn.fetch(
-        "SELECT cohort, resource, borrowed FROM cohort_usage ORDER BY 1, 2")]
+        "SELECT cohort, resource, used FROM cohort_usage ORDER BY 1, 2")]
     return usage, cohort
 
 

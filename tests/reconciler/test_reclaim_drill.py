@@ -129,6 +129,7 @@ async def test_reclaim_drill(db: Database, database_url: str) -> None:
         usage = {r[0]: int(r[1]) for r in await conn.fetch(
             "SELECT tenant_id, used FROM quota_usage WHERE resource = 'cpuMillis'")}
         assert usage == {"a": NOMINAL, "b": NOMINAL}
-        assert await conn.fetchval("SELECT coalesce(sum(borrowed), 0) FROM cohort_usage") == 0
+        assert await conn.fetchval(
+            "SELECT coalesce(sum(greatest(0, used - cap)), 0) FROM cohort_usage") == 0
         assert await conn.fetchval("SELECT count(*) FROM reservations WHERE hold") == 0
     assert await ledger_violations(db) == []

@@ -287,6 +287,25 @@ class QuotaBook:
             lendable[i] = cell[_CAP]
         return borrowed, lendable
 
+    def borrowable(self, tenant_id: str, runtime_class: str) -> tuple[int | None, ...]:
+        """Return, per resource, the most the tenant could borrow above its nominal now
+        (None where the class's quotas leave the resource out)."""
+        slots = self._slots_of(tenant_id, runtime_class) or []
+        out: list[int | None] = [None, None, None]
+        for i, nominal, _, _, used, _ in slots:
+            base = max(0, nominal - used)
+            need = [0, 0, 0]
+            lo, hi = 0, 2**53
+            while lo < hi:  # refusal grows with the amount: the largest that fits
+                mid = (lo + hi + 1) // 2
+                need[i] = base + mid
+                if self.refuse(tenant_id, runtime_class, (need[0], need[1], need[2])) is None:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            out[i] = lo
+        return tuple(out)
+
     def tenant_node(self, tenant_id: str, runtime_class: str) -> QuotaNode | None:
         """Return the tenant as a node of the tree in ``runtime_class`` (None: unmanaged)."""
         slots = self._slots_of(tenant_id, runtime_class)
