@@ -25,6 +25,7 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -53,7 +54,7 @@ class FairShares:
     that did not.
     """
 
-    __slots__ = ("_book", "_decayed", "_placed")
+    __slots__ = ("_book", "_decayed", "_placed", "_versions", "version")
 
     def __init__(
         self, book: QuotaBook, *,
@@ -63,14 +64,25 @@ class FairShares:
         self._decayed = decayed
         #: What the pass placed per (tenant, class) (with decay: added to the decayed usage).
         self._placed: dict[tuple[str, str], list[int]] = {}
+        #: Placements counted so far, in all and per (tenant, class): a tenant's own share
+        #: moves only with its own placements, a cohort's with any below it.
+        self.version = 0
+        self._versions: dict[tuple[str, str], int] = {}
 
     def placed(self, tenant_id: str, runtime_class: str, need: Sequence[int]) -> None:
-        """Count a placement of the pass in the decayed usage (nothing without decay)."""
+        """Count a placement of the pass (with decay: in the decayed usage too)."""
+        key = (tenant_id, runtime_class)
+        self.version += 1
+        self._versions[key] = self._versions.get(key, 0) + 1
         if self._decayed is None:
             return
-        acc = self._placed.setdefault((tenant_id, runtime_class), [0, 0, 0])
+        acc = self._placed.setdefault(key, [0, 0, 0])
         for i, n in enumerate(need):
             acc[i] += n
+
+    def version_of(self, tenant_id: str, runtime_class: str) -> int:
+        """Return how many placements of the tenant in the class were counted."""
+        return self._versions.get((tenant_id, runtime_class), 0)
 
     def share(
         self, tenant_id: str, runtime_class: str, need: Sequence[int] = (0, 0, 0)
@@ -107,30 +119,18 @@ def _tied(share: float) -> float:
     return round(share, 9)
 
 
-def _borrows(book: QuotaBook, spec: CompiledSpec) -> bool:
-    return book.borrows(spec.tenant_id, spec.runtime_class, spec.total_requests)
-
-
 def fair_order(
     tasks: Sequence[tuple[ClaimedTask, CompiledSpec]], book: QuotaBook | None,
     shares: FairShares | None,
 ) -> Iterator[tuple[ClaimedTask, CompiledSpec]]:
     """Yield ``tasks`` (in the policy's order) in the order the pass decides them: the
     tasks that must borrow by share (see the module doc). The caller places each task
-    before asking for the next, so the book and the shares are those of that moment."""
+    (and counts it in ``shares``) before asking for the next, so the book and the shares
+    are those of that moment."""
     if book is None or shares is None:
         yield from tasks
         return
-    # Per (tenant, class) of a managed class, its tasks' positions in order.
-    queues: dict[tuple[str, str], deque[int]] = {}
-    by_class: dict[str, list[tuple[str, str]]] = {}
-    for pos, (_, spec) in enumerate(tasks):
-        if book.managed(spec.runtime_class):
-            key = (spec.tenant_id, spec.runtime_class)
-            if key not in queues:
-                queues[key] = deque()
-                by_class.setdefault(spec.runtime_class, []).append(key)
-            queues[key].append(pos)
+    heads = _Heads(tasks, book, shares)
     done = [False] * len(tasks)
     pos = 0
     while pos < len(tasks):
@@ -138,37 +138,81 @@ def fair_order(
             pos += 1
             continue
         spec = tasks[pos][1]
-        if not book.managed(spec.runtime_class) or not _borrows(book, spec):
-            chosen = pos
-        else:
-            # The task at ``pos`` stays first in line until it is chosen itself.
-            chosen = _lowest_share(tasks, queues, by_class[spec.runtime_class], book, shares)
+        # The task at ``pos`` stays first in line until it is chosen itself.
+        chosen = heads.lowest(spec.runtime_class) if heads.borrows(spec) else pos
         done[chosen] = True
-        chosen_task, chosen_spec = tasks[chosen]
-        if book.managed(chosen_spec.runtime_class):
-            queues[(chosen_spec.tenant_id, chosen_spec.runtime_class)].popleft()
-        yield chosen_task, chosen_spec
+        key = heads.take(chosen)
+        yield tasks[chosen]
+        if key is not None:
+            heads.push(key)
 
 
-def _lowest_share(
-    tasks: Sequence[tuple[ClaimedTask, CompiledSpec]],
-    queues: Mapping[tuple[str, str], deque[int]], keys: Sequence[tuple[str, str]],
-    book: QuotaBook, shares: FairShares,
-) -> int:
-    """Return the position of the first task that must borrow, of the highest priority and
-    the lowest share with it, among the first waiting task of each tenant of a class."""
-    best: tuple | None = None
-    for key in keys:
-        queue = queues[key]
+class _Heads:
+    """The first waiting task of each (tenant, managed class), and per class a heap of
+    those that must borrow, by rank ``(-priority, fair key, position)``.
+
+    An entry is current while its task is still first of its tenant's queue and its
+    tenant placed nothing since (its own share moves only then); one whose tenant sits
+    below a cohort is current only while nothing was placed at all (a cohort's share moves
+    with any placement below it): a stale one is ranked again when it comes up.
+    """
+
+    def __init__(
+        self, tasks: Sequence[tuple[ClaimedTask, CompiledSpec]], book: QuotaBook,
+        shares: FairShares,
+    ) -> None:
+        self._tasks = tasks
+        self._book = book
+        self._shares = shares
+        self._queues: dict[tuple[str, str], deque[int]] = {}
+        self._heaps: dict[str, list[tuple]] = {}
+        for pos, (_, spec) in enumerate(tasks):
+            if book.managed(spec.runtime_class):
+                self._queues.setdefault((spec.tenant_id, spec.runtime_class),
+                                        deque()).append(pos)
+        for key in self._queues:
+            self.push(key)
+
+    def borrows(self, spec: CompiledSpec) -> bool:
+        """Return whether a task of ``spec`` must borrow now (False: unmanaged class)."""
+        return self._book.borrows(spec.tenant_id, spec.runtime_class, spec.total_requests)
+
+    def push(self, key: tuple[str, str]) -> None:
+        """Rank the first waiting task of ``key`` when it must borrow."""
+        queue = self._queues[key]
         if not queue:
-            continue
+            return
         pos = queue[0]
-        task, spec = tasks[pos]
-        if not _borrows(book, spec):
-            continue
-        rank = (-task.priority, shares.key(spec.tenant_id, spec.runtime_class,
-                                           spec.total_requests), pos)
-        if best is None or rank < best:
-            best = rank
-    assert best is not None  # the task that asked is the first of its own queue
-    return best[-1]
+        task, spec = self._tasks[pos]
+        if not self.borrows(spec):
+            return  # within nominal: it keeps its turn (its own placements change that)
+        shares = self._shares
+        fair = shares.key(spec.tenant_id, spec.runtime_class, spec.total_requests)
+        heapq.heappush(self._heaps.setdefault(key[1], []), (
+            (-task.priority, fair, pos), key, shares.version_of(*key),
+            shares.version if len(fair) > 1 else None))
+
+    def lowest(self, runtime_class: str) -> int:
+        """Return the position of the current entry of the lowest rank in the class."""
+        heap = self._heaps[runtime_class]
+        shares = self._shares
+        while True:
+            rank, key, own, tree = heap[0]
+            queue = self._queues[key]
+            if not queue or queue[0] != rank[-1] or shares.version_of(*key) != own:
+                heapq.heappop(heap)  # its tenant moved on: ranked again then
+            elif tree is not None and tree != shares.version:
+                heapq.heappop(heap)
+                self.push(key)
+            else:
+                return rank[-1]
+
+    def take(self, pos: int) -> tuple[str, str] | None:
+        """Take the task at ``pos`` (first of its queue) off; return its queue's key."""
+        spec = self._tasks[pos][1]
+        key = (spec.tenant_id, spec.runtime_class)
+        queue = self._queues.get(key)
+        if queue is None:
+            return None
+        queue.popleft()
+        return key

@@ -58,12 +58,15 @@ def _tasks(order: list[tuple[str, int]]) -> list[tuple[ClaimedTask, object]]:
     return out
 
 
-def _admit(tasks, book: QuotaBook) -> list[str]:
-    """Return the tenants of the tasks the book admits, in the order fair_order gives."""
+def _admit(tasks, book: QuotaBook, decayed=None) -> list[str]:
+    """Return the tenants of the tasks the book admits, in the order fair_order gives (each
+    placed as a pass places it)."""
     got = []
-    for task, s in fair_order(tasks, book, FairShares(book)):
+    shares = FairShares(book, decayed=decayed)
+    for task, s in fair_order(tasks, book, shares):
         if book.refuse(s.tenant_id, s.runtime_class, s.total_requests) is None:
             book.add(s.tenant_id, s.runtime_class, s.total_requests)
+            shares.placed(s.tenant_id, s.runtime_class, s.total_requests)
             got.append(task.tenant_id)
     return got
 
@@ -89,9 +92,11 @@ def test_tasks_within_nominal_keep_their_place():
     book = _book({"lender": 8000, "a": 2000, "b": 0}, {"b": 3.0})
     tasks = _tasks([("a", 0), ("a", 0), ("a", 0), ("b", 0), ("a", 0), ("b", 0), ("b", 0)])
     order = []
-    for task, s in fair_order(tasks, book, FairShares(book)):
+    shares = FairShares(book)
+    for task, s in fair_order(tasks, book, shares):
         order.append(f"{task.tenant_id}{task.seq}")
         book.add(s.tenant_id, s.runtime_class, s.total_requests)
+        shares.placed(s.tenant_id, s.runtime_class, s.total_requests)
     # 10 cores to lend (the lender's 8 and a's 2). At a2's turn (a's share with it 0.1),
     # b3 (1/10/3) and b5 (2/10/3) go first; then b6 ties a2 at 0.1: by tenant id, a2;
     # at a4's turn (0.2), b6 first.
@@ -116,10 +121,8 @@ def test_decayed_usage_orders_the_tenant_that_consumed_less_first():
     # Equal shares now; a consumed more recently.
     decayed = {("a", "py"): (6000.0, 0.0, 0.0), ("b", "py"): (1000.0, 0.0, 0.0)}
     tasks = _tasks([("a", 0), ("b", 0)])
-    book = _book({"lender": 8000, "a": 0, "b": 0}, {})
-    on = [t.tenant_id for t, _ in fair_order(tasks, book, FairShares(book, decayed=decayed))]
-    book = _book({"lender": 8000, "a": 0, "b": 0}, {})
-    off = [t.tenant_id for t, _ in fair_order(tasks, book, FairShares(book))]
+    on = _admit(tasks, _book({"lender": 8000, "a": 0, "b": 0}, {}), decayed)
+    off = _admit(tasks, _book({"lender": 8000, "a": 0, "b": 0}, {}))
     assert (on, off) == (["b", "a"], ["a", "b"])
 
 
