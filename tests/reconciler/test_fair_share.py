@@ -121,6 +121,12 @@ async def test_borrowed_capacity_converges_to_weights(db: Database, database_url
         assert by == {"b": len(revoked)}
         assert len(revoked) == WANT["b"] // 1000
         assert await conn.fetchval("SELECT count(*) FROM tasks WHERE attempts > 0") == 0
+        # A waiting task says it waits for its fair share, with its share.
+        waiting = await conn.fetch(
+            "SELECT tenant_id, pending_reason FROM tasks WHERE state = 'ADMITTED' "
+            "AND pending_reason ->> 'message' LIKE '%waits for its fair share%'")
+        assert {r[0] for r in waiting} == {"a", "b"}
+        assert all(r[1]["fairShare"] > 0 for r in waiting)
         assert {k: v for k, v in (await ledger_check(conn)).items() if v} == {}
         assert await conn.fetchval("SELECT count(*) FROM reservations WHERE hold") == 0
     assert await ledger_violations(db) == []
