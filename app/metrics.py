@@ -222,3 +222,16 @@ QUOTA_USED = Gauge(
 QUOTA_BORROWED = Gauge(
     "berth_quota_borrowed", "What of a tenant's usage is above its nominal.", _QUOTA_LABELS
 )
+#: Cohort gauges, per cohort of the quota tree (set by an admin or named by a tenant: a
+#: bounded set), runtime class and resource; the reconciler owning the cohort id's shard
+#: slot reports it.
+_COHORT_LABELS = ["cohort", "runtime_class", "resource"]
+COHORT_CAP = Gauge(
+    "berth_cohort_cap", "A cohort's cap: its nominal plus what its members lend it.",
+    _COHORT_LABELS,
+)
+COHORT_USED = Gauge("berth_cohort_used", "What a cohort's members draw on it.", _COHORT_LABELS)
+COHORT_BORROWED = Gauge(
+    "berth_cohort_borrowed", "What a cohort draws above its cap (borrowed from its parent).",
+    _COHORT_LABELS,
+)

@@ -54,6 +54,7 @@ import orjson
 import psutil
 
 from app.config import Settings
+from app.ledger.cohorts import cohort_put
 from app.ledger.invariants import ledger_check
 from app.ledger.tenants import Quota, tenant_put
 from bench.database import (
@@ -330,10 +331,16 @@ async def _latency(conn: asyncpg.Connection) -> dict[str, Any]:
     return {k: (v if k == "leased" or v is None else float(v)) for k, v in dict(row).items()}
 
 
+#: Teams of the quota tree ``--quotas`` builds: org -> team-0..team-3 -> tenants.
+QUOTA_TEAMS = 4
+
+
 async def _quotas_set(url: str, ds: Dataset) -> None:
-    """Give every tenant, in one cohort, a quota in every runtime class it uses: nominal =
-    what its tasks there request in all (cpu and memory), so every task is admitted within
-    nominal and no placement waits for quota; what is measured is the accounting."""
+    """Give every tenant a quota in every runtime class it uses: nominal = what its tasks
+    there request in all (cpu and memory), so every task is admitted within nominal and no
+    placement waits for quota; what is measured is the accounting. The tenants sit in a
+    tree of three levels (org -> :data:`QUOTA_TEAMS` teams -> tenants) and lend all of
+    their nominal, so every placement moves its team's and the org's rows."""
     demand: dict[tuple[str, str], list[int]] = {}
     for row in ds.tasks:
         tenant_id, rc, spec = row[2], row[5], orjson.loads(row[6])
@@ -348,9 +355,15 @@ async def _quotas_set(url: str, ds: Dataset) -> None:
     conn = await bench_connect(url)
     try:
         async with conn.transaction():
-            for tenant_id in sorted(quotas):
-                await tenant_put(conn, tenant_id=tenant_id, cohort="bench", fair_weight=1.0,
-                                 quotas=quotas[tenant_id], now=datetime.now(UTC))
+            now = datetime.now(UTC)
+            await cohort_put(conn, cohort_id="org", parent=None, fair_weight=1.0, quotas={},
+                             now=now)
+            for team in range(QUOTA_TEAMS):
+                await cohort_put(conn, cohort_id=f"team-{team}", parent="org",
+                                 fair_weight=1.0, quotas={}, now=now)
+            for i, tenant_id in enumerate(sorted(quotas)):
+                await tenant_put(conn, tenant_id=tenant_id, cohort=f"team-{i % QUOTA_TEAMS}",
+                                 fair_weight=1.0, quotas=quotas[tenant_id], now=now)
     finally:
         await conn.close()
 

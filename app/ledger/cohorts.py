@@ -138,16 +138,17 @@ async def cohorts_list(
 
 _USAGE = (
     "SELECT cohort, runtime_class, resource, cap, used FROM cohort_usage "
-    "WHERE cohort = ANY($1::text[])"
+    "WHERE $1::text[] IS NULL OR cohort = ANY($1::text[]) ORDER BY 1, 2, 3"
 )
 
 
 async def cohorts_usage_read(
-    conn: Connection, *, cohort_ids: Collection[str]
+    conn: Connection, *, cohort_ids: Collection[str] | None
 ) -> list[tuple[str, str, str, int, int]]:
-    """Return (cohort, class, resource, cap, used) of the rows of ``cohort_ids``."""
-    return [(r[0], r[1], r[2], int(r[3]), int(r[4]))
-            for r in await conn.fetch(_USAGE, sorted(set(cohort_ids)))]
+    """Return (cohort, class, resource, cap, used) of the rows of ``cohort_ids`` (None:
+    of every cohort)."""
+    ids = None if cohort_ids is None else sorted(set(cohort_ids))
+    return [(r[0], r[1], r[2], int(r[3]), int(r[4])) for r in await conn.fetch(_USAGE, ids)]
 
 
 def _path(cohort: str | None, parents: Mapping[str, str | None]) -> list[str]:

@@ -43,6 +43,7 @@ from typing import Any
 from app.db import Connection, Database
 from app.ledger.capacity import capacity_totals_read
 from app.ledger.claims import tasks_unpark, tasks_wake
+from app.ledger.cohorts import cohorts_usage_read
 from app.ledger.idempotency import idempotency_records_expire
 from app.ledger.leases import pool_leases_revoke
 from app.ledger.nominations import nominations_held, nominations_recover
@@ -55,6 +56,9 @@ from app.ledger.retention import tasks_finished_prune
 from app.ledger.snapshot import SnapshotCache
 from app.ledger.wakeups import WakeSource, Wakeup, wakeup_keys
 from app.metrics import (
+    COHORT_BORROWED,
+    COHORT_CAP,
+    COHORT_USED,
     IDEMPOTENCY_RECORDS_EXPIRED,
     LEASES_EXPIRED,
     NOMINATION_HELD,
@@ -402,6 +406,7 @@ class Reconciler:
         """Set the quota gauges of the tenants (with a quota) of the owned slots."""
         async with self.db.connection() as conn:
             rows = await quota_usage_read(conn)
+            levels = await cohorts_usage_read(conn, cohort_ids=None)
         slots = self.ownership.slots
         for gauge in (QUOTA_NOMINAL, QUOTA_USED, QUOTA_BORROWED):
             gauge.clear()
@@ -411,6 +416,14 @@ class Reconciler:
             QUOTA_NOMINAL.labels(tenant, rc, resource).set(nominal)
             QUOTA_USED.labels(tenant, rc, resource).set(used)
             QUOTA_BORROWED.labels(tenant, rc, resource).set(max(0, used - nominal))
+        for gauge in (COHORT_CAP, COHORT_USED, COHORT_BORROWED):
+            gauge.clear()
+        for cohort, rc, resource, cap, used in levels:
+            if shard_of(cohort) not in slots:
+                continue
+            COHORT_CAP.labels(cohort, rc, resource).set(cap)
+            COHORT_USED.labels(cohort, rc, resource).set(used)
+            COHORT_BORROWED.labels(cohort, rc, resource).set(max(0, used - cap))
 
     def wakeup(self, wakeup: Wakeup | WakeSource) -> None:
         """Count a wakeup and trigger a pass; any source but ``submitted`` first unparks the

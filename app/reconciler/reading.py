@@ -43,7 +43,7 @@ from app.ledger.tenants import tenants_entitlements
 from app.pass_config import ReconcilerConfig
 from app.scheduling.displacement.nominate import CANDIDATES_MAX, class_head, pending_since
 from app.scheduling.inputs import NominationInputs, PassInputs, ReclaimInputs
-from app.scheduling.plugins.quota import RESOURCES, QuotaRow
+from app.scheduling.plugins.quota import RESOURCES, QuotaRow, cohort_rows_drawn
 from app.scheduling.plugins.registry import profile
 from app.scheduling.records import PREEMPTING, RECLAIMING, ClaimedTask, Vector
 from app.scheduling.snapshot import Snapshot
@@ -78,7 +78,10 @@ async def pass_read(
     ) if rows else ([], {})
     reclaim = None
     if rows:
+        read = rows
         rows, reclaim = await _reclaim_read(conn, rows, compiled, snapshot, config, now)
+        if rows is not read:
+            tree = cohort_rows_drawn(tree, read, rows)
     entitlements = await tenants_entitlements(conn, tenant_ids=tenants) if fair and rows else None
     weights, fair_usage = await _fair_read(conn, rows, tenants, config, now)
     nomination = await _nominations_read(conn, compiled, snapshot, config, now)

@@ -231,7 +231,7 @@ class _Planning:
         settings = inputs.settings
         self.nominate = Nominate(inputs, self.assumed)
         self.reclaim = Reclaim(
-            inputs.reclaim, inputs.quota_rows, dict(inputs.cohorts), now=inputs.now,
+            inputs.reclaim, inputs.quota_rows, self._trees(), now=inputs.now,
             grace_seconds=settings.preemption_grace_seconds, quota=self.book,
         ) if inputs.reclaim is not None and inputs.quota_rows else None
         self.fair = FairShareReclaim(self.reclaim) if self.reclaim is not None else None
@@ -241,6 +241,14 @@ class _Planning:
                           profile=inputs.profile, explain=settings.explain)
         self.planners: tuple[Displacement, ...] = tuple(
             p for p in (preempt, self.reclaim, self.fair, self.nominate) if p is not None)
+
+    def _trees(self) -> dict[str, str]:
+        """Return the root of each tenant's quota tree: reclaim stays within a tree."""
+        book = self.book
+        tenants = set(self.inputs.cohorts) | {r.tenant_id for r in self.inputs.quota_rows}
+        if book is None:
+            return dict(self.inputs.cohorts)
+        return {t: book.path(t)[-1] for t in tenants}
 
     def task(self, task: ClaimedTask, spec: CompiledSpec) -> None:
         """Plan one task: wait, place, or hand it back (displacing when it can)."""

@@ -1,16 +1,19 @@
 """Quota churn: two `berth reconcile` processes place work while API clients complete leases,
 cancel tasks, submit more and change quotas, all at once, against a real Berth server.
 
-Borrowers push their cohort over what it lends, a lender's own work reclaims borrowed
-capacity (victims revoking for a second, then revoked by the leader), runtimes complete
-leases (revoking ones too), tenants cancel leased and waiting tasks, and two admins rewrite
-one tenant's quotas at once. After every step of every client, one read-only snapshot of
-the ledger must show every quota usage row equal to the sum of the live leases it covers,
-every cohort row equal to what its tenants borrow, no tenant past its cap, and every quota
-row carrying the quota its tenant has now (:func:`~app.ledger.invariants.ledger_check`). A
-complete or a cancel that Berth's own bookkeeping refuses (a constraint's 409) fails the
-run: only the answers a runtime or a tenant can act on are allowed (a lease already ended,
-a task already finished or being placed right now).
+The tenants sit in a tree of three levels (org -> two teams -> tenants, and a separate
+root). Borrowers push their teams and the org over what they lend, a lender's own work
+reclaims borrowed capacity (victims revoking for a second, then revoked by the leader),
+runtimes complete leases (revoking ones too), tenants cancel leased and waiting tasks, and
+two admins rewrite one tenant's quotas at once. After every step of every client, one read-
+only snapshot of the ledger must show every quota usage row equal to the sum of the live
+leases it covers, every cohort row at every level equal to what its members draw on it, no
+tenant past its cap, no level past its limit where all that is drawn on it is borrowed, and
+every quota row carrying the quota its tenant has now
+(:func:`~app.ledger.invariants.ledger_check`). A complete or a cancel that Berth's own
+bookkeeping refuses (a constraint's 409) fails the run: only the answers a runtime or a
+tenant can act on are allowed (a lease already ended, a task already finished or being
+placed right now).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import httpx
 import pytest
 
 from app.db import Database
+from app.ledger.cohorts import cohort_put
 from app.ledger.invariants import ledger_check
 from app.ledger.keys import api_key_create
 from app.ledger.tenants import Quota, tenant_put
@@ -48,13 +52,24 @@ STEPS = 160  # per client
 CLIENTS = 4
 POOLS = 3
 CPU = 250  # every task's request: the amounts the cohort rows move by
+#: The tree, three levels: org (1000m of its own) -> team1, team2 (nothing of its own, at
+#: most 500m borrowed); (parent, nominal, borrowing limit) of each cohort.
+COHORTS: dict[str, tuple[str | None, int, int | None]] = {
+    "org": (None, 1000, None),
+    "team1": ("org", 0, None),
+    "team2": ("org", 0, 500),
+}
 #: (cohort, nominal, borrowing limit, lending limit) of each tenant, as first set.
 TENANTS: dict[str, tuple[str, int, int | None, int | None]] = {
-    "lender": ("c", 3000, 0, 2000),
-    "borrower-a": ("c", 500, 1500, None),
-    "borrower-b": ("c", 0, None, None),
+    "lender": ("team1", 3000, 0, 2000),
+    "borrower-a": ("team1", 500, 1500, None),
+    "borrower-b": ("team2", 0, None, None),
+    "borrower-c": ("team2", 0, None, None),
     "solo": ("d", 1000, 500, None),
 }
+#: The tenants whose quotas the admins rewrite during the run (team2's members keep none:
+#: all they use is borrowed through team2, which must never let them past 500m).
+REWRITTEN = ("borrower-a", "lender", "solo")
 #: Answers a client may get for a legitimate request it raced with: (status, problem type).
 ALLOWED = {
     "cancel": {(200, None), (409, "task-not-cancellable"), (409, "task-being-scheduled")},
@@ -129,6 +144,7 @@ async def _step(http: httpx.AsyncClient, churn: Churn, rng: random.Random) -> No
         await http.post(f"/v1/runtimes/{instance}/heartbeat", headers=churn.runtime)
     else:
         # Two admins change the same tenant at once: the last write wins whole.
+        tenant = rng.choice(REWRITTEN)
         bodies = [_quota_body(rng, tenant), _quota_body(rng, tenant)]
         for r in await asyncio.gather(*(http.put(f"/v1/tenants/{tenant}", json=b,
                                                  headers=churn.admin) for b in bodies)):
@@ -139,7 +155,16 @@ async def _sound(db: Database) -> dict[str, int]:
     """Return the broken ledger invariants (quota rows included), read in one snapshot."""
     async with db.connection() as conn, conn.transaction(isolation="repeatable_read",
                                                         readonly=True):
-        return {k: v for k, v in (await ledger_check(conn)).items() if v}
+        broken = {k: v for k, v in (await ledger_check(conn)).items() if v}
+        # A cohort of the tree holding nothing of its own (no member lends it anything) is
+        # drawn on only by borrowing: never past its limit. (Not so for a cohort whose
+        # members' quotas an admin lowers under their usage.)
+        over = await conn.fetchval(
+            "SELECT count(*) FROM cohort_usage WHERE cap = 0 AND used > lim "
+            "AND cohort = ANY($1::text[])", list(COHORTS))
+        if over:
+            broken["cohort_borrowed_past_its_limit"] = int(over)
+        return broken
 
 
 async def _client(base_url: str, db: Database, churn: Churn, index: int) -> None:
@@ -157,6 +182,10 @@ async def _setup(db: Database) -> Churn:
     async with db.transaction() as conn:
         pools = await pools_add(conn, POOLS, tenants=list(TENANTS), capacity=(1750, 64_000, 0),
                                 heartbeat_at=fresh)
+        for name, (parent, nominal, borrowing) in COHORTS.items():
+            await cohort_put(conn, cohort_id=name, parent=parent, fair_weight=1.0,
+                             now=datetime.now(UTC), quotas={"standard": {
+                                 "cpuMillis": Quota(nominal, borrowing)}})
         for name, (cohort, nominal, borrowing, lending) in TENANTS.items():
             await tenant_put(conn, tenant_id=name, cohort=cohort, fair_weight=1.0,
                              now=datetime.now(UTC), quotas={"standard": {

@@ -7,7 +7,7 @@ decision and after the nominal reclaims (:mod:`.reclaim`, whose book it shares: 
 tenant's borrowed work is never counted twice), each remembered task, in the pass's order,
 asks :func:`~app.scheduling.reclaim.plan_reclaim` with a fairness test
 (:func:`~app.scheduling.reclaim.fair_test`): the victims are borrowed leases of the other
-tenants of its cohort whose share is above the reclaimer's share *with* its task, taken
+tenants of its quota tree whose share is above the reclaimer's share *with* its task, taken
 only in sets after which each victim tenant's share is still at least that (the
 preemptor's final share is at most the victim's: a victim's requeued task can never reclaim
 back, so reclaims do not go back and forth). Everything else is a reclaim's: victims never

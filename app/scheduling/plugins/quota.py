@@ -31,7 +31,7 @@ no I/O.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from app.scheduling.plugins import names
 from app.scheduling.reasons import Reason
@@ -46,7 +46,7 @@ _UNITS = {"cpuMillis": ("m", " cpu"), "memoryMiB": (" MiB", " memory"),
           "llmSlots": ("", " llm slots")}
 
 __all__ = ["DEFAULT_COHORT", "NAME", "REASONS", "CohortRow", "QuotaBook", "QuotaNode",
-           "QuotaRow", "tenant_kept"]
+           "QuotaRow", "cohort_rows_drawn", "tenant_kept"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +110,27 @@ class QuotaNode:
 def tenant_kept(nominal: int, lend: int | None) -> int:
     """Return what of its nominal a tenant keeps (never lent): nominal - lending limit."""
     return 0 if lend is None else max(0, nominal - lend)
+
+
+def cohort_rows_drawn(
+    tree: Iterable[CohortRow], before: Iterable[QuotaRow], after: Iterable[QuotaRow]
+) -> list[CohortRow]:
+    """Return the cohort rows ``tree`` with what the tenants' rows moving from ``before``
+    to ``after`` (same rows, other usage) draw up their paths counted."""
+    cells = {(c.cohort, c.runtime_class, c.resource): c for c in tree}
+    was = {(r.tenant_id, r.runtime_class, r.resource): r.used for r in before}
+    for r in after:
+        used = was.get((r.tenant_id, r.runtime_class, r.resource), r.used)
+        d = _draw(used, r.used, tenant_kept(r.nominal, r.lend))
+        cohort: str | None = r.cohort
+        while cohort is not None and d != 0:
+            c = cells.get((cohort, r.runtime_class, r.resource))
+            if c is None:
+                break
+            cells[(cohort, r.runtime_class, r.resource)] = replace(c, used=c.used + d)
+            d = _draw(c.used, c.used + d, c.cap - c.lend)
+            cohort = c.parent
+    return list(cells.values())
 
 
 def _amount(resource: str, n: int) -> str:
