@@ -86,7 +86,8 @@ async def test_an_organisation_lends_level_by_level(
     tenant_a = (await client.get(f"/v1/tenants/{TENANT_A}", headers=keys.admin)).json()
     assert tenant_a["path"] == ["team1", "org"]
     assert tenant_a["usage"]["gpu-small"]["borrowed"]["cpuMillis"] == 6000
-    assert tenant_a["share"] == 6000 / 8000
+    # team1 lends all of its 8000m up to org: what it can make available is org's 16000m.
+    assert tenant_a["share"] == 6000 / 16000
 
     # team2's guarantee holds: c gets the rest of its nominal though org lent it all.
     c = await _submit(client, key, TENANT_C, 2)

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.scheduling.fairshare import FairShares, fair_order
-from app.scheduling.plugins.quota import QuotaBook, QuotaRow
+from app.scheduling.plugins.quota import CohortRow, QuotaBook, QuotaRow
 from app.scheduling.preemption import VictimIndex
 from app.scheduling.reclaim import ReclaimBook, book_reclaimed, fair_test, plan_reclaim
 from app.scheduling.records import ClaimedTask
@@ -190,3 +190,21 @@ def test_fair_share_reclaim_takes_from_the_tenant_above_its_share_only():
         got += 1
     assert got == 6
     assert np.isclose(book.share("a", "py"), book.share("b", "py"))
+
+
+def test_a_tree_compares_shares_level_by_level_from_the_top():
+    # org (8 cores of its own) -> teams t1 (x) and t2 (y, z), nothing of their own. t2 as a
+    # team borrows more (y and z 1000 each) than t1 (x 1500): x goes before z, though x
+    # alone borrows more than z.
+    rows = [CohortRow("org", "py", "cpuMillis", None, 8000, 8000, 0, 8000, 3500),
+            CohortRow("t1", "py", "cpuMillis", "org", 0, 0, 0, None, 1500),
+            CohortRow("t2", "py", "cpuMillis", "org", 0, 0, 0, None, 2000)]
+    tenants = [QuotaRow("x", "py", "cpuMillis", "t1", 0, None, None, 1500),
+               QuotaRow("y", "py", "cpuMillis", "t2", 0, None, None, 1000),
+               QuotaRow("z", "py", "cpuMillis", "t2", 0, None, None, 1000)]
+    book = QuotaBook(tenants, {"x": "t1", "y": "t2", "z": "t2"}, rows, {})
+    shares = FairShares(book)
+    assert shares.key("x", "py", (1000, 0, 0)) == ((0.1875, "t1"), (0.3125, "x"))
+    assert shares.key("z", "py", (1000, 0, 0)) == ((0.25, "t2"), (0.25, "z"))
+    got = [t.tenant_id for t, _ in fair_order(_tasks([("z", 0), ("x", 0)]), book, shares)]
+    assert got == ["x", "z"]

@@ -89,8 +89,9 @@ class CohortRow:
 class QuotaNode:
     """A node of the quota tree in one runtime class, as fair sharing sees it: ``path``
     is the cohort ids from its parent to the root, ``borrowed`` what it uses above its cap
-    and ``parent_lendable`` its parent's cap (what the parent's subtree pools and lends to
-    its members), per resource in ``RESOURCES`` order (0 where unmanaged)."""
+    and ``parent_lendable`` what its parent can make available to its members at most (what
+    of its cap it keeps, plus what its own parent can make available, within its limit; a
+    root's cap), per resource in ``RESOURCES`` order (0 where unmanaged)."""
 
     kind: str  # "tenant" or "cohort"
     id: str
@@ -305,7 +306,7 @@ class QuotaBook:
         lendable = [0.0, 0.0, 0.0]
         for i, nominal, _, _, now, cell in self._slots_of(tenant_id, runtime_class) or ():
             borrowed[i] = max(0.0, (now if used is None else used[i]) + need[i] - nominal)
-            lendable[i] = cell[_CAP]
+            lendable[i] = _potential(cell)
         return borrowed, lendable
 
     def borrowable(self, tenant_id: str, runtime_class: str) -> tuple[int | None, ...]:
@@ -336,7 +337,7 @@ class QuotaBook:
         lendable = [0, 0, 0]
         for i, nominal, _, _, used, cell in slots:
             borrowed[i] = max(0, used - nominal)
-            lendable[i] = cell[_CAP]
+            lendable[i] = _potential(cell)
         return QuotaNode("tenant", tenant_id, runtime_class, self.path(tenant_id),
                          self._weight.get(("tenant", tenant_id), 1.0),
                          (borrowed[0], borrowed[1], borrowed[2]),
@@ -354,12 +355,23 @@ class QuotaBook:
                 cell = self._cell(cohort_id, runtime_class, resource)
                 borrowed[i] = max(0, cell[_USED] - cell[_CAP])
                 up = cell[_UP]
-                lendable[i] = up[_CAP] if up is not None else 0
+                lendable[i] = _potential(up) if up is not None else 0
         return QuotaNode("cohort", cohort_id, runtime_class,
                          self._path_from(self._parent.get(cohort_id)),
                          self._weight.get(("cohort", cohort_id), 1.0),
                          (borrowed[0], borrowed[1], borrowed[2]),
                          (lendable[0], lendable[1], lendable[2]))
+
+
+def _potential(cell: list) -> int:
+    """Return what a cohort can make available to its members at most: what of its cap it
+    keeps (does not lend up), plus what its parent can make available, within its own
+    limit; a root, its cap (Kueue's potential available quota)."""
+    up = cell[_UP]
+    if up is None:
+        return cell[_CAP]
+    available = cell[_KEPT] + _potential(up)
+    return available if cell[_LIM] is None else min(available, cell[_LIM])
 
 
 def _refusal(

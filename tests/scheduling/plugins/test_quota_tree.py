@@ -39,11 +39,12 @@ def test_a_tenant_borrows_from_its_sibling_before_its_aunt() -> None:
     a = book.tenant_node("a", "std")
     team1 = book.cohort_node("team1", "std")
     assert a is not None and team1 is not None
-    # a borrows 6000m: 4000m that b lends within team1, 2000m from team2 through org.
-    assert a.borrowed == (6000, 0, 0) and a.parent_lendable == (8000, 0, 0)
+    # a borrows 6000m: 4000m that b lends within team1, 2000m from team2 through org. team1
+    # lends all its cap up to org, so what it can make available is org's 16000m.
+    assert a.borrowed == (6000, 0, 0) and a.parent_lendable == (16000, 0, 0)
     assert team1.borrowed == (2000, 0, 0) and team1.parent_lendable == (16000, 0, 0)
     assert a.path == ("team1", "org") and team1.path == ("org",)
-    assert a.share == pytest.approx(6000 / 8000 / 2.0)
+    assert a.share == pytest.approx(6000 / 16000 / 2.0)
     assert team1.share == pytest.approx(2000 / 16000)
 
 
