@@ -18,7 +18,14 @@ import pytest
 from app.db import Database
 from app.ledger.invariants import ledger_check
 from app.ledger.tenants import Quota, tenant_put
-from tests.factories import ledger_violations, pools_add, reconcile_process, spec_make, tasks_add
+from tests.factories import (
+    ledger_violations,
+    pools_add,
+    processes_stop,
+    reconcile_process,
+    spec_make,
+    tasks_add,
+)
 from tests.reconciler.test_reclaim_drill import _runtime
 
 pytestmark = pytest.mark.slow
@@ -102,10 +109,9 @@ async def test_borrowed_capacity_converges_to_weights(db: Database, database_url
     finally:
         stop.set()
         await runtime
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            assert p.wait(timeout=30) == 0, p.stderr.read().decode()[-2000:]
+        processes_stop(procs)
+    for p in procs:
+        assert p.returncode == 0, p.stderr.read().decode()[-2000:]
 
     assert all(s == WANT for s in samples), samples
     async with db.connection() as conn:
