@@ -259,6 +259,7 @@ async def _tree_draw(
     draw, borrowed part), each unit all or nothing; return the units refused."""
     units = sorted({d[0] for d in draws})
     number = {u: i for i, u in enumerate(units)}
+    draws = sorted(draws, key=lambda d: number[d[0]])  # a unit's entries together
     refused = await conn.fetch(
         _TREE_DRAW, [number[d[0]] for d in draws], [d[1] for d in draws],
         [d[2] for d in draws], [d[3] for d in draws], [d[4] for d in draws],
