@@ -124,21 +124,25 @@ _COHORT_ROWS = (
     "c.lim, c.used, coalesce(n.fair_weight, 1) FROM cohort_usage c "
     "LEFT JOIN cohorts n ON n.id = c.cohort WHERE c.runtime_class = ANY($1::text[])"
 )
-_WEIGHTS = "SELECT id, fair_weight FROM tenants WHERE id = ANY($1::text[])"
+_TENANTS_OF = (
+    "SELECT t, coalesce(n.cohort, 'default'), coalesce(n.fair_weight, 1) "
+    "FROM unnest($1::text[]) t LEFT JOIN tenants n ON n.id = t"
+)
 
 
 async def quota_tree_read(
     conn: Connection, *, runtime_classes: Collection[str], tenant_ids: Collection[str]
-) -> tuple[list[CohortRow], dict[str, float]]:
-    """Return the cohorts' rows of ``runtime_classes`` (the quota tree) and the fair weights
-    of ``tenant_ids`` that have one set."""
+) -> tuple[list[CohortRow], dict[str, float], dict[str, str]]:
+    """Return the cohorts' rows of ``runtime_classes`` (the quota tree; empty: no class is
+    managed) and, when there are some, the fair weight and the cohort of each of
+    ``tenant_ids``."""
     rows = [CohortRow(r[0], r[1], r[2], r[3], int(r[4]), int(r[5]), int(r[6]),
                       None if r[7] is None else int(r[7]), int(r[8]), float(r[9]))
             for r in await conn.fetch(_COHORT_ROWS, sorted(set(runtime_classes)))]
     if not rows:
-        return [], {}
-    weights = {r[0]: float(r[1]) for r in await conn.fetch(_WEIGHTS, sorted(set(tenant_ids)))}
-    return rows, weights
+        return [], {}, {}
+    found = await conn.fetch(_TENANTS_OF, sorted(set(tenant_ids)))
+    return rows, {r[0]: float(r[2]) for r in found}, {r[0]: r[1] for r in found}
 
 
 _QUOTA_USAGE = (

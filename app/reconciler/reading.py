@@ -70,9 +70,10 @@ async def pass_read(
     rows, cohorts = await quota_rows_read(
         conn, runtime_classes={spec.runtime_class for _, spec in compiled}, tenant_ids=tenants
     )
-    tree, weights = await quota_tree_read(
+    tree, weights, of = await quota_tree_read(
         conn, runtime_classes={spec.runtime_class for _, spec in compiled}, tenant_ids=tenants
-    ) if rows else ([], {})
+    )
+    cohorts = {**of, **cohorts}
     reclaim = None
     if rows:
         read = rows

@@ -191,3 +191,26 @@ async def test_a_cohort_change_wakes_only_its_subtree(
     assert got["state"] == "LEASED"
     assert await _cpu(client, keys, "cohorts/team1") == {"used": 1000, "borrowed": 0,
                                                          "lendable": 0}
+
+
+async def test_a_class_only_a_cohort_has_quota_in_is_managed(
+    client, keys, pool_make, reconcile, db
+) -> None:
+    await pool_make("pool-x", tenant_ids=[TENANT_A], capacity=BIG)
+    await client.post("/v1/runtimes/rt-1/heartbeat", headers=keys.runtime_1)
+    await _cohort(client, keys, "team1", None,
+                  quotas={"gpu-small": {"cpuMillis": {"nominal": 2000}}})
+    r = await client.put(f"/v1/tenants/{TENANT_A}", json={"cohort": "team1"},
+                         headers=keys.admin)
+    assert r.status_code == 200, r.text
+    ids = await _submit(client, keys.tenant_a, TENANT_A, 3)
+    await reconcile()
+    got = [(await client.get(f"/v1/tasks/{t}", headers=keys.tenant_a)).json() for t in ids]
+    # tenant-a has no quota of its own: it runs on what team1 holds, 2000m.
+    assert [t["state"] for t in got] == ["LEASED", "LEASED", "ADMITTED"]
+    assert got[2]["pendingReason"]["code"] == "quota_borrow_unavailable"
+    assert await _cpu(client, keys, "cohorts/team1") == {"used": 2000, "borrowed": 0,
+                                                         "lendable": 0}
+    assert await ledger_violations(db) == []
+    async with db.connection() as conn:
+        assert {k: v for k, v in (await ledger_check(conn)).items() if v} == {}
