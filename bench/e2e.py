@@ -764,7 +764,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ALTER DATABASE SET for the reconcilers' database (repeatable), "
                         "e.g. log_min_duration_statement=0 to profile the server side")
     p.add_argument("--quotas", action="store_true",
-                   help="give every tenant a quota (nominal = its whole demand, one cohort) "
+                   help="give every tenant a quota (nominal = its whole demand) in a tree "
+                        "org -> 4 teams -> tenants "
                         "before admitting; compare with --sweep quotas=0,1")
     p.add_argument("--replay", action="store_true",
                    help="after the run, replay its recorded passes (berth replay --since 10m) "

@@ -206,6 +206,7 @@ _QUOTAS_INSERT = (
     "FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[]) "
     "AS q(rc, resource, nominal, borrowing, lending)"
 )
+_OWN_CLASSES = "SELECT DISTINCT runtime_class FROM cohort_quotas WHERE cohort_id = $1"
 # Every runtime class with quota rows or quotas: the tree's shape moves every level's cap.
 _CLASSES = (
     "SELECT runtime_class FROM cohort_usage UNION SELECT runtime_class FROM tenant_quotas "
@@ -226,6 +227,8 @@ async def cohort_put(
     parents = await cohorts_parents(conn)
     tree_check(cohort_id, parent, parents)
     subtree = _subtree(cohort_id, parents)
+    moved = cohort_id not in parents or parents[cohort_id] != parent
+    before = {r[0] for r in await conn.fetch(_OWN_CLASSES, cohort_id)}
     await conn.execute(_UPSERT, cohort_id, parent, fair_weight, now)
     await conn.execute(_QUOTAS_DELETE, cohort_id)
     items = sorted((rc, res, q) for rc, by in quotas.items() for res, q in by.items())
@@ -235,12 +238,21 @@ async def cohort_put(
             [i[2].nominal for i in items], [i[2].borrowing_limit for i in items],
             [i[2].lending_limit for i in items],
         )
-    await _rebuilt(conn, cohorts=subtree, now=now)
+    # A cohort that moves in the tree moves every class's caps; otherwise only the classes
+    # of its quotas before and after change.
+    await _rebuilt(conn, cohorts=subtree, now=now,
+                   classes=None if moved else before | set(quotas))
     return (await cohorts_read(conn, cohort_ids=[cohort_id]))[cohort_id]
 
 
-async def _rebuilt(conn: Connection, *, cohorts: Collection[str], now: datetime) -> None:
-    classes = {r[0] for r in await conn.fetch(_CLASSES)}
+async def _rebuilt(
+    conn: Connection, *, cohorts: Collection[str], now: datetime,
+    classes: Collection[str] | None = None,
+) -> None:
+    """Compute the quota rows of ``classes`` (None: every class with quota rows) again and
+    wake the quota-parked tasks of the members of ``cohorts`` in them."""
+    if classes is None:
+        classes = {r[0] for r in await conn.fetch(_CLASSES)}
     await quota_usage_rebuild(conn, runtime_classes=classes)
     await quota_parked_wake(conn, tenant_id=None, cohorts=cohorts, runtime_classes=classes,
                             now=now)

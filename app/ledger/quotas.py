@@ -1,31 +1,35 @@
 """Quota usage in the ledger: each tenant's use of each managed runtime class and resource,
-and each cohort's borrowed total, enforced by the database as pool capacity is.
+and each cohort's row of the quota tree, enforced by the database as pool capacity is.
 
-A (runtime class, resource) is **managed** when some tenant's quota names it. For each one,
-``quota_usage`` holds a row per tenant that has a quota there or uses it, with the quota
-copied in, and ``cohort_usage`` a row per cohort with what its tenants borrow in total
-(the sum of ``max(0, used - nominal)``). Both move in the transaction that moves capacity:
+A (runtime class, resource) is **managed** when some tenant's or cohort's quota names it.
+For each one, ``quota_usage`` holds a row per tenant that has a quota there or uses it,
+with the quota copied in, and ``cohort_usage`` a row per cohort of the tree with its cap
+(its own nominal plus what its members lend it), what it lends its parent, its limit and
+``used``: what its members draw on it, each ``max(0, used - kept)`` of its own row (kept:
+what it does not lend). All of them move in the transaction that moves capacity:
 
 * **Charge** (a pass, :func:`quota_charge`, after its leases, before its ledger statement):
   one conditional update raises the tenants' rows where ``used + amount <= cap`` (CHECKed
-  too), rows locked in key order. A placement that stays within nominal touches only its
-  tenant's rows. One that borrows then raises its cohort's rows, all of its resources or
-  none, where each ``borrowed + more`` is at most what the cohort's other tenants lend now
-  (``min(lend, unused nominal)`` summed); borrowers serialize on those rows, so racing
-  reconcilers never lend more than exists. A refused (tenant, class) raised no cohort row;
-  the usage it added is given back, and its placements are undone by the caller. Every
-  decrement anywhere is computed by the statement from the row it locks, never from a
-  value read before.
+  too), rows locked in key order, and returns each one's draw on its cohort and the
+  borrowed part of it. A placement whose draw is 0 touches only its tenant's rows. The
+  others move the cohort rows up the tree with ``quota_tree_draw`` (revision
+  0021_cohort_trees): every row on the paths locked first, deepest first; draws that
+  borrow nothing one UPDATE per level; each (tenant, class) that borrows level by level,
+  all of its resources or none, refused where a level would go past its limit. A refused
+  pair leaves the tree as it was; the usage it added is given back, and its placements are
+  undone by the caller. Every decrement anywhere is computed by the statement from the row
+  it locks, never from a value read before.
 * **Return** (every path that ends a lease: completion, release, cancel, expiry, revocation,
   drain, preemption hand-over): the statement that deletes the lease's reservations lowers
-  the rows in the same statement (:data:`RETURN_CTES`).
-* **Rebuild** (:func:`quota_usage_rebuild`, when an admin changes a tenant): the rows of the
-  affected classes are computed again from the live leases, under an exclusive advisory
-  lock that every pass takes shared at its start (``claims_settings``) and with the leased
-  tasks of those classes locked, so no placement or lease end is missed.
+  the rows, every level, in the same statement (:data:`RETURN_CTES`).
+* **Rebuild** (:func:`quota_usage_rebuild`, when an admin changes a tenant or a cohort):
+  the rows of the affected classes are computed again from the quotas, the tree and the
+  live leases, under an exclusive advisory lock that every pass takes shared at its start
+  (``claims_settings``) and with the leased tasks of those classes locked, so no placement
+  or lease end is missed.
 
 Lock order as everywhere: task rows, lease rows, quota rows (key order), then the cohort
-row, then ledger rows.
+rows (deepest first, then key), then ledger rows.
 """
 
 from __future__ import annotations
@@ -120,21 +124,25 @@ _COHORT_ROWS = (
     "c.lim, c.used, coalesce(n.fair_weight, 1) FROM cohort_usage c "
     "LEFT JOIN cohorts n ON n.id = c.cohort WHERE c.runtime_class = ANY($1::text[])"
 )
-_WEIGHTS = "SELECT id, fair_weight FROM tenants WHERE id = ANY($1::text[])"
+_TENANTS_OF = (
+    "SELECT t, coalesce(n.cohort, 'default'), coalesce(n.fair_weight, 1) "
+    "FROM unnest($1::text[]) t LEFT JOIN tenants n ON n.id = t"
+)
 
 
 async def quota_tree_read(
     conn: Connection, *, runtime_classes: Collection[str], tenant_ids: Collection[str]
-) -> tuple[list[CohortRow], dict[str, float]]:
-    """Return the cohorts' rows of ``runtime_classes`` (the quota tree) and the fair weights
-    of ``tenant_ids`` that have one set."""
+) -> tuple[list[CohortRow], dict[str, float], dict[str, str]]:
+    """Return the cohorts' rows of ``runtime_classes`` (the quota tree; empty: no class is
+    managed) and, when there are some, the fair weight and the cohort of each of
+    ``tenant_ids``."""
     rows = [CohortRow(r[0], r[1], r[2], r[3], int(r[4]), int(r[5]), int(r[6]),
                       None if r[7] is None else int(r[7]), int(r[8]), float(r[9]))
             for r in await conn.fetch(_COHORT_ROWS, sorted(set(runtime_classes)))]
     if not rows:
-        return [], {}
-    weights = {r[0]: float(r[1]) for r in await conn.fetch(_WEIGHTS, sorted(set(tenant_ids)))}
-    return rows, weights
+        return [], {}, {}
+    found = await conn.fetch(_TENANTS_OF, sorted(set(tenant_ids)))
+    return rows, {r[0]: float(r[2]) for r in found}, {r[0]: r[1] for r in found}
 
 
 _QUOTA_USAGE = (
@@ -259,6 +267,7 @@ async def _tree_draw(
     draw, borrowed part), each unit all or nothing; return the units refused."""
     units = sorted({d[0] for d in draws})
     number = {u: i for i, u in enumerate(units)}
+    draws = sorted(draws, key=lambda d: number[d[0]])  # a unit's entries together
     refused = await conn.fetch(
         _TREE_DRAW, [number[d[0]] for d in draws], [d[1] for d in draws],
         [d[2] for d in draws], [d[3] for d in draws], [d[4] for d in draws],

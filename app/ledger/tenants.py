@@ -265,9 +265,9 @@ async def quota_book_read(
     the tenants' cohorts when known already)."""
     rows, read = await quota_rows_read(
         conn, runtime_classes=runtime_classes, tenant_ids=tenant_ids)
-    tree, weights = await quota_tree_read(
+    tree, weights, of = await quota_tree_read(
         conn, runtime_classes=runtime_classes, tenant_ids=tenant_ids)
-    return QuotaBook(rows, {**read, **cohorts}, tree, weights)
+    return QuotaBook(rows, {**of, **read, **cohorts}, tree, weights)
 
 
 async def tenants_usage(

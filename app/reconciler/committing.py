@@ -43,7 +43,7 @@ from app.reconciler.walk import Decision, decisions_walk
 from app.scheduling.inputs import PassInputs
 from app.scheduling.parking import key_placed
 from app.scheduling.planner import PassPlan
-from app.scheduling.plugins.quota import QuotaRow
+from app.scheduling.plugins.quota import CohortRow, QuotaRow
 from app.scheduling.records import Displaced, Kind, Unclaim, Vector
 from app.scheduling.snapshot import Snapshot
 
@@ -138,11 +138,15 @@ def _grants(decisions: list[Decision], instance: dict[str, str]) -> list[Grant]:
     return grants
 
 
-def _quota_plan(decisions: list[Decision], rows: tuple[QuotaRow, ...]) -> QuotaPlan:
-    """Return the quota charges of ``decisions``: those in managed runtime classes."""
+def _quota_plan(
+    decisions: list[Decision], rows: tuple[QuotaRow, ...], tree: tuple[CohortRow, ...]
+) -> QuotaPlan:
+    """Return the quota charges of ``decisions``: those in managed runtime classes (some
+    tenant's or cohort's quota names a resource)."""
     managed: dict[str, set[str]] = {}
-    for r in rows:
-        managed.setdefault(r.runtime_class, set()).add(r.resource)
+    for rc, resource in [*((r.runtime_class, r.resource) for r in rows),
+                         *((c.runtime_class, c.resource) for c in tree)]:
+        managed.setdefault(rc, set()).add(resource)
     return QuotaPlan(
         of={d.task.id: (d.spec.tenant_id, d.spec.runtime_class) for d in decisions
             if d.spec.runtime_class in managed},
@@ -255,7 +259,8 @@ async def pass_commit(
     state = _Applying(plan)
     await _nominations_apply(conn, state, now=inputs.now, out=out)
     decisions = [Decision(p.task, p.spec, p.result, p.members) for p in plan.placed]
-    quota = _quota_plan(decisions, inputs.quota_rows) if inputs.quota_rows else None
+    quota = (_quota_plan(decisions, inputs.quota_rows, inputs.quota_cohorts)
+             if inputs.quota_rows or inputs.quota_cohorts else None)
     snapshot = inputs.snapshot
     applied = await _apply_rounds(conn, state, decisions, instance=snapshot.instance_of,
                                   quota=quota, now=now, ttl=config.lease_ttl_seconds, out=out)

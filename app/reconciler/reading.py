@@ -73,9 +73,10 @@ async def pass_read(
     rows, cohorts = await quota_rows_read(
         conn, runtime_classes={spec.runtime_class for _, spec in compiled}, tenant_ids=tenants
     )
-    tree, _ = await quota_tree_read(
+    tree, _, of = await quota_tree_read(
         conn, runtime_classes={spec.runtime_class for _, spec in compiled}, tenant_ids=tenants
-    ) if rows else ([], {})
+    )
+    cohorts = {**of, **cohorts}
     reclaim = None
     if rows:
         read = rows
@@ -83,7 +84,10 @@ async def pass_read(
         if rows is not read:
             tree = cohort_rows_drawn(tree, read, rows)
     entitlements = await tenants_entitlements(conn, tenant_ids=tenants) if fair and rows else None
-    weights, fair_usage = await _fair_read(conn, rows, tenants, config, now)
+    weights, fair_usage = await _fair_read(
+        conn, {r.tenant_id for r in rows},
+        {r.runtime_class for r in rows} | {c.runtime_class for c in tree}, tenants,
+        config, now)
     nomination = await _nominations_read(conn, compiled, snapshot, config, now)
     holders = [t.id for t, spec in compiled
                if spec.may_preempt or t.pending_code in (PREEMPTING, RECLAIMING)]
@@ -106,18 +110,19 @@ async def pass_read(
 
 
 async def _fair_read(
-    conn: Connection, rows: Sequence[QuotaRow], tenants: Collection[str],
-    config: ReconcilerConfig, now: datetime,
+    conn: Connection, quota_tenants: Collection[str], classes: Collection[str],
+    tenants: Collection[str], config: ReconcilerConfig, now: datetime,
 ) -> tuple[dict[str, float], dict[tuple[str, str], tuple[float, float, float]] | None]:
-    """Return the fair weights of the tenants of the quota rows and of the pass, and with a
-    usage half-life, the pass's tenants' decayed usage (brought up to ``now``)."""
-    if not rows:
+    """Return the fair weights of the tenants with quota rows and of the pass (when some
+    class is managed), and with a usage half-life, the pass's tenants' decayed usage in the
+    managed ``classes`` (brought up to ``now``)."""
+    if not classes:
         return {}, None
-    weights = await fair_weights_read(conn, tenant_ids={r.tenant_id for r in rows} | set(tenants))
+    weights = await fair_weights_read(conn, tenant_ids=set(quota_tenants) | set(tenants))
     if config.fair_usage_half_life_seconds <= 0:
         return weights, None
     decayed = await fair_usage_decay(
-        conn, tenant_ids=tenants, runtime_classes={r.runtime_class for r in rows},
+        conn, tenant_ids=tenants, runtime_classes=classes,
         half_life_seconds=config.fair_usage_half_life_seconds, now=now)
     return weights, decayed
 

@@ -73,9 +73,10 @@ async def placement_inputs_read(
         rows, cohorts = await quota_rows_read(
             conn, runtime_classes=[compiled.runtime_class], tenant_ids=[tenant_id]
         )
-        tree, weights = await quota_tree_read(
+        tree, weights, of = await quota_tree_read(
             conn, runtime_classes=[compiled.runtime_class], tenant_ids=[tenant_id]
         )
+        cohorts = {**of, **cohorts}
         victims = (
             await victims_read(conn, below={tenant_id: compiled.priority})
             if compiled.may_preempt else []

@@ -25,20 +25,24 @@ ID = sa.Text(collation="C")
 _BORROWED_CHECK = "ck_cohort_usage_ck_cohort_usage_borrowed_nonnegative"
 
 # Move the cohort rows of each unit (a tenant's placement in one class, all of its
-# resources): for entry i, draw p_draw[i] on the row (p_cohort[i], p_class[i],
-# p_resource[i]) and on up its path, each row's draw on its parent being
-# max(0, used - (cap - lend)) before and after. p_more[i] is the borrowed part of the draw:
-# while some of it remains borrowed (it goes past the rows' caps), a row refuses to go
-# above its lim. A refused unit's rows are put back; its number is returned. Every row
-# on the paths is locked first, deepest first (depth desc, then key), the one order of
-# every writer of these rows.
+# resources; entries sorted by unit): for entry i, draw p_draw[i] on the row (p_cohort[i],
+# p_class[i], p_resource[i]) and on up its path, each row's draw on its parent being
+# max(0, used - (cap - lend)) before and after. p_more[i] is the borrowed part of the draw.
+# Every row on the paths is locked first, deepest first (depth desc, then key), the one
+# order of every writer of these rows. Then the units that borrow nothing (never refused)
+# move the rows level by level, deepest first, one UPDATE per level for all of them. Then
+# each unit that borrows walks its paths: while some of the draw remains borrowed (past the
+# rows' caps), a row refuses to go above its lim; a refused unit's rows are put back and
+# its number returned.
 QUOTA_TREE_DRAW = """
 CREATE FUNCTION quota_tree_draw(p_unit int[], p_cohort text[], p_class text[],
     p_resource text[], p_draw bigint[], p_more bigint[]) RETURNS SETOF int
 LANGUAGE plpgsql AS $$
 DECLARE
   n int := coalesce(cardinality(p_unit), 0);
-  i int; u int; cur text; d bigint; m bigint; ok boolean; r record;
+  i int; u int; cur text; d bigint; m bigint; ok boolean; r record; dep int;
+  cond int[];
+  pc text[]; prc text[]; pres text[]; pd bigint[];
   undo_c text[]; undo_rc text[]; undo_res text[]; undo_d bigint[];
 BEGIN
   IF n = 0 THEN RETURN; END IF;
@@ -52,37 +56,75 @@ BEGIN
       WHERE c.parent IS NOT NULL)
     SELECT cohort, rc, res FROM p)
   ORDER BY c.depth DESC, c.cohort, c.runtime_class, c.resource FOR UPDATE;
-  FOR u IN SELECT DISTINCT x FROM unnest(p_unit) AS x ORDER BY 1 LOOP
-    ok := true; undo_c := '{}'; undo_rc := '{}'; undo_res := '{}'; undo_d := '{}';
-    FOR i IN 1..n LOOP
-      CONTINUE WHEN p_unit[i] <> u;
-      cur := p_cohort[i]; d := p_draw[i]; m := p_more[i];
-      WHILE cur IS NOT NULL AND d <> 0 LOOP
-        UPDATE cohort_usage c SET used = c.used + d
-        WHERE c.cohort = cur AND c.runtime_class = p_class[i] AND c.resource = p_resource[i]
-          AND (m <= 0 OR c.lim IS NULL OR c.used + d <= c.lim)
-        RETURNING c.parent,
-          greatest(0, c.used - (c.cap - c.lend)) - greatest(0, c.used - d - (c.cap - c.lend))
-            AS nd,
-          least(m, greatest(0, c.used - c.cap) - greatest(0, c.used - d - c.cap)) AS nm
-        INTO r;
-        IF NOT FOUND THEN
-          ok := m <= 0;
-          EXIT;
-        END IF;
-        undo_c := undo_c || cur; undo_rc := undo_rc || p_class[i];
-        undo_res := undo_res || p_resource[i]; undo_d := undo_d || d;
-        cur := r.parent; d := r.nd; m := r.nm;
-      END LOOP;
-      EXIT WHEN NOT ok;
-    END LOOP;
-    IF NOT ok THEN
-      UPDATE cohort_usage c SET used = c.used - v.d
-      FROM unnest(undo_c, undo_rc, undo_res, undo_d) AS v(c, rc, res, d)
-      WHERE (c.cohort, c.runtime_class, c.resource) = (v.c, v.rc, v.res);
-      RETURN NEXT u;
-    END IF;
+  SELECT coalesce(array_agg(DISTINCT p_unit[k]), '{}') INTO cond
+  FROM generate_subscripts(p_unit, 1) AS k WHERE p_more[k] > 0;
+  SELECT array_agg(x.c), array_agg(x.rc), array_agg(x.res), array_agg(x.d)
+  INTO pc, prc, pres, pd FROM (
+    SELECT p_cohort[k] AS c, p_class[k] AS rc, p_resource[k] AS res,
+      sum(p_draw[k])::bigint AS d
+    FROM generate_subscripts(p_unit, 1) AS k WHERE NOT p_unit[k] = ANY(cond)
+    GROUP BY 1, 2, 3 HAVING sum(p_draw[k]) <> 0) x;
+  WHILE pc IS NOT NULL LOOP
+    SELECT max(c.depth) INTO dep FROM cohort_usage c
+    JOIN unnest(pc, prc, pres) AS v(c, rc, res)
+      ON (c.cohort, c.runtime_class, c.resource) = (v.c, v.rc, v.res);
+    EXIT WHEN dep IS NULL;
+    WITH v AS (SELECT * FROM unnest(pc, prc, pres, pd) AS v(c, rc, res, d)),
+    moved AS (
+      UPDATE cohort_usage c SET used = c.used + v.d FROM v
+      WHERE (c.cohort, c.runtime_class, c.resource) = (v.c, v.rc, v.res) AND c.depth = dep
+      RETURNING c.parent AS c, c.runtime_class AS rc, c.resource AS res,
+        greatest(0, c.used - (c.cap - c.lend))
+          - greatest(0, c.used - v.d - (c.cap - c.lend)) AS d),
+    rest AS (
+      SELECT v.c, v.rc, v.res, v.d FROM v JOIN cohort_usage c
+        ON (c.cohort, c.runtime_class, c.resource) = (v.c, v.rc, v.res)
+      WHERE c.depth < dep),
+    nxt AS (SELECT * FROM moved WHERE c IS NOT NULL UNION ALL SELECT * FROM rest)
+    SELECT array_agg(x.c), array_agg(x.rc), array_agg(x.res), array_agg(x.d)
+    INTO pc, prc, pres, pd FROM (
+      SELECT nxt.c, nxt.rc, nxt.res, sum(nxt.d)::bigint AS d FROM nxt
+      GROUP BY 1, 2, 3 HAVING sum(nxt.d) <> 0) x;
   END LOOP;
+  u := NULL; ok := true;
+  FOR i IN 1..n LOOP
+    CONTINUE WHEN NOT p_unit[i] = ANY(cond);
+    IF u IS DISTINCT FROM p_unit[i] THEN
+      IF NOT ok THEN
+        UPDATE cohort_usage c SET used = c.used - v.d
+        FROM unnest(undo_c, undo_rc, undo_res, undo_d) AS v(c, rc, res, d)
+        WHERE (c.cohort, c.runtime_class, c.resource) = (v.c, v.rc, v.res);
+        RETURN NEXT u;
+      END IF;
+      u := p_unit[i]; ok := true;
+      undo_c := '{}'; undo_rc := '{}'; undo_res := '{}'; undo_d := '{}';
+    END IF;
+    CONTINUE WHEN NOT ok;
+    cur := p_cohort[i]; d := p_draw[i]; m := p_more[i];
+    WHILE cur IS NOT NULL AND d <> 0 LOOP
+      UPDATE cohort_usage c SET used = c.used + d
+      WHERE c.cohort = cur AND c.runtime_class = p_class[i] AND c.resource = p_resource[i]
+        AND (m <= 0 OR c.lim IS NULL OR c.used + d <= c.lim)
+      RETURNING c.parent,
+        greatest(0, c.used - (c.cap - c.lend)) - greatest(0, c.used - d - (c.cap - c.lend))
+          AS nd,
+        least(m, greatest(0, c.used - c.cap) - greatest(0, c.used - d - c.cap)) AS nm
+      INTO r;
+      IF NOT FOUND THEN
+        ok := m <= 0;
+        EXIT;
+      END IF;
+      undo_c := undo_c || cur; undo_rc := undo_rc || p_class[i];
+      undo_res := undo_res || p_resource[i]; undo_d := undo_d || d;
+      cur := r.parent; d := r.nd; m := r.nm;
+    END LOOP;
+  END LOOP;
+  IF NOT ok THEN
+    UPDATE cohort_usage c SET used = c.used - v.d
+    FROM unnest(undo_c, undo_rc, undo_res, undo_d) AS v(c, rc, res, d)
+    WHERE (c.cohort, c.runtime_class, c.resource) = (v.c, v.rc, v.res);
+    RETURN NEXT u;
+  END IF;
 END $$
 """
 

@@ -160,3 +160,58 @@ async def test_a_tenant_key_sees_only_the_cohorts_on_its_path(client, keys) -> N
     # A tenant's document names no other tenant.
     doc = (await client.get("/v1/cohorts/team1", headers=keys.tenant_a)).text
     assert TENANT_B not in doc
+
+
+async def test_a_cohort_change_wakes_only_its_subtree(
+    client, keys, pool_make, reconcile, db
+) -> None:
+    await pool_make("pool-x", tenant_ids=[TENANT_A, TENANT_B], capacity=BIG)
+    await client.post("/v1/runtimes/rt-1/heartbeat", headers=keys.runtime_1)
+    await _cohort(client, keys, "org", None)
+    await _cohort(client, keys, "team1", "org")
+    await _cohort(client, keys, "team2", "org")
+    await _tenant(client, keys, TENANT_A, "team1", 0)
+    await _tenant(client, keys, TENANT_B, "team2", 0)
+    waiting = {}
+    for tenant, key in ((TENANT_A, keys.tenant_a), (TENANT_B, keys.tenant_b)):
+        waiting[tenant] = (await _submit(client, key, tenant, 1))[0]
+    await reconcile()
+
+    async def parked() -> dict[str, bool]:
+        async with db.connection() as conn:
+            return {t: await conn.fetchval("SELECT parked FROM tasks WHERE id = $1::uuid", i)
+                    for t, i in waiting.items()}
+
+    assert await parked() == {TENANT_A: True, TENANT_B: True}
+    # team1 gets capacity of its own: its member's task is woken, team2's is not.
+    await _cohort(client, keys, "team1", "org",
+                  quotas={"gpu-small": {"cpuMillis": {"nominal": 1000}}})
+    assert await parked() == {TENANT_A: False, TENANT_B: True}
+    await reconcile()
+    got = (await client.get(f"/v1/tasks/{waiting[TENANT_A]}", headers=keys.tenant_a)).json()
+    assert got["state"] == "LEASED"
+    assert await _cpu(client, keys, "cohorts/team1") == {"used": 1000, "borrowed": 0,
+                                                         "lendable": 0}
+
+
+async def test_a_class_only_a_cohort_has_quota_in_is_managed(
+    client, keys, pool_make, reconcile, db
+) -> None:
+    await pool_make("pool-x", tenant_ids=[TENANT_A], capacity=BIG)
+    await client.post("/v1/runtimes/rt-1/heartbeat", headers=keys.runtime_1)
+    await _cohort(client, keys, "team1", None,
+                  quotas={"gpu-small": {"cpuMillis": {"nominal": 2000}}})
+    r = await client.put(f"/v1/tenants/{TENANT_A}", json={"cohort": "team1"},
+                         headers=keys.admin)
+    assert r.status_code == 200, r.text
+    ids = await _submit(client, keys.tenant_a, TENANT_A, 3)
+    await reconcile()
+    got = [(await client.get(f"/v1/tasks/{t}", headers=keys.tenant_a)).json() for t in ids]
+    # tenant-a has no quota of its own: it runs on what team1 holds, 2000m.
+    assert [t["state"] for t in got] == ["LEASED", "LEASED", "ADMITTED"]
+    assert got[2]["pendingReason"]["code"] == "quota_borrow_unavailable"
+    assert await _cpu(client, keys, "cohorts/team1") == {"used": 2000, "borrowed": 0,
+                                                         "lendable": 0}
+    assert await ledger_violations(db) == []
+    async with db.connection() as conn:
+        assert {k: v for k, v in (await ledger_check(conn)).items() if v} == {}

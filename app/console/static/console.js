@@ -806,15 +806,67 @@
       out.push(noQuotas("No quotas configured: every tenant runs without a quota (an admin sets them with PUT /v1/tenants/{tenantId})."));
     }
     if (shown.length) out.push(unitsNote());
+    const tree = await cohortTree(tenants);
+    if (tree) out.push(tree);
     out.push(h("div", { class: "cards wide" }, shown.map(tenantCard)));
     return h("div", {}, out);
   };
+
+  // The quota tree: each cohort with a bar per managed resource (what its members draw on
+  // it against its cap, the part above it borrowed from its parent), its child cohorts and
+  // its member tenants nested under it.
+  async function cohortTree(tenants) {
+    let cohorts;
+    try {
+      cohorts = await listAll("/v1/cohorts?limit=100");
+    } catch (error) {
+      if (error.status === 404) return null;
+      throw error;
+    }
+    const ids = new Set(cohorts.map((c) => c.id));
+    const inTree = cohorts.filter((c) => c.parent || cohorts.some((x) => x.parent === c.id));
+    if (!inTree.length) return null;
+    const children = {};
+    for (const c of cohorts) {
+      if (c.parent && ids.has(c.parent)) (children[c.parent] ||= []).push(c);
+    }
+    const members = {};
+    for (const t of tenants) (members[(t.path || [t.cohort])[0]] ||= []).push(t);
+    const node = (c) => h("li", { "data-cohort": c.id },
+      h("span", { class: "mono" }, c.id), " ",
+      h("span", { class: "muted" }, `weight ${c.fairWeight} · share ${c.share.toFixed(2)}`),
+      cohortBars(c),
+      h("ul", {}, [...(children[c.id] || []).map(node),
+        ...(members[c.id] || []).map((t) => h("li", { class: "mono", "data-member": t.id }, t.id))]));
+    const roots = cohorts.filter((c) => !c.parent || !ids.has(c.parent))
+      .filter((c) => children[c.id] || inTree.includes(c));
+    return h("section", { "aria-labelledby": "cohort-tree" },
+      h("h2", { id: "cohort-tree" }, "Cohort tree"),
+      h("ul", { class: "tree" }, roots.map(node)));
+  }
+
+  function cohortBars(c) {
+    const out = [];
+    for (const rc of Object.keys(c.usage || {}).sort()) {
+      const u = c.usage[rc];
+      for (const [k, label, fmt] of RESOURCES) {
+        const used = u.used[k] || 0;
+        const borrowed = u.borrowed[k] || 0;
+        const cap = used - borrowed + (u.lendable[k] || 0);
+        if (!used && !cap) continue;
+        out.push(h("div", { class: "tree-bar", "data-level": `${c.id}/${rc}/${k}` },
+          h("span", { class: "muted" }, `${rc} ${label}`),
+          quotaBar(used, cap, borrowed, Math.max(1, used, cap), fmt, "cap")));
+      }
+    }
+    return out;
+  }
 
   function noQuotas(text) {
     return h("p", { class: "closest", "data-empty": "quotas" }, text);
   }
 
-  function quotaBar(used, nominal, borrowed, scale, fmt) {
+  function quotaBar(used, nominal, borrowed, scale, fmt, word = "nominal") {
     const within = Math.max(0, used - borrowed);
     const own = h("span");
     own.style.width = `${Math.min(100, (100 * within) / scale).toFixed(1)}%`;
@@ -825,7 +877,7 @@
     mark.style.left = `${Math.min(100, (100 * nominal) / scale).toFixed(1)}%`;
     return h("div", {
       class: "bar quota", role: "img",
-      "aria-label": `${fmt(used)} used of ${fmt(nominal)} nominal, ${fmt(borrowed)} borrowed`,
+      "aria-label": `${fmt(used)} used of ${fmt(nominal)} ${word}, ${fmt(borrowed)} borrowed`,
     }, own, extra, mark);
   }
 

@@ -314,10 +314,14 @@ class QuotaBook:
         (None where the class's quotas leave the resource out)."""
         slots = self._slots_of(tenant_id, runtime_class) or []
         out: list[int | None] = [None, None, None]
-        for i, nominal, _, _, used, _ in slots:
+        for i, nominal, lim, _, used, cell in slots:
             base = max(0, nominal - used)
             need = [0, 0, 0]
-            lo, hi = 0, 2**53
+            # Its own limit and its cohort's bound it (any borrowing reaches the cohort).
+            hi = 2**53 if lim is None else max(0, lim - max(used, nominal))
+            if cell[_LIM] is not None:
+                hi = min(hi, max(0, cell[_LIM] - cell[_USED]))
+            lo = 0
             while lo < hi:  # refusal grows with the amount: the largest that fits
                 mid = (lo + hi + 1) // 2
                 need[i] = base + mid
