@@ -10,7 +10,7 @@
    displacements under way, nominations, the settings that decide, ``now``).
 3. **Plan** (:func:`app.scheduling.planner.plan_pass`): pure and deterministic: decide each
    task in policy order, assume, charge quota, cache specs that fit nowhere, then the
-   displacement planners (preempt, reclaim, nominate).
+   displacement planners (preempt, reclaim, fair-share reclaim, nominate).
 4. **Commit** (:mod:`app.reconciler.committing`): apply the plan through the ledger, the
    only writer; lost races are walked to other candidates, lost displacements dropped.
 

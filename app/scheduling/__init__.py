@@ -30,11 +30,12 @@ A pass plans with one pure function over one immutable input::
     now) --plan_pass (planner)--> PassPlan (placements, hand-backs, displacements, holds
     given back, nominations begun and ended)
 
-``plan_pass`` orders the tasks with a policy (``policies``), decides each with ``decide``,
-records each decision in ``Assumed`` so that the tasks after it see its usage and its labels,
-skips specs already known to fit nowhere this pass (``unsatisfiable``), and hands tasks that
-fit nowhere to the displacement planners (``displacement``: preempt, reclaim, nominate). The
-reconciler commits the plan; the previews read their own inputs and plan the same way. See
+``plan_pass`` orders the tasks with a policy (``policies``) and the tasks that must borrow
+by their tenants' shares (``fairshare``), decides each with ``decide``, records each
+decision in ``Assumed`` so that the tasks after it see its usage and its labels, skips specs
+already known to fit nowhere this pass (``unsatisfiable``), and hands tasks that fit nowhere
+to the displacement planners (``displacement``: preempt, reclaim, fair-share reclaim,
+nominate). The reconciler commits the plan; the previews read their own inputs and plan the same way. See
 docs/scheduling.md.
 
 Modules, in pipeline order: ``spec`` (TaskSpec, compile_spec, StoredSpecs), ``snapshot``

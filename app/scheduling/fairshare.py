@@ -1,13 +1,15 @@
 """Weighted fair sharing of borrowed capacity: the share of a node, and the order in which a
 pass admits the tasks that must borrow.
 
-**The share.** In a managed runtime class, a node of the quota tree (a tenant, or a cohort
-above it) borrows, per resource, what it uses above its nominal. What its parent *can lend*
-is the parent's lendable capacity: the sum over the parent's members of ``min(lending
-limit, nominal)`` (what they would lend were they idle; a fixed figure, so a share only
-moves when the node's own usage does). A node's share is its **dominant borrowed
-resource**, ``max(borrowed / can lend)`` over the resources its parent can lend, divided by
-its ``fairWeight`` (:func:`share_of`). A node that borrows nothing has share 0.
+**The share** (:func:`~app.scheduling.shares.share_of`, of the nodes the quota book
+describes: :class:`~app.scheduling.plugins.quota.QuotaNode`). In a managed runtime class, a
+node of the quota tree (a tenant, or a cohort above it) borrows, per resource, what it uses
+above its nominal (a cohort: its cap). What its parent *can lend* is the most the parent
+can make available to its members (what of its cap it keeps, plus what its own parent can
+make available, within its limit; a root: its cap): a figure the pass's placements do not
+move, so a tenant's share moves only with its own usage, a cohort's with its subtree's. A
+node's share is its **dominant borrowed resource**, ``max(borrowed / can lend)`` over the
+resources its parent can lend, divided by its ``fairWeight``; 0 when it borrows nothing.
 
 **The order** (:func:`fair_order`). The pass's tasks come in the policy's order. A task
 whose tenant is within its nominal with the task keeps its place. Where the next task in
