@@ -35,8 +35,8 @@ by their tenants' shares (``fairshare``), decides each with ``decide``, records 
 decision in ``Assumed`` so that the tasks after it see its usage and its labels, skips specs
 already known to fit nowhere this pass (``unsatisfiable``), and hands tasks that fit nowhere
 to the displacement planners (``displacement``: preempt, reclaim, fair-share reclaim,
-nominate). The reconciler commits the plan; the previews read their own inputs and plan the same way. See
-docs/scheduling.md.
+nominate). The reconciler commits the plan; the previews read their own inputs and plan the
+same way. See docs/scheduling.md.
 
 Modules, in pipeline order: ``spec`` (TaskSpec, compile_spec, StoredSpecs), ``snapshot``
 (PoolState, PlacedTask, Snapshot), ``assumed`` (Assumed), ``framework`` (select and decide:
