@@ -93,7 +93,7 @@ class CohortSettings(RequestModel):
     )
 
 
-class CohortUsage(CamelModel):
+class CohortClassUsage(CamelModel):
     """A cohort's usage of one runtime class now."""
 
     used: Amounts = Field(description="What its members draw on it.")
@@ -117,7 +117,7 @@ class Cohort(CamelModel):
     parent: str | None
     fair_weight: float
     quotas: dict[str, dict[str, QuotaView]]
-    usage: dict[str, CohortUsage]
+    usage: dict[str, CohortClassUsage]
     share: float = Field(
         description="Its dominant borrowed resource (borrowed / its parent's cap, largest "
         "over resources and runtime classes) divided by its fair weight.")
