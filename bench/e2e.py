@@ -83,6 +83,7 @@ from bench.profile import (
     profile_collect,
     profile_start,
     profile_statements,
+    profile_wal,
     profile_write,
 )
 from bench.report import Progress, json_option, result_print, table_print
@@ -385,6 +386,7 @@ async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
     tail = None
     profiling = None
     statements: dict[str, Any] = {}
+    wal_kinds: dict[str, Any] = {}
     finished = False
     try:
         progress.phase(f"starting {cfg.reconcilers} reconcilers")
@@ -444,6 +446,7 @@ async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
         )
         if profiling is not None:
             statements = await profile_statements(conn, profiling, len(ds.tasks))
+            wal_kinds = await profile_wal(conn, profiling, len(ds.tasks))
         finished = True
     finally:
         if not finished:
@@ -466,6 +469,7 @@ async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
         if profiling is not None:
             profile = await profile_collect(conn, profiling, list(WRITTEN), len(ds.tasks))
             profile["statements"] = statements
+            profile["wal"] = wal_kinds
     finally:
         await conn.close()
     return {

@@ -35,6 +35,7 @@ __all__ = [
     "phases_per_placement",
     "profile_collect",
     "profile_statements",
+    "profile_wal",
     "profile_start",
     "profile_write",
 ]
@@ -53,6 +54,9 @@ QUERY_SHOWN = 160
 @dataclass(frozen=True, slots=True)
 class ProfileStart:
     """What the profile saw as admission started."""
+
+    #: The WAL position as admission started (None: pg_walinspect is not available).
+    wal_start: int | None
 
     #: Why pg_stat_statements cannot be read (None: it can, and was reset).
     statements_unavailable: str | None
@@ -79,13 +83,18 @@ async def _statements_prepare(conn: asyncpg.Connection) -> str | None:
     return None
 
 
-# Live items on the leaf pages of every B-tree index of the tables $1 (page 0 is the
-# metapage).
+# Heap tuples each B-tree index of the tables $1 points at: the items of its leaf pages that
+# are not marked dead, a posting list (deduplicated entries) counting each of its tuples, the
+# high key (no heap tuple) none. Page 0 is the metapage.
 _INDEX_ENTRIES = """
 SELECT t.relname || '.' || c.relname AS name,
-       (SELECT coalesce(sum(s.live_items), 0) FROM generate_series(
-            1, pg_relation_size(c.oid) / current_setting('block_size')::int - 1) AS b,
-            LATERAL bt_page_stats(c.oid::regclass::text, b) AS s WHERE s.type = 'l') AS n
+       (SELECT coalesce(sum(CASE WHEN it.htid IS NULL THEN 0
+                                 ELSE coalesce(cardinality(it.tids), 1) END), 0)
+        FROM generate_series(1, pg_relation_size(c.oid) / current_setting('block_size')::int - 1)
+             AS b,
+             LATERAL bt_page_stats(c.oid::regclass::text, b) AS s,
+             LATERAL bt_page_items(c.oid::regclass::text, b) AS it
+        WHERE s.type = 'l' AND NOT it.dead) AS n
 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_class t ON t.oid = i.indrelid
 JOIN pg_am a ON a.oid = c.relam
 WHERE t.relname = ANY($1::text[]) AND a.amname = 'btree'
@@ -104,7 +113,32 @@ async def profile_start(conn: asyncpg.Connection, tables: list[str]) -> ProfileS
         why = None
     except asyncpg.PostgresError as exc:
         indexes, why = None, f"pageinspect cannot be used: {exc}"
-    return ProfileStart(await _statements_prepare(conn), indexes, why)
+    try:
+        await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        wal_start = await conn.fetchval("SELECT pg_current_wal_lsn()")
+    except asyncpg.PostgresError:
+        wal_start = None
+    return ProfileStart(wal_start, await _statements_prepare(conn), indexes, why)
+
+
+# The WAL written since $1 by record type (server-wide), largest first.
+_WAL_STATS = """
+SELECT "resource_manager/record_type" AS kind, count, record_size, fpi_size
+FROM pg_get_wal_stats($1::pg_lsn, pg_current_wal_lsn(), true)
+WHERE count > 0 ORDER BY combined_size DESC LIMIT 12
+"""
+
+
+async def profile_wal(conn: asyncpg.Connection, start: ProfileStart,
+                      placements: int) -> dict[str, Any]:
+    """Return the WAL records, bytes and full-page-image bytes per placement since
+    admission began, by record type (call it as the last task is leased)."""
+    if start.wal_start is None:
+        return {"unavailable": "pg_walinspect cannot be used"}
+    rows = await conn.fetch(_WAL_STATS, start.wal_start)
+    return {r["kind"]: {"records": round(r["count"] / placements, 2),
+                        "bytes": round(r["record_size"] / placements, 1),
+                        "fpiBytes": round(r["fpi_size"] / placements, 1)} for r in rows}
 
 
 _STATEMENTS = """
@@ -219,6 +253,8 @@ def profile_write(directory: str, result: dict[str, Any]) -> None:
         f"per placement (admission included): {profile['indexEntriesPerPlacement']}", "",
         *(f"- {k}: {v}" for k, v in profile["indexEntries"].items()), "",
         f"Row updates (HOT): {profile['updates']}", "",
+        "WAL per placement by record type (records, bytes, full-page-image bytes):", "",
+        *(f"- {k}: {v}" for k, v in profile["wal"].items()), "",
         *_statement_table(profile["statements"]), "",
     ]
     (out / "profile.md").write_text("\n".join(lines))
