@@ -174,7 +174,8 @@ def test_mixes_add_ten_percent_of_their_kind_and_leave_the_default_alone() -> No
 def test_bad_bench_options_are_refused() -> None:
     for argv, message in ((["--floor-clients", "0"], "--floor-clients"),
                           (["--floor-batch", "0"], "--floor-batch"),
-                          (["--finished", "-1"], "--finished")):
+                          (["--finished", "-1"], "--finished"),
+                          (["--profile-out", "p", "--sweep", "pools=10"], "--profile-out")):
         with pytest.raises(SystemExit, match=message):
             e2e.main(argv)
     with pytest.raises(SystemExit):
