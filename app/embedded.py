@@ -36,7 +36,7 @@ import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,7 +181,10 @@ def _process_token(pid: int) -> str | None:
 class EmbeddedPostgres:
     """A PostgreSQL server kept in ``<data_dir>/pgdata``, reachable on a private Unix socket."""
 
-    def __init__(self, data_dir: str | Path) -> None:
+    def __init__(self, data_dir: str | Path, *, options: Sequence[str] = ()) -> None:
+        #: Extra ``-c name=value`` server settings of a server this instance starts (a
+        #: benchmark preloads ``pg_stat_statements`` so).
+        self.options = tuple(options)
         self.data_dir = Path(data_dir).expanduser().resolve()
         self.pgdata = self.data_dir / "pgdata"
         self.owner_file = self.data_dir / "owner.pid"
@@ -345,6 +348,7 @@ class EmbeddedPostgres:
                 f"-c unix_socket_directories={shlex.quote(str(socket_dir))}",
                 f"-c port={PORT}",
                 "-c max_connections=200",
+                *(f"-c {shlex.quote(o)}" for o in self.options),
             ]
         )
         self._pg(

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
@@ -66,16 +66,17 @@ async def bench_connect(url: str) -> asyncpg.Connection:
 
 
 @contextmanager
-def postgres_server(url: str | None) -> Iterator[tuple[str, str]]:
+def postgres_server(url: str | None, *, options: Sequence[str] = ()) -> Iterator[tuple[str, str]]:
     """Yield (server URL, description): ``url`` itself, or without it a fresh embedded
-    PostgreSQL in a temporary directory, stopped afterwards."""
+    PostgreSQL in a temporary directory, started with ``options`` (``name=value``
+    settings), stopped afterwards."""
     if url:
         yield url, describe_url(url)
         return
     from app.embedded import EmbeddedPostgres
 
     with tempfile.TemporaryDirectory(prefix="berth-bench-") as tmp:
-        with EmbeddedPostgres(Path(tmp)) as server:
+        with EmbeddedPostgres(Path(tmp), options=options) as server:
             yield server.url, "embedded PostgreSQL (temporary)"
 
 

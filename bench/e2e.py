@@ -77,6 +77,16 @@ from bench.floor import FLOOR_BATCH, floor_prepare, floor_run
 from bench.history import history_load
 from bench.naive import naive_run
 from bench.peer import PEER_BATCH, peer_available, peer_prepare, peer_run
+from bench.profile import (
+    PHASES,
+    PRELOAD,
+    phases_per_placement,
+    profile_collect,
+    profile_start,
+    profile_statements,
+    profile_wal,
+    profile_write,
+)
 from bench.report import Progress, json_option, result_print, table_print
 from bench.workers import REPO_ROOT, postgres_cpu_seconds, python_env
 
@@ -118,6 +128,8 @@ class E2EConfig:
     quotas: int = 0
     #: Replay the run's recorded passes with ``berth replay`` before the database goes.
     replay: bool = False
+    #: Write the run's profile (:mod:`bench.profile`) into this directory.
+    profile_out: str | None = None
 
 
 class BenchFailed(RuntimeError):
@@ -293,6 +305,7 @@ def _log_totals(logdir: Path, count: int) -> dict[str, Any]:
     totals = {"passes": 0, "conflicts": 0, "claimed": 0, "leased": 0, "errors": 0}
     phases = {"claim_ms": 0.0, "snapshot_ms": 0.0, "select_ms": 0.0, "commit_ms": 0.0,
               "duration_ms": 0.0}
+    cpu = dict.fromkeys(PHASES, 0.0)
     for i in range(count):
         path = logdir / f"reconciler-{i}.log"
         for line in path.read_bytes().splitlines():
@@ -315,7 +328,12 @@ def _log_totals(logdir: Path, count: int) -> dict[str, Any]:
                 value = entry.get(key)
                 if isinstance(value, int | float):
                     phases[key] += value
-    return {**totals, "phases": {k.removesuffix("_ms"): round(v, 1) for k, v in phases.items()}}
+            for key in cpu:
+                value = entry.get(f"cpu_{key}_ms")
+                if isinstance(value, int | float):
+                    cpu[key] += value
+    return {**totals, "phases": {k.removesuffix("_ms"): round(v, 1) for k, v in phases.items()},
+            "cpu": cpu}
 
 
 async def _latency(conn: asyncpg.Connection) -> dict[str, Any]:
@@ -379,6 +397,9 @@ async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
     procs = _start_reconcilers(url, cfg, logdir)
     spy = None
     tail = None
+    profiling = None
+    statements: dict[str, Any] = {}
+    wal_kinds: dict[str, Any] = {}
     finished = False
     try:
         progress.phase(f"starting {cfg.reconcilers} reconcilers")
@@ -393,6 +414,7 @@ async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
         started = time.monotonic()
         database = database_name(url)
         cpu_before = _cpu_sample(procs, database)
+        profiling = await profile_start(conn, list(WRITTEN)) if cfg.profile_out else None
         wal_before = await conn.fetchval("SELECT pg_current_wal_lsn()")
         progress.phase("placing", total=len(ds.tasks), unit="leased")
         admit_seconds = await dataset_admit(url)
@@ -435,6 +457,9 @@ async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
         wal = await conn.fetchval(
             "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)", wal_before
         )
+        if profiling is not None:
+            statements = await profile_statements(conn, profiling, len(ds.tasks))
+            wal_kinds = await profile_wal(conn, profiling, len(ds.tasks))
         finished = True
     finally:
         if not finished:
@@ -453,9 +478,15 @@ async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
         invariants = await ledger_check(conn)
         writes = await _row_writes(conn, ds) if not cfg.finished else None
         records = await _records_size(conn)
+        profile = None
+        if profiling is not None:
+            profile = await profile_collect(conn, profiling, list(WRITTEN), len(ds.tasks))
+            profile["statements"] = statements
+            profile["wal"] = wal_kinds
     finally:
         await conn.close()
     return {
+        "profile": profile,
         "writes": writes,
         "wall": wall,
         "admit": admit_seconds,
@@ -624,6 +655,9 @@ async def e2e_run(cfg: E2EConfig, progress: Progress | None = None) -> dict[str,
         "conflicts": run["logs"]["conflicts"],
         "reconcilerErrors": run["logs"]["errors"],
         "passPhasesMs": run["logs"]["phases"],
+        # The reconcilers' CPU per placement by phase of the pass (bench.profile).
+        "passCpuUsPerPlacement": phases_per_placement(
+            run["logs"]["cpu"], run["cpu"]["reconcilers"], cfg.tasks),
         "peakRssMiB": round(run["rss"] / 2**20, 1),
         "cpuSeconds": run["cpu"],
         # WAL is server-wide: other databases' writes during the run count too.
@@ -668,6 +702,7 @@ async def e2e_run(cfg: E2EConfig, progress: Progress | None = None) -> dict[str,
         "cpus": os.cpu_count(),
         "loadAverage1m": round(os.getloadavg()[0], 2),
         **facts,
+        **({"profile": run["profile"]} if run["profile"] is not None else {}),
     }
     if naive is not None:
         n = naive["result"]
@@ -770,6 +805,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replay", action="store_true",
                    help="after the run, replay its recorded passes (berth replay --since 10m) "
                    "and report whether every decision is identical")
+    p.add_argument("--profile-out", metavar="DIR",
+                   help="write where the run's CPU goes into DIR (profile.md, profile.json): "
+                   "the reconcilers' CPU by phase of the pass, PostgreSQL's time per "
+                   "statement (pg_stat_statements, preloaded by the embedded PostgreSQL), "
+                   "index entries per placement")
     p.add_argument("--sweep", nargs="+", metavar="KEY=V1,V2",
                    help="run every combination, e.g. pools=1000,5000 reconcilers=1,2,4 "
                         "quotas=0,1 (baselines skipped)")
@@ -823,6 +863,8 @@ def _run_printed(cfg: E2EConfig, progress: Progress, *, as_json: bool, table: bo
         progress.end()
         print(f"berth bench e2e: {label}{exc}", file=sys.stderr)
         return None
+    if cfg.profile_out:
+        profile_write(cfg.profile_out, result)
     if as_json or table:
         result_print(result, as_json=as_json, title=_title(result), rows=_headline,
                      dumps=lambda r: orjson.dumps(r).decode())
@@ -879,7 +921,10 @@ def main(argv: list[str]) -> int:
         raise SystemExit("berth bench e2e: --finished must be at least 0")
     if args.chart and not args.sweep:
         raise SystemExit("berth bench e2e: --chart needs --sweep")
-    with postgres_server(args.server_url) as (server_url, _described):
+    if args.profile_out and args.sweep:
+        raise SystemExit("berth bench e2e: --profile-out profiles one run, not a --sweep")
+    options = (PRELOAD,) if args.profile_out else ()
+    with postgres_server(args.server_url, options=options) as (server_url, _described):
         base = E2EConfig(
             pools=args.pools, tasks=args.tasks, reconcilers=args.reconcilers, batch=args.batch,
             server_url=server_url, seed=args.seed, skip_naive=args.skip_naive,
@@ -888,7 +933,7 @@ def main(argv: list[str]) -> int:
             skip_floor=args.skip_floor, floor_clients=args.floor_clients,
             floor_batch=args.floor_batch, skip_peer=args.skip_peer,
             peer_clients=args.peer_clients, mix=args.mix, finished=args.finished,
-            quotas=int(args.quotas), replay=args.replay,
+            quotas=int(args.quotas), replay=args.replay, profile_out=args.profile_out,
         )
         with Progress("berth bench e2e") as progress:
             if args.sweep:

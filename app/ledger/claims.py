@@ -49,6 +49,7 @@ from typing import Any
 import orjson
 
 from app.config import SHARD_SLOTS
+from app.cpu_phases import cpu_phase
 from app.db import Connection
 from app.ledger.literals import ids_joined, ints_joined, texts_joined, uuids_joined
 from app.ledger.quotas import QUOTA_LOCK
@@ -264,6 +265,16 @@ async def tasks_lease(
     """
     if not grants:
         return {}
+    with cpu_phase("commit_build"):
+        args = _lease_args(grants)
+    rows = await conn.fetch(
+        _LEASE, now, now + timedelta(seconds=lease_ttl_seconds), *args, uuid7_prefix(now)
+    )
+    return {r[0]: r[1] for r in rows}
+
+
+def _lease_args(grants: Sequence[Grant]) -> tuple[Any, ...]:
+    """Return the arguments $3..$12 of :data:`_LEASE` for ``grants``."""
     ordered = sorted(grants, key=lambda g: g.task_id)
     m_task, m_pool, m_members, m_cpu, m_memory, m_llm, m_instance = [], [], [], [], [], [], []
     for k, g in enumerate(ordered, 1):
@@ -275,19 +286,14 @@ async def tasks_lease(
             m_memory.append(count * g.requests[1])
             m_llm.append(count * g.requests[2])
             m_instance.append(instance)
-    rows = await conn.fetch(
-        _LEASE,
-        now,
-        now + timedelta(seconds=lease_ttl_seconds),
+    return (
         uuids_joined([g.task_id for g in ordered]),
         texts_joined([g.placement for g in ordered]),
         ids_joined([g.members[0][0] for g in ordered]),
         ints_joined(m_task), ids_joined(m_pool), ints_joined(m_members),
         ints_joined(m_cpu), ints_joined(m_memory), ints_joined(m_llm),
         m_instance,
-        uuid7_prefix(now),
     )
-    return {r[0]: r[1] for r in rows}
 
 
 # $1 now, $2 ids, $3 pending reasons (JSON text), $4 stages, $5 the leased events' ids.

@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from app.cpu_phases import cpu_phase
 from app.db import Connection
 from app.ledger.claims import (
     ClaimedTask,
@@ -166,11 +167,13 @@ async def _apply(
     keys = {k for g in plan.grants if g.task_id in leased and g.task_id not in refused_quota
             for k in g.wakes}
     woken = await tasks_wake(conn, keys=keys, now=now) if keys else 0
-    held = amounts_sum((p, *a) for pre in plan.preemptions for p, a in pre.amounts().items())
-    granted = grants_amounts(
-        [g for g in plan.grants if g.task_id in leased and g.task_id not in refused_quota]
-    )
-    amounts = _net((1, granted), (1, held), (-1, taken))
+    with cpu_phase("commit_build"):
+        held = amounts_sum(
+            (p, *a) for pre in plan.preemptions for p, a in pre.amounts().items())
+        granted = grants_amounts(
+            [g for g in plan.grants if g.task_id in leased and g.task_id not in refused_quota]
+        )
+        amounts = _net((1, granted), (1, held), (-1, taken))
     refused = frozenset(amounts) - await ledger_reserve_many(conn, amounts=amounts, now=now)
     holding = {
         pre.task_id for pre in plan.preemptions

@@ -25,6 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from app.cpu_phases import cpu_phase
 from app.db import Connection
 from app.ledger.claims import tasks_unclaim, tasks_unlease
 from app.ledger.events import task_events_add
@@ -160,7 +161,8 @@ async def _apply_rounds(
     quota: QuotaPlan | None, now: datetime, ttl: float, out: Committed,
 ) -> ApplyResult:
     """Apply the plan; drop the displacements that lost and apply again without them."""
-    grants = tuple(_grants(decisions, instance))
+    with cpu_phase("commit_build"):
+        grants = tuple(_grants(decisions, instance))
     placed = [d.task.id for d in decisions]
     while True:
         out.rounds += 1
@@ -258,9 +260,10 @@ async def pass_commit(
     out = Committed()
     state = _Applying(plan)
     await _nominations_apply(conn, state, now=inputs.now, out=out)
-    decisions = [Decision(p.task, p.spec, p.result, p.members) for p in plan.placed]
-    quota = (_quota_plan(decisions, inputs.quota_rows, inputs.quota_cohorts)
-             if inputs.quota_rows or inputs.quota_cohorts else None)
+    with cpu_phase("commit_build"):
+        decisions = [Decision(p.task, p.spec, p.result, p.members) for p in plan.placed]
+        quota = (_quota_plan(decisions, inputs.quota_rows, inputs.quota_cohorts)
+                 if inputs.quota_rows or inputs.quota_cohorts else None)
     snapshot = inputs.snapshot
     applied = await _apply_rounds(conn, state, decisions, instance=snapshot.instance_of,
                                   quota=quota, now=now, ttl=config.lease_ttl_seconds, out=out)

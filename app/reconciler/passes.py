@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from app.cpu_phases import CpuPhases, cpu_phases_installed
 from app.db import Connection, Database
 from app.ledger.claims import claims_settings, tasks_claim
 from app.ledger.snapshot import SnapshotCache
@@ -110,6 +111,9 @@ class PassResult:
     snapshot_rebuilt: bool = False
     duration_seconds: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)
+    #: The reconciler thread's CPU seconds by phase of the pass (:mod:`app.cpu_phases`):
+    #: claim, read, plan, displace, commit_build, commit, record.
+    cpu: dict[str, float] = field(default_factory=dict)
     leased_ids: list[uuid.UUID] = field(default_factory=list)
     #: Filter rejections by reason code, and the queue wait of each task leased: counted in
     #: the metrics once the pass has committed.
@@ -142,6 +146,7 @@ class PassResult:
             "snapshot_rebuilt": self.snapshot_rebuilt,
             "duration_ms": round(self.duration_seconds * 1000, 2),
             **{f"{k}_ms": round(v * 1000, 2) for k, v in self.phases.items()},
+            **{f"cpu_{k}_ms": round(v * 1000, 3) for k, v in self.cpu.items()},
         }
 
 
@@ -240,9 +245,20 @@ async def _pass_in(
     conn: Connection, ctx: PassContext, *, pass_id: str, now: datetime
 ) -> PassResult:
     """Run one pass in the transaction of ``conn``: claim, read, plan, commit."""
-    cfg = ctx.config
     result = PassResult(pass_id=pass_id, slots=len(ctx.slots))
+    cpu = CpuPhases()
+    with cpu_phases_installed(cpu):
+        await _pass_phases(conn, ctx, result, cpu, now=now)
+    result.cpu = cpu.seconds
+    return result
+
+
+async def _pass_phases(conn: Connection, ctx: PassContext, result: PassResult, cpu: CpuPhases,
+                       *, now: datetime) -> None:
+    """Claim, read, plan and commit into ``result``, switching ``cpu`` at each phase."""
+    cfg = ctx.config
     phases = result.phases
+    cpu.switch("claim")
     t0 = time.perf_counter()
     claimed = await tasks_claim(
         conn, slots=ctx.slots, batch=cfg.batch_size, now=now, policy=cfg.policy,
@@ -251,9 +267,10 @@ async def _pass_in(
     phases["claim"] = time.perf_counter() - t0
     result.claimed = len(claimed)
     if not claimed:
-        return result
+        return
     result.reexamined = sum(1 for t in claimed if t.pending_code is not None)
 
+    cpu.switch("read")
     t0 = time.perf_counter()
     rebuilds = ctx.snapshot_cache.rebuilds
     inputs = await pass_read(conn, config=cfg, claimed=claimed, specs=ctx.compiled,
@@ -261,23 +278,26 @@ async def _pass_in(
     result.snapshot_rebuilt = ctx.snapshot_cache.rebuilds != rebuilds
     phases["snapshot"] = time.perf_counter() - t0
 
+    cpu.switch("plan")
     t0 = time.perf_counter()
-    plan = plan_pass(inputs)
+    plan = plan_pass(inputs, phase=cpu.switch)
     result.rejections.update(plan.rejections)
     result.unsatisfiable_hits = plan.unsatisfiable_hits
     phases["select"] = time.perf_counter() - t0
 
+    cpu.switch("commit")
     t0 = time.perf_counter()
     # Leases and leased_at carry the commit's time, not the pass start.
     commit_now = ctx.clock() if ctx.clock is not None else now
     committed = await pass_commit(conn, plan=plan, inputs=inputs, config=cfg, now=commit_now)
     if ctx.recorder is not None:
+        cpu.switch("record")
         result.recorded_bytes = await ctx.recorder.record(
-            conn, pass_id=pass_id, inputs=inputs, plan=plan)
+            conn, pass_id=result.pass_id, inputs=inputs, plan=plan)
+        cpu.switch("commit")
     _result_fill(result, committed, plan.reclaims, now=commit_now)
     _fair_fill(result, committed, plan.fair_reclaims)
     phases["commit"] = time.perf_counter() - t0
-    return result
 
 
 def _fair_fill(

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple
@@ -200,11 +200,17 @@ def _ordered(inputs: PassInputs) -> list[tuple[ClaimedTask, CompiledSpec]]:
     return [by_id[q.task_id] for q in ordered]
 
 
+def _no_phase(_phase: str | None) -> None:
+    """Mark nothing (a plan without a CPU counter)."""
+
+
 class _Planning:
     """The state of one plan: the assumed overlay, the cache, the book, the planners."""
 
-    def __init__(self, inputs: PassInputs) -> None:
+    def __init__(self, inputs: PassInputs,
+                 phase: Callable[[str | None], None] = _no_phase) -> None:
         self.inputs = inputs
+        self.phase = phase
         self.assumed = Assumed(inputs.snapshot)
         self.cache = UnsatisfiableCache(self.assumed)
         self.book = (QuotaBook(inputs.quota_rows, inputs.cohorts, inputs.quota_cohorts,
@@ -337,19 +343,23 @@ class _Planning:
             return
         planned = None
         # A task over its quota displaces nothing: its own limit is what stops it.
-        if reason.code not in _QUOTA_CODES:
+        if reason.code not in _QUOTA_CODES and self.planners:
+            self.phase("displace")
             for planner in self.planners:
                 planned = planner.consider(step)
                 if planned is not None:
                     break
+            self.phase("plan")
         self.unclaims.append(planned or pending)
 
     def plan(self) -> PassPlan:
         """Settle the planners and return the plan."""
+        self.phase("displace")
         settling = Settling(self.inputs, self.unclaims, self.assumed, self.holds,
                             [(p.task, p.spec) for p in self.placed])
         for planner in self.planners:
             planner.settle(settling)
+        self.phase("plan")
         rejections: Counter[str] = Counter()
         for counts, times in self.counts_seen.values():
             for code, n in counts.items():
@@ -368,9 +378,14 @@ class _Planning:
         )
 
 
-def plan_pass(inputs: PassInputs) -> PassPlan:
-    """Plan one pass: decide its tasks in policy order, then displace (see the module doc)."""
-    planning = _Planning(inputs)
+def plan_pass(inputs: PassInputs, *,
+              phase: Callable[[str | None], None] = _no_phase) -> PassPlan:
+    """Plan one pass: decide its tasks in policy order, then displace (see the module doc).
+
+    ``phase`` is called with ``"displace"`` as the displacement planners start and with
+    ``"plan"`` as they end (a reconciler charges its CPU counters so; nothing is timed here).
+    """
+    planning = _Planning(inputs, phase)
     for task, spec in fair_order(_ordered(inputs), planning.book, planning.shares):
         planning.task(task, spec)
     return planning.plan()

@@ -7,9 +7,9 @@ JSON with the same model. :func:`compile_spec` turns a valid spec into a frozen,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import orjson
 from pydantic import (
@@ -379,12 +379,15 @@ class StoredSpecs:
     shortly before, 2% a tenant and text), so another tenant's text is rebound, not parsed.
     """
 
-    __slots__ = ("kept", "_texts", "_classes")
+    __slots__ = ("kept", "_texts", "_classes", "_parts")
 
     def __init__(self, kept: int = 4096) -> None:
         self.kept = kept
         self._texts: dict[str, CompiledSpec] = {}
         self._classes: dict[str, CompiledSpec] = {}
+        #: Requests and labels validated, by their JSON text (exact: ``1``, ``1.0`` and
+        #: ``true`` are different texts), with what the validators made of them.
+        self._parts: dict[bytes, Any] = {}
 
     def __len__(self) -> int:
         return len(self._texts)
@@ -426,8 +429,8 @@ class StoredSpecs:
             return compile_spec(TaskSpec.model_validate_json(text), tenant_id=tenant_id)
         shape = self._classes.get(cls_key)
         if shape is not None:
-            req = _requests(requests)
-            own = _labels(labels)
+            req = self._part(b"r", requests, _requests)
+            own = self._part(b"l", labels, _labels)
             if req is not None and own is not None and any(req):
                 return _bind(shape, tenant_id, req, own)
         compiled = compile_spec(TaskSpec.model_validate_json(text), tenant_id=tenant_id)
@@ -437,6 +440,19 @@ class StoredSpecs:
         return compiled
 
 
+    def _part(self, kind: bytes, value: object, validate: Callable[[object], Any]) -> Any:
+        """Return ``validate(value)``, computed once per JSON text of ``value``."""
+        key = kind + orjson.dumps(value)
+        parts = self._parts
+        hit = parts.get(key, _UNSEEN)
+        if hit is _UNSEEN:
+            if len(parts) >= self.kept:
+                parts.clear()
+            hit = parts[key] = validate(value)
+        return hit
+
+
+_UNSEEN = object()
 _NO_LABELS: Items = frozenset()
 
 

@@ -66,7 +66,7 @@ def test_pass_log_lines_are_summed(tmp_path) -> None:
         {"level": "info", "msg": "reconciler started", "slots_owned": 32},
         {"level": "info", "msg": "pass", "claimed": 5, "leased": 4, "conflicts": 1,
          "claim_ms": 1.5, "snapshot_ms": 2.0, "select_ms": 3.0, "commit_ms": 4.0,
-         "duration_ms": 10.5},
+         "duration_ms": 10.5, "cpu_plan_ms": 2.5, "cpu_commit_build_ms": 0.25},
         {"level": "error", "msg": "reconcile pass failed; its claims will expire"},
     ]
     (tmp_path / "reconciler-0.log").write_bytes(
@@ -78,6 +78,8 @@ def test_pass_log_lines_are_summed(tmp_path) -> None:
         2, 8, 2, 1
     )
     assert totals["phases"]["commit"] == 8.0
+    assert totals["cpu"]["plan"] == 5.0 and totals["cpu"]["commit_build"] == 0.5
+    assert totals["cpu"]["record"] == 0.0
     tail = e2e._LogTail([tmp_path / "reconciler-0.log", tmp_path / "reconciler-1.log"])
     try:
         assert tail.poll() == 8
@@ -172,7 +174,8 @@ def test_mixes_add_ten_percent_of_their_kind_and_leave_the_default_alone() -> No
 def test_bad_bench_options_are_refused() -> None:
     for argv, message in ((["--floor-clients", "0"], "--floor-clients"),
                           (["--floor-batch", "0"], "--floor-batch"),
-                          (["--finished", "-1"], "--finished")):
+                          (["--finished", "-1"], "--finished"),
+                          (["--profile-out", "p", "--sweep", "pools=10"], "--profile-out")):
         with pytest.raises(SystemExit, match=message):
             e2e.main(argv)
     with pytest.raises(SystemExit):
@@ -261,3 +264,34 @@ async def test_a_late_bulk_heartbeat_wakes_reconcilers_as_the_endpoint_does(db) 
         finally:
             await conn.remove_listener(CHANNEL, listen)
     assert heard == ["pool_healthy", "marker"]
+
+
+@pytest.mark.slow
+def test_a_profiled_run_writes_its_phases_statements_and_index_entries(
+    server_url: str, tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "profile"
+    status = e2e.main(
+        ["--pools", "20", "--tasks", "200", "--reconcilers", "1", "--server-url", server_url,
+         "--stall-seconds", "30", "--skip-naive", "--skip-floor", "--skip-peer", "--json",
+         "--profile-out", str(out)]
+    )
+    assert status == 0
+    result = orjson.loads(capsys.readouterr().out.strip().splitlines()[0])
+    phases = result["passCpuUsPerPlacement"]
+    assert phases["plan"] > 0 and phases["commit"] > 0 and phases["read"] > 0
+    assert phases["total"] == pytest.approx(sum(v for k, v in phases.items() if k != "total"),
+                                            abs=1.0)
+    profile = result["profile"]
+    statements = profile["statements"]
+    if "unavailable" in statements:
+        # A server that does not preload the extension is named, not fatal.
+        assert "shared_preload_libraries" in statements["unavailable"]
+    else:
+        assert any("INSERT INTO leases" in s["query"] for s in statements["top"])
+    # Each placement adds at least its lease's and its reservation's primary key entries.
+    assert profile["indexEntries"]["leases.pk_leases"] >= 1.0
+    assert profile["indexEntries"]["reservations.pk_reservations"] >= 1.0
+    assert orjson.loads((out / "profile.json").read_bytes())["profile"] == profile
+    table = (out / "profile.md").read_text()
+    assert "| commit_build |" in table and "index entries per placement" in table
