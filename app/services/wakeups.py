@@ -18,12 +18,15 @@ import asyncio
 import logging
 import weakref
 
-from app.db import Database
+from app.db import Database, PoolBusy
 from app.ledger.wakeups import WakeSource, wakeup_notify
+from app.logs import LogSummary
 
 __all__ = ["submitted"]
 
 log = logging.getLogger("berth.wakeups")
+#: Under overload every wakeup may fail (the pool is busy): one line per interval.
+_FAILED_LOG = LogSummary(log, "could not wake reconcilers after a submission")
 
 
 class _Waker:
@@ -48,8 +51,11 @@ class _Waker:
                     await wakeup_notify(conn, source=WakeSource.SUBMITTED)
                 if not self._again:
                     return
-        except Exception:  # a lost wakeup only delays placement to the tick
-            log.warning("could not wake reconcilers after a submission", exc_info=True)
+        except Exception as exc:  # a lost wakeup only delays placement to the tick
+            # A busy pool or a lost database is expected under overload: no traceback.
+            expected = isinstance(exc, PoolBusy | OSError) or type(
+                exc).__module__.startswith("asyncpg")
+            _FAILED_LOG.note(type(exc).__name__, exc_info=not expected)
         finally:
             self._task = None
 

@@ -27,11 +27,14 @@ from typing import Any
 from app.db import Connection, Database
 from app.errors import BerthError
 from app.ledger.watch import FeedPosition, watch_leases_of, watch_position_now, watch_read
+from app.logs import LogSummary
 from app.services.watch import WatchEvent, WatchFilter, WatchScope, events_of, lease_rows_wanted
 
 __all__ = ["WatchHub", "WatchLimit", "WatchStep", "feed_read", "watch_session"]
 
 log = logging.getLogger("berth.watch")
+#: When the database goes, every session ends at once: one line per interval for them all.
+_SESSION_LOST_LOG = LogSummary(log, "watch session lost the database")
 
 #: Rows one read of the event log returns at most, and how many ids ahead it looks.
 READ_LIMIT = 1000
@@ -347,12 +350,12 @@ async def watch_session(
                 cursor = step.position
                 yield step
     except (OSError, TimeoutError) as exc:
-        log.warning("watch session lost the database", extra={"error": type(exc).__name__})
+        _SESSION_LOST_LOG.note(type(exc).__name__)
         yield WatchStep([], cursor, "database-unavailable")
     except Exception as exc:
         if not _database_fault(exc):
             raise
-        log.warning("watch session lost the database", extra={"error": type(exc).__name__})
+        _SESSION_LOST_LOG.note(type(exc).__name__)
         yield WatchStep([], cursor, "database-unavailable")
 
 
