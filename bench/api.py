@@ -254,8 +254,10 @@ def _tenant_key(url: str, tenant: str) -> str:
 
 
 @contextmanager
-def _uvicorn(database_url: str, port: int, pool_size: int):  # type: ignore[no-untyped-def]
-    """Run one uvicorn worker serving Berth (no reconciler); yield its base URL and pid."""
+def _uvicorn(database_url: str, port: int, pool_size: int,  # type: ignore[no-untyped-def]
+             workers: int = 1):
+    """Run uvicorn serving Berth (no reconciler) with ``workers`` worker processes (each
+    with a pool of ``pool_size``); yield its base URL and the pid of its main process."""
     env = {
         **os.environ,
         "BERTH_DATABASE_URL": database_url,
@@ -265,7 +267,7 @@ def _uvicorn(database_url: str, port: int, pool_size: int):  # type: ignore[no-u
     }
     cmd = [
         sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory",
-        "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+        "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
         "--loop", "uvloop", "--http", "httptools", "--log-level", "warning",
         "--no-access-log", "--no-server-header",
     ]
