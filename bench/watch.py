@@ -153,20 +153,25 @@ def _processes(pid: int) -> list[psutil.Process]:
     return [main, *main.children(recursive=True)]
 
 
-def _rss(pid: int) -> int:
-    return sum(int(p.memory_info().rss) for p in _processes(pid))
+def _rss(pid: int, workers: int) -> int:
+    """Return the resident memory of the processes that hold the watchers: uvicorn's main
+    process when it serves alone, else its worker processes (not the pools of processes the
+    workers start for CPU work, which hold no watcher)."""
+    main = psutil.Process(pid)
+    serving = [main] if workers == 1 else main.children()
+    return sum(int(p.memory_info().rss) for p in serving)
 
 
 def _cpu(pid: int) -> float:
     return sum(float(t.user + t.system) for t in (p.cpu_times() for p in _processes(pid)))
 
 
-async def _workers_up(pid: int, workers: int) -> None:
+def _workers_up(pid: int, workers: int) -> None:
     """Wait until every worker process serves (a single worker is the main process)."""
     if workers > 1:
         while len(psutil.Process(pid).children()) < workers:
-            await asyncio.sleep(0.2)
-        await asyncio.sleep(3)  # each worker imports and opens its pool
+            time.sleep(0.2)
+        time.sleep(3)  # each worker imports the app and opens its pool
 
 
 async def _heartbeats(host: str, port: int, keys: list[tuple[str, str]]) -> None:
@@ -193,7 +198,6 @@ async def _run(base: str, pid: int, keys: dict[str, Any], args: argparse.Namespa
                ) -> dict[str, Any]:
     parts = urlsplit(base)
     host, port = parts.hostname or "127.0.0.1", int(parts.port or 80)
-    await _workers_up(pid, args.workers)
     await _pools(host, port, keys["admin"], args.pools)
     beats = asyncio.create_task(_heartbeats(host, port, keys["runtimes"]))
     tasks: list[asyncio.Task[None]] = []
@@ -202,14 +206,14 @@ async def _run(base: str, pid: int, keys: dict[str, Any], args: argparse.Namespa
     progress = asyncio.Event()
     try:
         await asyncio.sleep(1)
-        before = _rss(pid)
+        before = _rss(pid, args.workers)
         for _ in range(args.idle):
             ready = asyncio.Event()
             tasks.append(asyncio.create_task(
                 _stream(host, port, keys["idle"], "after=now", None, idle_count, ready)))
             await ready.wait()
         await asyncio.sleep(2)
-        per_watcher = (_rss(pid) - before) / max(args.idle, 1) / 1024
+        per_watcher = (_rss(pid, args.workers) - before) / max(args.idle, 1) / 1024
         for _instance, key in keys["runtimes"]:
             ready = asyncio.Event()
             tasks.append(asyncio.create_task(_stream(
@@ -289,6 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             env={**python_env(), "BERTH_DATABASE_URL": url, "BERTH_LOG_LEVEL": "warning"})
         try:
             with _uvicorn(url, _free_port(), 16, args.workers) as (base, pid):
+                _workers_up(pid, args.workers)
                 result = asyncio.run(_run(base, pid, keys, args))
         finally:
             reconciler.terminate()

@@ -30,6 +30,7 @@ from app.errors import BerthError
 from app.ledger.wakeups import CHANNEL as WAKEUP_CHANNEL
 from app.ledger.watch import FeedPosition, watch_leases_of, watch_position_now, watch_read
 from app.logs import LogSummary
+from app.services.wakeups import submissions_follow
 from app.services.watch import WatchEvent, WatchFilter, WatchScope, events_of, lease_rows_wanted
 
 __all__ = ["WatchHub", "WatchLimit", "WatchStep", "feed_read", "watch_session"]
@@ -178,6 +179,8 @@ class WatchHub:
         self._advanced = asyncio.Event()
         self._notified = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        # Submissions do not notify the feed's channel: this process's own wake the hub here.
+        submissions_follow(db, self._notified.set)
 
     @property
     def present(self) -> FeedPosition | None:
