@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import socket
 import subprocess
@@ -288,11 +289,30 @@ def _uvicorn(database_url: str, port: int, pool_size: int,  # type: ignore[no-un
             time.sleep(0.1)
         yield base, proc.pid
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        _stop_tree(proc)
+
+
+def _stop_tree(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a server and every process it started (workers, and the pools of processes
+    they run CPU work in: orphaned, they would hold the bench's output open)."""
+    import psutil
+
+    try:
+        started = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        started = []
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    for child in started:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.terminate()
+    _, alive = psutil.wait_procs(started, timeout=5)
+    for child in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
 
 
 # --- the command ----------------------------------------------------------------------------------
