@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
+import time
+from collections import Counter
 from datetime import UTC, datetime
+from typing import Any
 
 import orjson
 
@@ -32,6 +36,58 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return orjson.dumps(entry, default=str).decode()
+
+
+class LogSummary:
+    """One log line per interval for a condition that may happen on every request (a busy
+    pool, an unreachable database): the first occurrence is logged at once, the ones after it
+    within ``interval_seconds`` are counted, and one line with their count follows when the
+    interval ends. Under overload the log grows by a line per interval, not one per request.
+    """
+
+    def __init__(self, logger: logging.Logger, message: str, *,
+                 interval_seconds: float = 10.0) -> None:
+        self.logger = logger
+        self.message = message
+        self.interval_seconds = interval_seconds
+        self._last = -float("inf")
+        self._counts: Counter[str] = Counter()
+        self._flush: asyncio.TimerHandle | None = None
+        self._flush_loop: asyncio.AbstractEventLoop | None = None
+
+    def note(self, error: str, *, exc_info: bool = False, **extra: Any) -> None:
+        """Count one occurrence (``error`` names its kind); log it if the interval is over."""
+        now = time.monotonic()
+        due = self._last + self.interval_seconds
+        if now >= due and not self._counts:
+            self._last = now
+            self.logger.warning(self.message, exc_info=exc_info,
+                                extra={"error": error, "count": 1, **extra})
+            return
+        self._counts[error] += 1
+        if now >= due:
+            self.flush()
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop to flush from: the next note after the interval does
+            return
+        if self._flush is None or self._flush_loop is not loop:
+            self._flush_loop = loop
+            self._flush = loop.call_later(due - now, self.flush)
+
+    def flush(self) -> None:
+        """Log the occurrences counted since the last line (if any), in one line."""
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
+        if not self._counts:
+            return
+        counts, self._counts = self._counts, Counter()
+        self._last = time.monotonic()
+        self.logger.warning(
+            f"{self.message} ({sum(counts.values())} more times since the line before)",
+            extra={"error": ",".join(sorted(counts)), "count": sum(counts.values())})
 
 
 def logging_configure(level: str = "info") -> None:

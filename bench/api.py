@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import socket
 import subprocess
@@ -254,8 +255,10 @@ def _tenant_key(url: str, tenant: str) -> str:
 
 
 @contextmanager
-def _uvicorn(database_url: str, port: int, pool_size: int):  # type: ignore[no-untyped-def]
-    """Run one uvicorn worker serving Berth (no reconciler); yield its base URL and pid."""
+def _uvicorn(database_url: str, port: int, pool_size: int,  # type: ignore[no-untyped-def]
+             workers: int = 1):
+    """Run uvicorn serving Berth (no reconciler) with ``workers`` worker processes (each
+    with a pool of ``pool_size``); yield its base URL and the pid of its main process."""
     env = {
         **os.environ,
         "BERTH_DATABASE_URL": database_url,
@@ -265,7 +268,7 @@ def _uvicorn(database_url: str, port: int, pool_size: int):  # type: ignore[no-u
     }
     cmd = [
         sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory",
-        "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+        "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
         "--loop", "uvloop", "--http", "httptools", "--log-level", "warning",
         "--no-access-log", "--no-server-header",
     ]
@@ -286,11 +289,30 @@ def _uvicorn(database_url: str, port: int, pool_size: int):  # type: ignore[no-u
             time.sleep(0.1)
         yield base, proc.pid
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        _stop_tree(proc)
+
+
+def _stop_tree(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a server and every process it started (workers, and the pools of processes
+    they run CPU work in: orphaned, they would hold the bench's output open)."""
+    import psutil
+
+    try:
+        started = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        started = []
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    for child in started:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.terminate()
+    _, alive = psutil.wait_procs(started, timeout=5)
+    for child in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
 
 
 # --- the command ----------------------------------------------------------------------------------

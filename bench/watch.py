@@ -3,7 +3,8 @@
 One run, on a fresh database (``--server-url``, else ``BERTH_DATABASE_URL``, else an embedded
 PostgreSQL started for the run):
 
-1. start one uvicorn worker serving Berth (no in-process reconciler) and one ``berth
+1. start uvicorn serving Berth (no in-process reconciler) with ``--workers`` worker
+   processes (1 by default; production runs several, as many as cores) and one ``berth
    reconcile`` process; create P pools (one runtime instance each, capacity for every task)
    through the API, and keep their runtimes heartbeating;
 2. open N idle watchers (``--idle``, 1,000: Server-Sent Events of a tenant that submits
@@ -13,9 +14,9 @@ PostgreSQL started for the run):
    watcher notes when it sees each ``lease.granted``;
 5. print ONE JSON line: submit → ``lease.granted`` seen by the runtime (``p50Ms``, ``p99Ms``,
    from the moment the submission was sent), ``eventsPerSec`` delivered to the watchers,
-   ``serverCpuMsPerEvent`` (the API process's CPU during the submissions, per delivered
-   event; the API process also serves the submissions, so this is an upper bound) and the
-   memory per idle watcher.
+   ``serverCpuMsPerEvent`` (the API processes' CPU during the submissions, per delivered
+   event; they also serve the submissions, so this is an upper bound), the memory per idle
+   watcher, and ``apiWorkers``.
 
 The clients (submitter and watchers) run in this process with a minimal HTTP/1.1 client; on
 a small machine they share the cores with the server, PostgreSQL and the reconciler.
@@ -146,13 +147,31 @@ async def _stream(host: str, port: int, key: str, query: str,
             writer.close()
 
 
-def _rss(pid: int) -> int:
-    return int(psutil.Process(pid).memory_info().rss)
+def _processes(pid: int) -> list[psutil.Process]:
+    """Return the server's processes: uvicorn's main process and its workers."""
+    main = psutil.Process(pid)
+    return [main, *main.children(recursive=True)]
+
+
+def _rss(pid: int, workers: int) -> int:
+    """Return the resident memory of the processes that hold the watchers: uvicorn's main
+    process when it serves alone, else its worker processes (not the pools of processes the
+    workers start for CPU work, which hold no watcher)."""
+    main = psutil.Process(pid)
+    serving = [main] if workers == 1 else main.children()
+    return sum(int(p.memory_info().rss) for p in serving)
 
 
 def _cpu(pid: int) -> float:
-    times = psutil.Process(pid).cpu_times()
-    return float(times.user + times.system)
+    return sum(float(t.user + t.system) for t in (p.cpu_times() for p in _processes(pid)))
+
+
+def _workers_up(pid: int, workers: int) -> None:
+    """Wait until every worker process serves (a single worker is the main process)."""
+    if workers > 1:
+        while len(psutil.Process(pid).children()) < workers:
+            time.sleep(0.2)
+        time.sleep(3)  # each worker imports the app and opens its pool
 
 
 async def _heartbeats(host: str, port: int, keys: list[tuple[str, str]]) -> None:
@@ -187,14 +206,14 @@ async def _run(base: str, pid: int, keys: dict[str, Any], args: argparse.Namespa
     progress = asyncio.Event()
     try:
         await asyncio.sleep(1)
-        before = _rss(pid)
+        before = _rss(pid, args.workers)
         for _ in range(args.idle):
             ready = asyncio.Event()
             tasks.append(asyncio.create_task(
                 _stream(host, port, keys["idle"], "after=now", None, idle_count, ready)))
             await ready.wait()
         await asyncio.sleep(2)
-        per_watcher = (_rss(pid) - before) / max(args.idle, 1) / 1024
+        per_watcher = (_rss(pid, args.workers) - before) / max(args.idle, 1) / 1024
         for _instance, key in keys["runtimes"]:
             ready = asyncio.Event()
             tasks.append(asyncio.create_task(_stream(
@@ -222,7 +241,7 @@ async def _run(base: str, pid: int, keys: dict[str, Any], args: argparse.Namespa
     waits = sorted((seen[t] - s) * 1000 for t, s in submitter.sent.items() if t in seen)
     delivered = granted[0] + idle_count[0]
     return {
-        "idleWatchers": args.idle, "runtimeWatchers": args.pools,
+        "apiWorkers": args.workers, "idleWatchers": args.idle, "runtimeWatchers": args.pools,
         "submitted": len(submitter.sent), "errors": submitter.errors,
         "rate": args.rate, "seconds": args.seconds,
         "seenByRuntime": len(waits),
@@ -250,6 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pools, each with a runtime instance that watches its leases (10)")
     p.add_argument("--rate", type=float, default=1000.0, help="submissions per second (1000)")
     p.add_argument("--seconds", type=float, default=10.0, help="seconds of submissions (10)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="API worker processes (uvicorn --workers), as a deployment runs one "
+                   "per core (1)")
     return p
 
 
@@ -270,7 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             [sys.executable, "-m", "app.cli", "reconcile"], cwd=REPO_ROOT,
             env={**python_env(), "BERTH_DATABASE_URL": url, "BERTH_LOG_LEVEL": "warning"})
         try:
-            with _uvicorn(url, _free_port(), 16) as (base, pid):
+            with _uvicorn(url, _free_port(), 16, args.workers) as (base, pid):
+                _workers_up(pid, args.workers)
                 result = asyncio.run(_run(base, pid, keys, args))
         finally:
             reconciler.terminate()

@@ -15,9 +15,13 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.errors import BerthError, Unprocessable
+from app.logs import LogSummary
 from app.metrics import DATABASE_UNAVAILABLE
 
 log = logging.getLogger("berth.api")
+#: A database that is down or a pool that is busy answers every request 503: logged as a
+#: summary (the metric berth_http_database_unavailable_total counts each one).
+_UNAVAILABLE_LOG = LogSummary(log, "database unavailable")
 
 PROBLEM_JSON = "application/problem+json"
 
@@ -164,10 +168,7 @@ def database_unavailable(exc: BaseException) -> bool:
 
 def _unavailable(request: Request, exc: Exception) -> JSONResponse:
     DATABASE_UNAVAILABLE.inc()
-    log.warning(
-        "database unavailable",
-        extra={"path": request.url.path, "method": request.method, "error": type(exc).__name__},
-    )
+    _UNAVAILABLE_LOG.note(type(exc).__name__, path=request.url.path, method=request.method)
     return problem_response(
         503,
         detail="the database is unavailable or busy; retry shortly",

@@ -33,7 +33,7 @@ from app.auth import ADMIN, OPERATOR, RUNTIME, TENANT, Principal, require_roles
 from app.errors import BerthError
 from app.ledger.watch import ORIGIN, FeedPosition
 from app.services.tenancy import tenants_reading
-from app.services.watch import WatchCursors, WatchFilter, WatchScope
+from app.services.watch import WatchCursors, WatchEvent, WatchFilter, WatchScope
 from app.services.watch_hub import (
     HubLimits,
     WatchHub,
@@ -189,6 +189,16 @@ def _record(event: str, cursor: str, data: Any) -> bytes:
         cursor.encode(), event.encode(), orjson.dumps(data))
 
 
+def _event_record(cursors: WatchCursors, event: WatchEvent) -> bytes:
+    """Return the SSE record of ``event``, encoded once for all the watchers given it."""
+    cursor = cursor_of(cursors, event.position)
+    if event.encoded and event.encoded[0] == cursor:
+        return bytes(event.encoded[1])
+    record = _record(event.type, cursor, event.document(cursor))
+    event.encoded[:] = (cursor, record)
+    return record
+
+
 async def _stream(
     session: AsyncIterator[WatchStep], cursors: WatchCursors, start: FeedPosition,
     heartbeat: float,
@@ -205,11 +215,7 @@ async def _stream(
                 yield _record("reconnect", cursor, {"cursor": cursor, "reason": step.end})
                 return
             if step.events:
-                chunk = []
-                for e in step.events:
-                    cursor = cursor_of(cursors, e.position)
-                    chunk.append(_record(e.type, cursor, e.document(cursor)))
-                yield b"".join(chunk)
+                yield b"".join([_event_record(cursors, e) for e in step.events])
                 sent, quiet_since = step.events[-1].position, loop.time()
             elif loop.time() - quiet_since >= heartbeat * 0.9:
                 # A position that read no new id is the same place for the client.

@@ -17,13 +17,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
+from collections.abc import Callable
 
-from app.db import Database
+from app.db import Database, PoolBusy
 from app.ledger.wakeups import WakeSource, wakeup_notify
+from app.logs import LogSummary
 
-__all__ = ["submitted"]
+__all__ = ["submitted", "submissions_follow"]
 
 log = logging.getLogger("berth.wakeups")
+#: Under overload every wakeup may fail (the pool is busy): one line per interval.
+_FAILED_LOG = LogSummary(log, "could not wake reconcilers after a submission")
 
 
 class _Waker:
@@ -48,17 +52,30 @@ class _Waker:
                     await wakeup_notify(conn, source=WakeSource.SUBMITTED)
                 if not self._again:
                     return
-        except Exception:  # a lost wakeup only delays placement to the tick
-            log.warning("could not wake reconcilers after a submission", exc_info=True)
+        except Exception as exc:  # a lost wakeup only delays placement to the tick
+            # A busy pool or a lost database is expected under overload: no traceback.
+            expected = isinstance(exc, PoolBusy | OSError) or type(
+                exc).__module__.startswith("asyncpg")
+            _FAILED_LOG.note(type(exc).__name__, exc_info=not expected)
         finally:
             self._task = None
 
 
 _wakers: weakref.WeakKeyDictionary[Database, _Waker] = weakref.WeakKeyDictionary()
+_followers: weakref.WeakKeyDictionary[Database, list[Callable[[], None]]] = (
+    weakref.WeakKeyDictionary())
+
+
+def submissions_follow(db: Database, callback: Callable[[], None]) -> None:
+    """Call ``callback`` (in this process, at once) after each submission to ``db`` commits:
+    the process's watch hub reads them without waiting for the wakeup's round trip."""
+    _followers.setdefault(db, []).append(callback)
 
 
 def submitted(db: Database) -> None:
     """Wake reconcilers (soon, in the background) for tasks committed just now."""
+    for callback in _followers.get(db, ()):
+        callback()
     waker = _wakers.get(db)
     if waker is None:
         waker = _wakers[db] = _Waker(db)

@@ -165,6 +165,9 @@ class WatchEvent:
     runtime_class: str | None = None
     runtime_instance_id: str | None = None
     operators: tuple[str, ...] = ()
+    #: The event as a stream sends it, ``(cursor, bytes)``: encoded once for every watcher
+    #: that receives this event with that cursor (the hub hands them all the same object).
+    encoded: list[Any] = field(init=False, default_factory=list, compare=False, repr=False)
 
     @property
     def family(self) -> str:

@@ -1,7 +1,8 @@
 """One listener per process fanning the event logs out to every watcher.
 
 The hub holds one dedicated connection that ``LISTEN``s on ``berth_watch`` (the event logs'
-triggers notify it at commit). Woken, it reads the logs once from its own position — one
+triggers notify it at commit, except for admissions) and on the reconcilers' wakeup channel
+(which every submission is followed by). Woken, it reads the logs once from its own position — one
 read for every watcher of the process — and hands each watcher the events its scope admits,
 into that watcher's bounded buffer; then it moves its position on. Watchers that were given
 nothing are not woken: while they are in step with the hub, the hub's position is theirs.
@@ -26,12 +27,17 @@ from typing import Any
 
 from app.db import Connection, Database
 from app.errors import BerthError
+from app.ledger.wakeups import CHANNEL as WAKEUP_CHANNEL
 from app.ledger.watch import FeedPosition, watch_leases_of, watch_position_now, watch_read
+from app.logs import LogSummary
+from app.services.wakeups import submissions_follow
 from app.services.watch import WatchEvent, WatchFilter, WatchScope, events_of, lease_rows_wanted
 
 __all__ = ["WatchHub", "WatchLimit", "WatchStep", "feed_read", "watch_session"]
 
 log = logging.getLogger("berth.watch")
+#: When the database goes, every session ends at once: one line per interval for them all.
+_SESSION_LOST_LOG = LogSummary(log, "watch session lost the database")
 
 #: Rows one read of the event log returns at most, and how many ids ahead it looks.
 READ_LIMIT = 1000
@@ -40,8 +46,10 @@ READ_WINDOW = 50_000
 TICK_SECONDS = 1.0
 #: Backoff of the hub's reconnection after the database went away.
 RECONNECT_SECONDS = 1.0
-#: The LISTEN channel the event logs' triggers notify.
+#: The LISTEN channel the event logs' triggers notify (for every change but an admission).
 CHANNEL = "berth_watch"
+#: The channels that wake the hub: admissions are announced by the reconcilers' wakeup.
+CHANNELS = (CHANNEL, WAKEUP_CHANNEL)
 
 
 class WatchLimit(BerthError):
@@ -171,6 +179,8 @@ class WatchHub:
         self._advanced = asyncio.Event()
         self._notified = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        # Submissions do not notify the feed's channel: this process's own wake the hub here.
+        submissions_follow(db, self._notified.set)
 
     @property
     def present(self) -> FeedPosition | None:
@@ -266,7 +276,8 @@ class WatchHub:
     async def _listen(self) -> None:
         conn = await self.db.connect(application_name="berth-watch")
         try:
-            await conn.add_listener(CHANNEL, lambda *_: self._notified.set())
+            for channel in CHANNELS:
+                await conn.add_listener(channel, lambda *_: self._notified.set())
             self.position = await watch_position_now(conn)
             self.broken = False
             self._advance()
@@ -347,12 +358,12 @@ async def watch_session(
                 cursor = step.position
                 yield step
     except (OSError, TimeoutError) as exc:
-        log.warning("watch session lost the database", extra={"error": type(exc).__name__})
+        _SESSION_LOST_LOG.note(type(exc).__name__)
         yield WatchStep([], cursor, "database-unavailable")
     except Exception as exc:
         if not _database_fault(exc):
             raise
-        log.warning("watch session lost the database", extra={"error": type(exc).__name__})
+        _SESSION_LOST_LOG.note(type(exc).__name__)
         yield WatchStep([], cursor, "database-unavailable")
 
 

@@ -120,3 +120,49 @@ async def test_the_api_sheds_with_503_while_every_connection_is_busy(
                 assert_unavailable(answer)
         again = await http.get("/v1/pools", headers=keys.admin)
         assert again.status_code == 200, again.text
+
+
+def _summarized(caplog: pytest.LogCaptureFixture, message: str) -> tuple[int, int, bool]:
+    """Return (lines, occurrences they count, whether any carries a traceback)."""
+    lines = [r for r in caplog.records if r.getMessage().startswith(message)]
+    return (len(lines), sum(getattr(r, "count", 0) for r in lines),
+            any(r.exc_info for r in lines))
+
+
+async def test_overload_is_logged_as_a_summary_not_a_line_per_request(
+    database_url: str, keys: Keys, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Submissions refused by a busy pool, and the reconciler wakeups that find it busy,
+    are logged as at most two lines each (the first, then a count), without tracebacks."""
+    from app.api.problems import _UNAVAILABLE_LOG
+    from app.services.wakeups import _FAILED_LOG, submitted
+
+    settings = settings_for_tests(
+        database_url, db_pool_size=2, db_connect_timeout_seconds=CONNECT_TIMEOUT,
+        db_pool_wait_seconds=0.2,
+    )
+    app = create_app(settings)
+    spec = {"runtimeClass": "python-3.11", "requests": {"cpuMillis": 10, "memoryMiB": 1}}
+    async with app.router.lifespan_context(app), client_of(app) as http:
+        ok = await http.post("/v1/tasks", headers=keys.tenant_a, json=spec)
+        assert ok.status_code == 201, ok.text
+        for summary in (_UNAVAILABLE_LOG, _FAILED_LOG):
+            summary.flush()  # what earlier tests left counted is not this test's
+        caplog.clear()
+        async with busy(app.state.db, 2):
+            async with asyncio.timeout(30):
+                answers = await asyncio.gather(*(
+                    http.post("/v1/tasks", headers=keys.tenant_a, json=spec)
+                    for _ in range(50)))
+                for _ in range(50):
+                    submitted(app.state.db)
+                    await asyncio.sleep(0.01)  # each wakeup tried (and refused) in turn
+        for answer in answers:
+            assert_unavailable(answer)
+        for summary in (_UNAVAILABLE_LOG, _FAILED_LOG):
+            summary.flush()
+    lines, counted, traceback = _summarized(caplog, "database unavailable")
+    assert lines <= 2 and counted == 50 and not traceback
+    lines, counted, traceback = _summarized(
+        caplog, "could not wake reconcilers after a submission")
+    assert lines <= 2 and counted >= 2 and not traceback

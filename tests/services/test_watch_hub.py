@@ -4,10 +4,12 @@ the log itself and misses nothing; the hub ends its sessions when it loses the d
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 
 from app.db import Database
+from app.ledger.tasks import task_submit
 from app.services.watch import WatchFilter, WatchScope
-from app.services.watch_hub import HubLimits, WatchHub, watch_session
+from app.services.watch_hub import CHANNEL, HubLimits, WatchHub, watch_session
 
 ADMIN = WatchScope("admin", "admin")
 
@@ -70,3 +72,30 @@ async def test_each_watcher_gets_only_its_scope_from_the_one_read(db: Database) 
         async with asyncio.timeout(5):
             await hub.stop()
     assert hub.watchers == 0
+
+
+async def test_an_admission_does_not_notify_the_feed_but_a_change_does(db: Database) -> None:
+    """Admissions reach the hubs by the reconcilers' wakeup (so that submissions do not
+    commit one at a time on the notification lock); every other change notifies the feed.
+    Notifications arrive in commit order, so a marker sent after a write tells whether the
+    write notified."""
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    listener = await db.connect()
+    try:
+        await listener.add_listener(CHANNEL, lambda *args: heard.put_nowait(args[3]))
+        async with db.connection() as conn:
+            row = await task_submit(
+                conn, tenant_id="tenant-a", idempotency_key=None, request_hash=None,
+                spec={"runtimeClass": "gpu-small", "requests": {"cpuMillis": 1}},
+                now=datetime.now(UTC))
+            await conn.execute("SELECT pg_notify($1, 'after the admission')", CHANNEL)
+            async with asyncio.timeout(10):
+                assert await heard.get() == "after the admission"
+            await conn.execute(
+                "INSERT INTO task_events (task_id, at, from_state, to_state, reason) "
+                "VALUES ($1, now(), 'ADMITTED', 'CANCELLED', 'cancelled')", row.id)
+            await conn.execute("SELECT pg_notify($1, 'after the change')", CHANNEL)
+            async with asyncio.timeout(10):
+                assert [await heard.get(), await heard.get()] == ["", "after the change"]
+    finally:
+        await listener.close()
