@@ -101,6 +101,7 @@ def create_app(
             workers=settings.preview_workers,
             max_concurrent=settings.preview_max_concurrent,
             timeout_seconds=settings.preview_timeout_seconds,
+            database_url=app.state.db.url,
         )
         app.state.offload.start()
         stops = [start(app.state.db) for start in background]
