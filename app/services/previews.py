@@ -38,7 +38,8 @@ from app.scheduling.preemption import Preemption
 from app.scheduling.results import Result
 from app.scheduling.spec import TaskSpec
 from app.services.drains import DrainInputs, DrainMove, drain_decide
-from app.services.placements import PlacementInputs, placement_decide
+from app.services.offload import worker_read
+from app.services.placements import PlacementAsk, placement_decide, placement_inputs_read
 from app.services.pools import pool_viewer
 
 __all__ = [
@@ -123,9 +124,12 @@ def placement_page(
 
 
 def placement_preview_page(
-    inputs: PlacementInputs, offset: int, limit: int, next_cursor: str
+    ask: PlacementAsk, offset: int, limit: int, next_cursor: str
 ) -> bytes:
-    """Decide ``inputs`` and return the JSON of the preview page at ``offset``."""
+    """Read and decide ``ask`` (in a preview worker, with the snapshot it keeps) and return
+    the JSON of the preview page at ``offset``."""
+    inputs = worker_read(lambda conn, state: placement_inputs_read(
+        conn, ask, cache=state.snapshot_cache(ask.strategy)))
     result, preemption = placement_decide(inputs)
     return orjson.dumps(
         placement_page(result, preemption, offset=offset, limit=limit, next_cursor=next_cursor)
