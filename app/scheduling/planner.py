@@ -262,6 +262,7 @@ class _Planning:
         try:
             outcome = decide(spec, self.inputs.snapshot, assumed=self.assumed,
                              top_k=self.inputs.settings.top_k, explain=self.explain,
+                             components=self.inputs.settings.explain_components,
                              holds=dict(held) if held is not None else None,
                              quotas=None if counted else self.book,
                              profile=self.inputs.profile)

@@ -77,10 +77,11 @@ def placement_ask(
 
 
 async def placement_inputs_read(
-    conn: Connection, ask: PlacementAsk, *, cache: SnapshotCache
+    conn: Connection, ask: PlacementAsk, *, cache: SnapshotCache, components: int | None = None,
 ) -> PlacementInputs:
     """Read what placing the asked spec now depends on, with the snapshot kept in ``cache``;
-    decides nothing."""
+    decides nothing. The best ``components`` candidates (None: all) are to carry their score
+    components."""
     compiled, strategy = ask.spec, ask.strategy
     tenant_id = compiled.tenant_id
     now = datetime.now(UTC)
@@ -102,7 +103,8 @@ async def placement_inputs_read(
     task = ClaimedTask(uuid.uuid4(), tenant_id, 0, compiled.priority, "", now, 0)
     inputs = PassInputs(
         now=now, settings=dataclasses.replace(
-            config.pass_settings(), top_k=PREVIEW_TOP_K, explain=True),
+            config.pass_settings(), top_k=PREVIEW_TOP_K, explain=True,
+            explain_components=components),
         profile=profile(strategy), snapshot=snapshot,
         tasks=((task, compiled),), quota_rows=tuple(rows), cohorts=cohorts,
         victims=tuple(victims),

@@ -35,7 +35,7 @@ from app.scheduling.explain import (
     rejection_document,
 )
 from app.scheduling.preemption import Preemption
-from app.scheduling.results import Result
+from app.scheduling.results import Result, rejections_by_code
 from app.scheduling.spec import TaskSpec
 from app.services.drains import DrainInputs, DrainMove, drain_decide
 from app.services.offload import worker_read
@@ -79,16 +79,8 @@ def drain_scope(pool_id: str, principal: Principal) -> str:
 
 def _by_reason(result: Result) -> list[dict[str, Any]]:
     """Return ``[{"code", "count", "poolIds"}]`` of the rejected pools, most common first."""
-    counts: Counter[str] = Counter()
-    named: dict[str, list[str]] = {}
-    for rejection in result.rejected:
-        for code in rejection.reasons:
-            counts[code] += 1
-            ids = named.setdefault(code, [])
-            if len(ids) < POOL_IDS_PER_REASON:
-                ids.append(rejection.pool_id)
-    return [{"code": code, "count": n, "poolIds": named[code]}
-            for code, n in sorted(counts.items(), key=lambda item: (-item[1], item[0]))]
+    return [{"code": code, "count": n, "poolIds": ids}
+            for code, n, ids in rejections_by_code(result.rejected, POOL_IDS_PER_REASON)]
 
 
 def placement_page(
@@ -129,7 +121,7 @@ def placement_preview_page(
     """Read and decide ``ask`` (in a preview worker, with the snapshot it keeps) and return
     the JSON of the preview page at ``offset``."""
     inputs = worker_read(lambda conn, state: placement_inputs_read(
-        conn, ask, cache=state.snapshot_cache(ask.strategy)))
+        conn, ask, cache=state.snapshot_cache(ask.strategy), components=offset + limit))
     result, preemption = placement_decide(inputs)
     return orjson.dumps(
         placement_page(result, preemption, offset=offset, limit=limit, next_cursor=next_cursor)
