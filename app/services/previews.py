@@ -37,7 +37,7 @@ from app.scheduling.explain import (
 from app.scheduling.preemption import Preemption
 from app.scheduling.results import Result, rejections_by_code
 from app.scheduling.spec import TaskSpec
-from app.services.drains import DrainInputs, DrainMove, drain_decide
+from app.services.drains import DrainAsk, DrainMove, drain_decide, drain_inputs_read
 from app.services.offload import worker_read
 from app.services.placements import PlacementAsk, placement_decide, placement_inputs_read
 from app.services.pools import pool_viewer
@@ -196,13 +196,16 @@ def drain_page(
 
 
 def drain_preview_page(
-    inputs: DrainInputs,
+    ask: DrainAsk,
     visible: frozenset[str] | None,
     offset: int,
     limit: int,
     next_cursor: str,
 ) -> bytes:
-    """Decide ``inputs`` and return the JSON of the drain preview page at ``offset``."""
+    """Read and decide ``ask`` (in a preview worker, with the snapshot it keeps) and return
+    the JSON of the drain preview page at ``offset``."""
+    inputs = worker_read(lambda conn, state: drain_inputs_read(
+        conn, ask, cache=state.snapshot_cache(ask.config.strategy)))
     return orjson.dumps(drain_page(
         drain_decide(inputs), visible, offset=offset, limit=limit, next_cursor=next_cursor
     ))
