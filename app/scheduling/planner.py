@@ -236,8 +236,11 @@ class _Planning:
         if holds.waiting:
             waiting = holds.wait(task)
             if waiting is not None:
-                self.unclaims.append(waiting)
+                if not self._reclaimer_refused(task, spec):
+                    self.unclaims.append(waiting)
                 return
+        if task.pending_code == RECLAIMING and self._reclaimer_refused(task, spec):
+            return
         # A task holding capacity is not like the others of its fingerprint.
         held = holds.of(task.id) if holds.held else None
         reason = self.cache.get(spec) if held is None and self.unsatisfiable else None
@@ -256,6 +259,19 @@ class _Planning:
                 self.cache.put(spec, reason)
                 self.unsatisfiable = True
         self._fits_nowhere(Step(len(self.unclaims), task, spec, reason, held))
+
+    def _reclaimer_refused(self, task: ClaimedTask, spec: CompiledSpec) -> bool:
+        """Hand back a reclaimer its quota no longer admits (its quota changed since it
+        started): its holds go back in this pass and it waits for its quota (its need stays
+        counted in the book until the next pass). Return whether it was handed back."""
+        if self.reclaim is None or task.pending_code != RECLAIMING:
+            return False
+        refused = self.reclaim.refused(task.id, spec)
+        if refused is None:
+            return False
+        self.holds.released.add(task.id)
+        self._fits_nowhere(Step(len(self.unclaims), task, spec, refused, None))
+        return True
 
     def _decide(self, task: ClaimedTask, spec: CompiledSpec,
                 held: Mapping[str, Vector] | None, counted: bool) -> Result | Ranked | None:

@@ -8,10 +8,15 @@ their cohort that would make room. Planned, a reclaim is granted like a preempti
 task is handed back parked with the pending code ``reclaiming``. Outcomes are counted:
 ``unavailable`` for a task that could not reclaim (over its nominal, nothing borrowed, no
 set of victims).
+
+A reclaimer still waiting for its victims keeps its holds only while its tenant's quota
+admits it (:meth:`Reclaim.refused`): one its quota now refuses gives them back in the pass
+that sees it, and waits for its quota like any task.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from datetime import datetime, timedelta
 
@@ -20,11 +25,13 @@ import numpy as np
 from app.scheduling.displacement import Settling, Step
 from app.scheduling.explain import reclaiming_document
 from app.scheduling.inputs import ReclaimInputs
-from app.scheduling.plugins.quota import QuotaRow
+from app.scheduling.plugins.quota import RESOURCES, QuotaBook, QuotaRow
 from app.scheduling.preemption import VictimIndex
 from app.scheduling.reasons import Reason
 from app.scheduling.reclaim import ReclaimBook, book_reclaimed, plan_reclaim
 from app.scheduling.records import RECLAIMING, Kind, Unclaim
+from app.scheduling.results import NoPlacement
+from app.scheduling.spec import CompiledSpec
 
 __all__ = ["Reclaim"]
 
@@ -56,6 +63,23 @@ class Reclaim:
     def counted(self, task_id: object) -> bool:
         """Return whether ``task_id`` is a waiting reclaimer (its need counted already)."""
         return task_id in self._inputs.waiting
+
+    def refused(self, task_id: object, spec: CompiledSpec) -> NoPlacement | None:
+        """Return why the quota of a waiting reclaimer's tenant refuses it now (its quota
+        changed since it started), or None while it admits it.
+
+        The need of a reclaimer holding capacity is counted in the rows as its tenant's
+        usage: it is judged on the rows without it."""
+        need = spec.total_requests
+        tenant, rc = spec.tenant_id, spec.runtime_class
+        rows = list(self._rows)
+        if self.counted(task_id):
+            rows = [
+                dataclasses.replace(r, used=r.used - need[RESOURCES.index(r.resource)])
+                if r.tenant_id == tenant and r.runtime_class == rc else r
+                for r in rows
+            ]
+        return QuotaBook(rows, self._cohorts).refuse(tenant, rc, need)
 
     def consider(self, step: Step) -> Unclaim | None:
         """Remember a task that fits nowhere for capacity in a managed runtime class."""
