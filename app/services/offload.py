@@ -43,7 +43,7 @@ from asyncpg.exceptions import InternalClientError
 from app.db import Connection, Database
 from app.errors import BerthError
 from app.ledger.snapshot import SnapshotCache
-from app.metrics import REQUESTS_SHED
+from app.metrics import LOOP_LAG, REQUESTS_SHED
 
 __all__ = [
     "ORPHAN_CHECK_SECONDS",
@@ -53,6 +53,7 @@ __all__ = [
     "ComputeUnavailable",
     "Offload",
     "WorkerState",
+    "loop_lag_watch",
     "worker_read",
 ]
 
@@ -62,6 +63,8 @@ T = TypeVar("T")
 WORKER_NICENESS = 10
 #: How often a worker process checks that the process that started it is still there.
 ORPHAN_CHECK_SECONDS = 0.5
+#: How often the API process's event loop lag is sampled.
+LOOP_LAG_INTERVAL_SECONDS = 0.025
 
 #: Modules each worker imports when it starts, so that its first computation does not.
 _PRELOAD = ("app.services.previews",)
@@ -266,3 +269,13 @@ class Offload:
 
     def _free(self) -> None:
         self.in_use -= 1
+
+
+async def loop_lag_watch(interval: float = LOOP_LAG_INTERVAL_SECONDS) -> None:
+    """Sample, until cancelled, how late the event loop wakes a timer due every ``interval``
+    (``berth_event_loop_lag_seconds``): whatever holds the loop shows there."""
+    loop = asyncio.get_running_loop()
+    while True:
+        due = loop.time() + interval
+        await asyncio.sleep(interval)
+        LOOP_LAG.observe(max(0.0, loop.time() - due))
