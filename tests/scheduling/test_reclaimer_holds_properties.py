@@ -13,10 +13,8 @@ is then checked.
 from __future__ import annotations
 
 import dataclasses
-import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
-import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -27,17 +25,10 @@ from app.scheduling.plugins.registry import profile
 from app.scheduling.records import RECLAIMING, ClaimedTask
 from app.scheduling.spec import StoredSpecs
 from tests.scheduling.factories import pool, snapshot
-from tests.scheduling.test_holds_properties import SETTINGS_PASS
+from tests.scheduling.test_holds_properties import NOW, SETTINGS_PASS, _task
 from tests.scheduling.test_properties import SETTINGS
 
-NOW = datetime(2026, 1, 1, tzinfo=UTC)
 POOLS = ["q0", "q1", "q2"]
-
-
-def _task(n: int, tenant: str, cpu: int, *, pending: str | None) -> ClaimedTask:
-    text = orjson.dumps({"runtimeClass": "py", "requests": {"cpuMillis": cpu}}).decode()
-    return ClaimedTask(uuid.UUID(int=n), tenant, n, 0, text, NOW - timedelta(hours=1), 0,
-                       pending_code=pending, logged_at=NOW - timedelta(hours=1))
 
 
 def _row(tenant: str, nominal: int, used: int) -> QuotaRow:
