@@ -7,6 +7,7 @@ it in as a background service.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -33,7 +34,7 @@ from app.db import Database
 from app.errors import ConfigurationError
 from app.gc_tuning import gc_frozen
 from app.schema import schema_current, schema_head
-from app.services.offload import Offload
+from app.services.offload import Offload, loop_lag_watch
 from app.services.queue import QueueCache
 from app.services.tokens import TokenSource
 
@@ -101,8 +102,10 @@ def create_app(
             workers=settings.preview_workers,
             max_concurrent=settings.preview_max_concurrent,
             timeout_seconds=settings.preview_timeout_seconds,
+            database_url=app.state.db.url,
         )
         app.state.offload.start()
+        lag = asyncio.ensure_future(loop_lag_watch())
         stops = [start(app.state.db) for start in background]
         try:
             with gc_frozen():
@@ -113,6 +116,7 @@ def create_app(
                 await hub.stop()
             for stop in reversed(stops):
                 await stop()
+            lag.cancel()
             app.state.offload.close()
             if own_db:
                 await app.state.db.close()

@@ -175,6 +175,16 @@ REQUESTS_SHED = Counter(
 for _reason in SHED_REASONS:
     REQUESTS_SHED.labels(_reason)
 
+#: How late the API process's event loop ran a timer: how long something else held the loop
+#: (or the machine left the process waiting for a core). Sampled by
+#: :func:`app.services.offload.loop_lag_watch`.
+LOOP_LAG = Histogram(
+    "berth_event_loop_lag_seconds",
+    "How late the API process's event loop woke a timer due now (sampled every 25 ms).",
+    buckets=(0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1,
+             0.15, 0.25, 0.5, 1.0, 2.5, 5.0),
+)
+
 #: Requests answered 503 because the database was unreachable or asked for a retry.
 DATABASE_UNAVAILABLE = Counter(
     "berth_http_database_unavailable_total",

@@ -22,7 +22,8 @@ with ``--json``, ONE JSON line instead::
      "batches": {..., "tasksAccepted", "batchSize"}, "batchTasksPerSec",
      "batchDatabaseCpuMsPerTask",
      "batchServerCpuMsPerTask", "previews": {"pools", "count", "p50Ms", "p99Ms", "bytesMax",
-     "apiProcessCpuMsPerRequest"}, "clients": N, "cpus": 2, "server": "...", ...}
+     "apiProcessCpuMsPerRequest", "workersCpuMsPerRequest"}, "clients": N, "cpus": 2,
+     "server": "...", ...}
 """
 
 from __future__ import annotations
@@ -357,6 +358,18 @@ def _cpu_seconds(pid: int | None) -> float:
     return times.user + times.system
 
 
+def _children_cpu_seconds(pid: int) -> float:
+    """Return the CPU time of the processes ``pid`` started (its preview workers)."""
+    total = 0.0
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            times = child.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
 def _shown(progress: Progress, name: str, total: int, unit: str,
            running: Future[PhaseResult]) -> PhaseResult:
     """Show the phase ``name`` on ``progress`` while ``running`` works; return its result."""
@@ -444,15 +457,17 @@ def _previews(
         # Warm-up: the first previews read the new pools and start the preview workers.
         pool.submit(drive, url, key, phase="preview", clients=1, count=3,
                     seconds=args.seconds).result()
-        cpu0 = _cpu_seconds(server_pid)
+        cpu0, workers0 = _cpu_seconds(server_pid), _children_cpu_seconds(server_pid)
         done = pool.submit(drive, url, key, phase="preview", clients=1, count=args.previews,
                            seconds=args.seconds).result()
-        cpu1 = _cpu_seconds(server_pid)
+        cpu1, workers1 = _cpu_seconds(server_pid), _children_cpu_seconds(server_pid)
     summary = _summary(done)
     summary["pools"] = args.preview_pools
     if done.sizes:
         summary["bytesMax"] = max(done.sizes)
         summary["apiProcessCpuMsPerRequest"] = round((cpu1 - cpu0) / len(done.sizes) * 1000, 2)
+        summary["workersCpuMsPerRequest"] = round(
+            (workers1 - workers0) / len(done.sizes) * 1000, 2)
     return summary
 
 

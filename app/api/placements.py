@@ -15,7 +15,7 @@ from app.api.previews import PreviewCursorQuery, PreviewLimitQuery, preview_answ
 from app.api.tasks import TenantHeader
 from app.auth import TenantDep
 from app.scheduling.spec import TaskSpec
-from app.services.placements import placement_inputs_read
+from app.services.placements import placement_ask
 from app.services.previews import DEFAULT_LIMIT, placement_preview_page, placement_scope
 
 router = APIRouter(prefix="/v1", tags=["placements"], route_class=StrictRoute)
@@ -49,16 +49,12 @@ async def preview_placement(
     process: 429 with Retry-After.
     """
     settings = request.app.state.settings
-    inputs = await placement_inputs_read(
-        request.app.state.db,
-        principal=principal,
-        tenant=tenant,
-        spec=spec,
-        freshness_seconds=settings.heartbeat_freshness_seconds,
-        strategy=str(settings.strategy),
+    ask = placement_ask(
+        principal, tenant=tenant, spec=spec,
+        freshness_seconds=settings.heartbeat_freshness_seconds, strategy=str(settings.strategy),
     )
     return await preview_answer(
-        request, scope=placement_scope(spec, tenant_id=inputs.spec.tenant_id),
+        request, scope=placement_scope(spec, tenant_id=ask.spec.tenant_id),
         cursor=cursor, limit=limit,
-        compute=placement_preview_page, args=(inputs,),
+        compute=placement_preview_page, args=(ask,),
     )

@@ -36,7 +36,7 @@ from app.errors import BadRequest
 from app.ledger.pools import PoolNotFound, PoolRecord
 from app.pass_config import ReconcilerConfig
 from app.services import pools as service
-from app.services.drains import drain_inputs_read
+from app.services.drains import DrainAsk, drain_allowed
 from app.services.previews import (
     DEFAULT_LIMIT,
     drain_preview_page,
@@ -421,15 +421,10 @@ async def preview_pool_drain(
     For the pool's operators (and admins). Too many previews at once on this process: 429
     with Retry-After."""
     db = request.app.state.db
-    inputs = await drain_inputs_read(
-        db,
-        principal=principal,
-        pool_id=pool_id,
-        config=ReconcilerConfig.from_settings(request.app.state.settings),
-        now=_now(),
-    )
+    await drain_allowed(db, principal=principal, pool_id=pool_id)
+    ask = DrainAsk(pool_id, ReconcilerConfig.from_settings(request.app.state.settings), _now())
     visible = await pools_visible_read(db, principal=principal)
     return await preview_answer(
         request, scope=drain_scope(pool_id, principal), cursor=cursor, limit=limit,
-        compute=drain_preview_page, args=(inputs, visible),
+        compute=drain_preview_page, args=(ask, visible),
     )

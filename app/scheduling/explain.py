@@ -52,6 +52,9 @@ __all__ = [
     "PreemptionCandidate",
     "PreemptionPreview",
     "PreemptionVictim",
+    "QueueItem",
+    "QueueSummary",
+    "TaskQueue",
     "ScoreComponent",
     "candidate_document",
     "component_document",
@@ -67,6 +70,8 @@ __all__ = [
     "placement_stored",
     "preemption_document",
     "preview_document",
+    "queue_document",
+    "queue_summary_document",
     "ranked_stored",
     "rejection_document",
 ]
@@ -507,4 +512,112 @@ def preview_document(
         "rejected": [rejection_document(r) for r in result.rejected],
         "reason": None if result.reason is None else no_placement_document(result.reason),
         "preemption": None if preemption is None else preemption_document(preemption),
+    }
+
+
+# --- the queue -------------------------------------------------------------------------------
+
+@with_config(ConfigDict(
+    extra="forbid",
+    json_schema_extra={
+        "examples": [
+            {
+                "position": 13,
+                "competing": 40,
+                "exact": True,
+                "policy": "fifo",
+                "estimatedStartAt": "2026-12-01T12:03:15Z",
+                "estimate": "about 3 minutes: 12 tasks ahead; leases on its 3 candidate "
+                "pools completed at 4.0 per minute over the last 15 minutes (each "
+                "completion is assumed to free room for one waiting task)",
+            }
+        ]
+    },
+))
+class TaskQueue(TypedDict):
+    """Where an admitted task stands under the active policy, and when it may start."""
+
+    position: Annotated[int | None, Field(
+        ge=1, description="1 + the competing tasks ahead under the policy; null when the "
+        "task competes for no capacity (no pool can take it until one is added, activated "
+        "or changed, or it can never fit: `estimate` says which)."
+    )]
+    competing: Annotated[int, Field(
+        ge=0, description="Waiting tasks of the runtime class that released capacity could help."
+    )]
+    exact: Annotated[
+        bool, Field(description="False: a count reached the read bound (lower bounds).")
+    ]
+    policy: Annotated[str, Field(description="The policy the position is counted under.")]
+    estimatedStartAt: Annotated[datetime | None, Field(
+        description="Only when capacity is the only blocker and completions were observed."
+    )]
+    estimate: Annotated[str, Field(description="How the estimate was made, or why there is none.")]
+
+
+def queue_document(
+    *, position: int | None, competing: int, exact: bool, policy: str,
+    estimated_start_at: datetime | None = None, estimate: str = "",
+) -> TaskQueue:
+    """Build the ``queue`` document of an admitted task (its ETA filled in by the caller)."""
+    return {"position": position, "competing": competing, "exact": exact, "policy": policy,
+            "estimatedStartAt": estimated_start_at, "estimate": estimate}
+
+
+@with_config(ConfigDict(extra="forbid"))
+class QueueItem(TypedDict):
+    """Waiting tasks of one runtime class pending for one reason code."""
+
+    runtimeClass: str
+    code: Annotated[str, Field(
+        description="The pending reason's code (closest miss), `unexamined` before the first "
+        "pass, or `reservation_conflict` after lost races."
+    )]
+    pending: Annotated[int, Field(ge=0, description="Waiting tasks (ADMITTED or CLAIMED).")]
+    parked: Annotated[
+        int, Field(ge=0, description="Of those, parked until a wakeup could help them.")
+    ]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class QueueSummary(TypedDict):
+    """What is pending for the caller, by reason code and runtime class."""
+
+    pending: Annotated[int, Field(ge=0)]
+    parked: Annotated[int, Field(ge=0)]
+    byReason: dict[str, int]
+    byRuntimeClass: dict[str, int]
+    items: list[QueueItem]
+    oldestPendingAt: Annotated[datetime | None, Field(
+        description="Admission time of the oldest waiting task in scope."
+    )]
+    oldestPendingSeconds: Annotated[
+        float | None, Field(description="Its age now, in seconds.")
+    ]
+
+
+def queue_summary_document(
+    rows: Sequence[tuple[str, str, int, int, datetime]], *, at: datetime
+) -> QueueSummary:
+    """Build what is pending from ``(runtime class, code, pending, parked, oldest admission)``
+    rows, with the oldest's age at ``at``."""
+    by_reason: dict[str, int] = {}
+    by_class: dict[str, int] = {}
+    oldest: datetime | None = None
+    for rc, code, n, _, first in rows:
+        by_reason[code] = by_reason.get(code, 0) + n
+        by_class[rc] = by_class.get(rc, 0) + n
+        oldest = first if oldest is None or first < oldest else oldest
+    return {
+        "pending": sum(r[2] for r in rows),
+        "parked": sum(r[3] for r in rows),
+        "byReason": by_reason,
+        "byRuntimeClass": by_class,
+        "items": [
+            {"runtimeClass": rc, "code": code, "pending": n, "parked": parked}
+            for rc, code, n, parked, _ in rows
+        ],
+        "oldestPendingAt": oldest,
+        "oldestPendingSeconds": None if oldest is None
+        else round(max((at - oldest).total_seconds(), 0.0), 3),
     }

@@ -23,7 +23,7 @@ components; nothing is computed a second way for the explanation.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -36,13 +36,15 @@ from app.scheduling.plugins.quota import QuotaBook
 from app.scheduling.plugins.registry import Profile
 from app.scheduling.plugins.registry import profile as shipped
 from app.scheduling.prefilter import ClassState, class_state
-from app.scheduling.reasons import CODE, PASS, REASONS, Reason
+from app.scheduling.reasons import CODE, PASS, Reason
 from app.scheduling.results import (
+    Built,
     Candidate,
     NoPlacement,
     Placement,
     Ranked,
     Rejection,
+    Rejections,
     Result,
     ScoreComponent,
 )
@@ -92,6 +94,7 @@ def decide(
     holds: Mapping[str, tuple[int, int, int]] | None = None,
     quotas: QuotaBook | None = None,
     profile: Profile | None = None,
+    components: int | None = None,
 ) -> Result | Ranked:
     """Decide where ``spec`` goes on ``snapshot`` (plus ``assumed``), without side effects.
 
@@ -104,7 +107,8 @@ def decide(
     pool (a preemptor's nominated capacity): free for this task, used for every other.
     ``quotas`` is the pass's quota book: a task over its tenant's quota fits nowhere.
     ``profile`` is the plugins that decide (default: the shipped profile of the snapshot's
-    strategy).
+    strategy). ``components`` limits the explained candidates that carry their score
+    components to the best that many (None: all; the placement always carries them).
     """
     if spec.tenant_id not in snapshot.audience:
         return _NO_POOL
@@ -116,12 +120,11 @@ def decide(
     cycle = Cycle(spec, snapshot, assumed, holds)
     pools, counts, near, code_at = _filter(state, cycle, explain=explain)
 
-    rejected: tuple[Rejection, ...] = ()
+    rejected: Sequence[Rejection] = ()
     if code_at is not None:
         visible = state.visible
         at = visible[code_at[visible] != PASS]
-        ids = snapshot.ids
-        rejected = tuple(Rejection(ids[i], (str(REASONS[code_at[i]]),)) for i in at.tolist())
+        rejected = Rejections(snapshot.ids, at, code_at[at])
     rejections = state.rejections if counts is state.counts else counts_map(counts)
     if len(pools) == 0:
         return Result(
@@ -136,18 +139,20 @@ def decide(
         return _ranked(cycle, pools, applied, total, top_k, rejections)
 
     return _explained(cycle, pools, applied, total, counts=counts, near=near,
-                      rejected=rejected, rejections=rejections, explain=explain, top_k=top_k)
+                      rejected=rejected, rejections=rejections, explain=explain, top_k=top_k,
+                      components=components)
 
 
 def _explained(
     cycle: Cycle, pools: np.ndarray, applied: list, total: np.ndarray, *, counts: np.ndarray,
-    near: np.ndarray, rejected: tuple[Rejection, ...], rejections: Mapping[Reason, int],
-    explain: bool, top_k: int,
+    near: np.ndarray, rejected: Sequence[Rejection], rejections: Mapping[Reason, int],
+    explain: bool, top_k: int, components: int | None = None,
 ) -> Result:
     """Return the ranked :class:`Result` of a gang, or of any spec with ``explain``: every
     candidate (with its components when explained) and the members' placement."""
     spec, snapshot = cycle.spec, cycle.snapshot
     order = rank(total)
+    depth = len(order) if components is None else components
 
     def candidate(pos: int, detail: bool) -> Candidate:
         i = int(pools[pos])
@@ -160,10 +165,12 @@ def _explained(
         return Candidate(snapshot.ids[i], total.item(pos), comps)
 
     if not spec.is_gang:
-        candidates = tuple(candidate(p, True) for p in order.tolist())
+        ranked = order.tolist()
+        candidates: Sequence[Candidate] = Built(
+            len(ranked), lambda n: candidate(ranked[n], n == 0 or n < depth))
         head = candidates[0]
         members: tuple[tuple[str, int], ...] = ((head.pool_id, 1),)
-        alternatives = candidates[1:max(top_k, 1)]
+        alternatives = tuple(candidates[1:max(top_k, 1)])
     else:
         slots = cycle.slots(pools[order])
         chosen = place_gang(
@@ -185,7 +192,8 @@ def _explained(
         members = tuple((snapshot.ids[int(pools[order[p]])], c) for p, c in chosen)
         limit = len(order) if explain else top_k
         picked = {p for p, _ in chosen}
-        rest = [candidate(int(order[p]), explain) for p in range(min(limit, len(order)))]
+        rest = [candidate(int(order[p]), explain and p < depth)
+                for p in range(min(limit, len(order)))]
         alternatives = tuple(c for p, c in enumerate(rest) if p not in picked)[: max(top_k - 1, 0)]
         candidates = (head, *(c for p, c in enumerate(rest) if p != chosen[0][0]))
     placement = Placement(head.pool_id, head.score, head.components, members, alternatives)

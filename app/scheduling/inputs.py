@@ -59,6 +59,9 @@ class PassSettings:
     #: Explain every decision (every candidate and rejection, every preemption candidate):
     #: a preview's plan.
     explain: bool = False
+    #: With ``explain``: the best this many candidates carry their score components (None:
+    #: every candidate; a preview's page needs only its own).
+    explain_components: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

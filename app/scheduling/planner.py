@@ -45,7 +45,7 @@ from app.scheduling.fairshare import FairShares, fair_order
 from app.scheduling.framework import decide
 from app.scheduling.inputs import PassInputs, PassSettings
 from app.scheduling.parking import STAGE_NONE, pending_stage, wake_keys
-from app.scheduling.plugins.quota import QuotaBook
+from app.scheduling.plugins.quota import QuotaBook, QuotaRow, cohort_rows_drawn
 from app.scheduling.policies import QueuedTask, get_policy
 from app.scheduling.preemption import Preemption
 from app.scheduling.reasons import Reason
@@ -262,8 +262,11 @@ class _Planning:
         if holds.waiting:
             waiting = holds.wait(task)
             if waiting is not None:
-                self.unclaims.append(waiting)
+                if not self._reclaimer_refused(task, spec):
+                    self.unclaims.append(waiting)
                 return
+        if task.pending_code == RECLAIMING and self._reclaimer_refused(task, spec):
+            return
         # A task holding capacity is not like the others of its fingerprint.
         held = holds.of(task.id) if holds.held else None
         reason = self.cache.get(spec) if held is None and self.unsatisfiable else None
@@ -283,11 +286,32 @@ class _Planning:
                 self.unsatisfiable = True
         self._fits_nowhere(Step(len(self.unclaims), task, spec, reason, held))
 
+    def _reclaimer_refused(self, task: ClaimedTask, spec: CompiledSpec) -> bool:
+        """Hand back a reclaimer its quota no longer admits (its quota changed since it
+        started): its holds go back in this pass and it waits for its quota (its need stays
+        counted in the book until the next pass). Return whether it was handed back."""
+        if self.reclaim is None or task.pending_code != RECLAIMING:
+            return False
+        refused = self.reclaim.refused(task.id, spec, self._book_of)
+        if refused is None:
+            return False
+        self.holds.released.add(task.id)
+        self._fits_nowhere(Step(len(self.unclaims), task, spec, refused, None))
+        return True
+
+    def _book_of(self, rows: list[QuotaRow]) -> QuotaBook:
+        """Return the pass's quota book over ``rows`` in place of its tenant rows, with
+        every level of the tree drawn by what they move."""
+        inputs = self.inputs
+        tree = cohort_rows_drawn(inputs.quota_cohorts, inputs.quota_rows, rows)
+        return QuotaBook(rows, inputs.cohorts, tree, inputs.tenant_weights)
+
     def _decide(self, task: ClaimedTask, spec: CompiledSpec,
                 held: Mapping[str, Vector] | None, counted: bool) -> Result | Ranked | None:
         try:
             outcome = decide(spec, self.inputs.snapshot, assumed=self.assumed,
                              top_k=self.inputs.settings.top_k, explain=self.explain,
+                             components=self.inputs.settings.explain_components,
                              holds=dict(held) if held is not None else None,
                              quotas=None if counted else self.book,
                              profile=self.inputs.profile)

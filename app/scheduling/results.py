@@ -7,20 +7,79 @@ place, :mod:`app.scheduling.explain`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar, overload
 
-from app.scheduling.reasons import Reason
+import numpy as np
+
+from app.scheduling.reasons import REASONS, Reason
 
 __all__ = [
+    "Built",
     "Candidate",
     "NoPlacement",
     "Placement",
     "Ranked",
     "Rejection",
+    "Rejections",
     "Result",
     "ScoreComponent",
+    "rejections_by_code",
 ]
+
+T = TypeVar("T")
+
+
+class Built(Sequence[T]):
+    """A sequence of ``n`` items, each built from its position when first read.
+
+    An explained decision over thousands of pools ranks every candidate and lists every
+    rejected pool, and a preview reads one page of them: the rest are counted, never built.
+    It equals (and hashes as) the tuple of its items.
+    """
+
+    __slots__ = ("_n", "_build", "_built")
+
+    def __init__(self, n: int, build: Callable[[int], T]) -> None:
+        self._n = n
+        self._build = build
+        self._built: dict[int, T] = {}
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, k: int) -> T: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> tuple[T, ...]: ...
+
+    def __getitem__(self, k: int | slice) -> T | tuple[T, ...]:
+        if isinstance(k, slice):
+            return tuple(self[i] for i in range(*k.indices(self._n)))
+        if k < 0:
+            k += self._n
+        if not 0 <= k < self._n:
+            raise IndexError(k)
+        item = self._built.get(k)
+        if item is None:
+            item = self._built[k] = self._build(k)
+        return item
+
+    def __iter__(self) -> Iterator[T]:
+        return (self[i] for i in range(self._n))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({list(self)!r})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +121,47 @@ class Rejection:
     reasons: tuple[str, ...]
 
 
+class Rejections(Built["Rejection"]):
+    """The rejected pools of an explained decision, each with its one reason code: pool
+    ``ids[rows[k]]`` failed with code ``codes[k]`` (an index into ``REASONS``)."""
+
+    __slots__ = ("ids", "rows", "codes")
+
+    def __init__(self, ids: Sequence[str], rows: np.ndarray, codes: np.ndarray) -> None:
+        super().__init__(len(rows), self._at)
+        self.ids = ids
+        self.rows = rows
+        self.codes = codes
+
+    def _at(self, k: int) -> Rejection:
+        return Rejection(self.ids[int(self.rows[k])], (str(REASONS[int(self.codes[k])]),))
+
+
+def rejections_by_code(
+    rejected: Sequence[Rejection], named: int
+) -> list[tuple[str, int, list[str]]]:
+    """Return ``(code, count, the first named pool ids)`` of ``rejected``, the most common
+    code first (ties by code)."""
+    counts: dict[str, int] = {}
+    ids: dict[str, list[str]] = {}
+    if isinstance(rejected, Rejections):
+        codes, first = np.unique(rejected.codes, return_counts=True)
+        for code, n in zip(codes.tolist(), first.tolist(), strict=True):
+            name = str(REASONS[code])
+            counts[name] = n
+            rows = rejected.rows[rejected.codes == code][:named].tolist()
+            ids[name] = [rejected.ids[r] for r in rows]
+    else:
+        for rejection in rejected:
+            for name in rejection.reasons:
+                counts[name] = counts.get(name, 0) + 1
+                listed = ids.setdefault(name, [])
+                if len(listed) < named:
+                    listed.append(rejection.pool_id)
+    return [(name, n, ids[name])
+            for name, n in sorted(counts.items(), key=lambda item: (-item[1], item[0]))]
+
+
 @dataclass(frozen=True, slots=True)
 class NoPlacement:
     """Why a task fits nowhere: the closest-miss code, a sentence, rejected pools by code, and
@@ -79,8 +179,8 @@ class Result:
     """The outcome of ``select``: placement or reason, ranked candidates, rejections."""
 
     placement: Placement | None
-    candidates: tuple[Candidate, ...] = ()
-    rejected: tuple[Rejection, ...] = ()
+    candidates: Sequence[Candidate] = ()
+    rejected: Sequence[Rejection] = ()
     rejection_counts: Mapping[Reason, int] = field(default_factory=dict)
     reason: NoPlacement | None = None
 
@@ -132,7 +232,7 @@ class Ranked:
         return placement
 
     @property
-    def candidates(self) -> tuple[Candidate, ...]:
+    def candidates(self) -> Sequence[Candidate]:
         """Return the ranked candidates as the full select returns them (the walk reads them
         after a lost race)."""
         return self.result().candidates

@@ -4,7 +4,7 @@ When a drain's deadline passes, every live lease on the pool is revoked: each ta
 all its leases and reservations (a gang's members on other pools too) and is admitted again
 (or fails, if that was its last attempt). The preview answers, for each live lease, what the
 next pass would do with its task, by the pass's own planner: the pool rows as a pass reads them
-(:func:`app.ledger.snapshot.pools_read`), with the drained pool DRAINING and the capacity the
+(:func:`app.ledger.snapshot.snapshot_read`), with the drained pool DRAINING and the capacity the
 moving tasks hold elsewhere given back, are the snapshot of a
 :class:`~app.scheduling.inputs.PassInputs` whose tasks are the moving ones, and
 :func:`app.scheduling.planner.plan_pass` plans them as a pass would (policy order, each
@@ -14,8 +14,10 @@ book, so a task its tenant's quota would refuse waits with ``quota_exceeded`` or
 ``quota_borrow_unavailable``. Nothing is reserved and nothing is written: a drain started
 right after may still see the ledger move.
 
-The read (:func:`drain_inputs_read`, on the event loop) and the decision
-(:func:`drain_decide`, pure, run in a worker by the API) are separate steps.
+The API process checks that the caller may operate the pool (:func:`drain_allowed`) and
+sends the ask (:class:`DrainAsk`) to a preview worker (:mod:`app.services.offload`), which
+reads (:func:`drain_inputs_read`, with the pools' snapshot it keeps between previews) and
+decides (:func:`drain_decide`, pure).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from app.auth import Principal
-from app.db import Database
+from app.db import Connection, Database
 from app.ledger.drains import (
     LeaseMoving,
     drain_leases_decode,
@@ -36,7 +38,12 @@ from app.ledger.drains import (
     drain_usage_returned_read,
 )
 from app.ledger.quotas import RESOURCES, QuotaRow, quota_rows_read
-from app.ledger.snapshot import placements_read, pools_read, tenant_usage_read
+from app.ledger.snapshot import (
+    SnapshotCache,
+    placements_read,
+    snapshot_read,
+    tenant_usage_read,
+)
 from app.ledger.tenants import tenants_entitlements
 from app.pass_config import ReconcilerConfig
 from app.scheduling.explain import error_document
@@ -48,7 +55,10 @@ from app.scheduling.snapshot import PlacedTask, PoolState, Snapshot
 from app.scheduling.spec import StoredSpecs
 from app.services.pools import pool_operated, pool_viewer
 
-__all__ = ["ATTEMPTS_EXHAUSTED", "DrainInputs", "DrainMove", "drain_decide", "drain_inputs_read"]
+__all__ = [
+    "ATTEMPTS_EXHAUSTED", "DrainAsk", "DrainInputs", "DrainMove", "drain_allowed",
+    "drain_decide", "drain_inputs_read",
+]
 
 log = logging.getLogger("berth.api.pools")
 
@@ -105,40 +115,55 @@ class DrainInputs:
     entitlements: Mapping[str, tuple[float, float, float]] | None
 
 
-async def drain_inputs_read(
-    db: Database,
-    *,
-    principal: Principal,
-    pool_id: str,
-    config: ReconcilerConfig,
-    now: datetime,
-) -> DrainInputs:
-    """Read what revoking every live lease of ``pool_id`` now depends on; decides nothing.
-    404 when the caller cannot see the pool, 403 when it may not operate it."""
-    viewer = pool_viewer(principal)
+@dataclass(frozen=True, slots=True)
+class DrainAsk:
+    """What a drain preview asks, as the API process sends it to a worker."""
+
+    pool_id: str
+    config: ReconcilerConfig
+    now: datetime
+
+
+async def drain_allowed(db: Database, *, principal: Principal, pool_id: str) -> None:
+    """Return when ``principal`` may preview a drain of ``pool_id``: 404 when it cannot see
+    the pool, 403 when it may not operate it."""
     async with db.connection() as conn:
-        await pool_operated(conn, viewer=viewer, pool_id=pool_id, action="preview a drain of")
-        # The leases come as one text, decoded by the worker that decides.
-        leases, tenants = await drain_leases_packed_read(conn, pool_id=pool_id)
-        if not tenants:
-            return DrainInputs("[]", [], [], config, {}, now, [], {}, None)
-        released = await drain_released_read(conn, pool_id=pool_id)
-        pools = await pools_read(
-            conn, now=now, freshness_seconds=config.heartbeat_freshness_seconds
-        )
-        # The moving tasks have left their pools: affinity no longer counts them there.
-        placed = await placements_read(conn, tenant_ids=tenants, leaving=pool_id)
-        usage = await tenant_usage_read(conn, tenant_ids=tenants) if config.policy == "fair" else {}
-        returned = await drain_usage_returned_read(conn, pool_id=pool_id)
-        rows, cohorts = await quota_rows_read(
-            conn, runtime_classes={rc for _, rc in returned}, tenant_ids=tenants
-        )
-        entitlements = (
-            await tenants_entitlements(conn, tenant_ids=tenants)
-            if config.policy == "fair" and rows else None
-        )
+        await pool_operated(conn, viewer=pool_viewer(principal), pool_id=pool_id,
+                            action="preview a drain of")
+
+
+async def _no_placements() -> list[PlacedTask]:
+    return []
+
+
+async def drain_inputs_read(
+    conn: Connection, ask: DrainAsk, *, cache: SnapshotCache
+) -> DrainInputs:
+    """Read what revoking every live lease of the asked pool now depends on, with the pools'
+    snapshot kept in ``cache``; decides nothing."""
+    pool_id, config, now = ask.pool_id, ask.config, ask.now
+    # The leases come as one text, decoded by the worker that decides.
+    leases, tenants = await drain_leases_packed_read(conn, pool_id=pool_id)
+    if not tenants:
+        return DrainInputs("[]", [], [], config, {}, now, [], {}, None)
+    released = await drain_released_read(conn, pool_id=pool_id)
+    snapshot = await snapshot_read(
+        conn, now=now, freshness_seconds=config.heartbeat_freshness_seconds,
+        strategy=config.strategy, placed=_no_placements, cache=cache,
+    )
+    # The moving tasks have left their pools: affinity no longer counts them there.
+    placed = await placements_read(conn, tenant_ids=tenants, leaving=pool_id)
+    usage = await tenant_usage_read(conn, tenant_ids=tenants) if config.policy == "fair" else {}
+    returned = await drain_usage_returned_read(conn, pool_id=pool_id)
+    rows, cohorts = await quota_rows_read(
+        conn, runtime_classes={rc for _, rc in returned}, tenant_ids=tenants
+    )
+    entitlements = (
+        await tenants_entitlements(conn, tenant_ids=tenants)
+        if config.policy == "fair" and rows else None
+    )
     return DrainInputs(
-        leases, _without(pools, pool_id=pool_id, released=released), placed,
+        leases, _without(list(snapshot.pools), pool_id=pool_id, released=released), placed,
         config, usage, now, _returned(rows, returned), cohorts, entitlements,
     )
 

@@ -35,10 +35,11 @@ from app.scheduling.explain import (
     rejection_document,
 )
 from app.scheduling.preemption import Preemption
-from app.scheduling.results import Result
+from app.scheduling.results import Result, rejections_by_code
 from app.scheduling.spec import TaskSpec
-from app.services.drains import DrainInputs, DrainMove, drain_decide
-from app.services.placements import PlacementInputs, placement_decide
+from app.services.drains import DrainAsk, DrainMove, drain_decide, drain_inputs_read
+from app.services.offload import worker_read
+from app.services.placements import PlacementAsk, placement_decide, placement_inputs_read
 from app.services.pools import pool_viewer
 
 __all__ = [
@@ -78,16 +79,8 @@ def drain_scope(pool_id: str, principal: Principal) -> str:
 
 def _by_reason(result: Result) -> list[dict[str, Any]]:
     """Return ``[{"code", "count", "poolIds"}]`` of the rejected pools, most common first."""
-    counts: Counter[str] = Counter()
-    named: dict[str, list[str]] = {}
-    for rejection in result.rejected:
-        for code in rejection.reasons:
-            counts[code] += 1
-            ids = named.setdefault(code, [])
-            if len(ids) < POOL_IDS_PER_REASON:
-                ids.append(rejection.pool_id)
-    return [{"code": code, "count": n, "poolIds": named[code]}
-            for code, n in sorted(counts.items(), key=lambda item: (-item[1], item[0]))]
+    return [{"code": code, "count": n, "poolIds": ids}
+            for code, n, ids in rejections_by_code(result.rejected, POOL_IDS_PER_REASON)]
 
 
 def placement_page(
@@ -123,9 +116,12 @@ def placement_page(
 
 
 def placement_preview_page(
-    inputs: PlacementInputs, offset: int, limit: int, next_cursor: str
+    ask: PlacementAsk, offset: int, limit: int, next_cursor: str
 ) -> bytes:
-    """Decide ``inputs`` and return the JSON of the preview page at ``offset``."""
+    """Read and decide ``ask`` (in a preview worker, with the snapshot it keeps) and return
+    the JSON of the preview page at ``offset``."""
+    inputs = worker_read(lambda conn, state: placement_inputs_read(
+        conn, ask, cache=state.snapshot_cache(ask.strategy), components=offset + limit))
     result, preemption = placement_decide(inputs)
     return orjson.dumps(
         placement_page(result, preemption, offset=offset, limit=limit, next_cursor=next_cursor)
@@ -200,13 +196,16 @@ def drain_page(
 
 
 def drain_preview_page(
-    inputs: DrainInputs,
+    ask: DrainAsk,
     visible: frozenset[str] | None,
     offset: int,
     limit: int,
     next_cursor: str,
 ) -> bytes:
-    """Decide ``inputs`` and return the JSON of the drain preview page at ``offset``."""
+    """Read and decide ``ask`` (in a preview worker, with the snapshot it keeps) and return
+    the JSON of the drain preview page at ``offset``."""
+    inputs = worker_read(lambda conn, state: drain_inputs_read(
+        conn, ask, cache=state.snapshot_cache(ask.config.strategy)))
     return orjson.dumps(drain_page(
         drain_decide(inputs), visible, offset=offset, limit=limit, next_cursor=next_cursor
     ))

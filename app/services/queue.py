@@ -24,10 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
-
-from pydantic import ConfigDict, Field, with_config
-from typing_extensions import TypedDict
+from typing import Any
 
 from app.auth import ADMIN, OPERATOR, Principal
 from app.config import Settings
@@ -43,54 +40,23 @@ from app.ledger.queue import (
 )
 from app.ledger.reclaim import RECLAIMING
 from app.ledger.tasks import TaskRow
+from app.scheduling.explain import (
+    QueueSummary,
+    TaskQueue,
+    queue_document,
+    queue_summary_document,
+)
 from app.scheduling.positions import ClassQueue
 from app.scheduling.reasons import Reason, Stage
 from app.services.tenancy import tenants_reading
 
-__all__ = ["QueueCache", "duration_words", "queue_get", "task_queue"]
+__all__ = ["QueueCache", "QueueSummary", "TaskQueue", "duration_words", "queue_get",
+           "task_queue"]
 
 #: Most recent completions one ETA read counts (the rate is then taken over their span).
 COMPLETIONS_COUNTED = 1000
 #: Most class queues cached at once.
 QUEUE_CACHE_SIZE = 1024
-
-
-@with_config(ConfigDict(
-    extra="forbid",
-    json_schema_extra={
-        "examples": [
-            {
-                "position": 13,
-                "competing": 40,
-                "exact": True,
-                "policy": "fifo",
-                "estimatedStartAt": "2026-12-01T12:03:15Z",
-                "estimate": "about 3 minutes: 12 tasks ahead; leases on its 3 candidate "
-                "pools completed at 4.0 per minute over the last 15 minutes (each "
-                "completion is assumed to free room for one waiting task)",
-            }
-        ]
-    },
-))
-class TaskQueue(TypedDict):
-    """Where an admitted task stands under the active policy, and when it may start."""
-
-    position: Annotated[int | None, Field(
-        ge=1, description="1 + the competing tasks ahead under the policy; null when the "
-        "task competes for no capacity (no pool can take it until one is added, activated "
-        "or changed, or it can never fit: `estimate` says which)."
-    )]
-    competing: Annotated[int, Field(
-        ge=0, description="Waiting tasks of the runtime class that released capacity could help."
-    )]
-    exact: Annotated[
-        bool, Field(description="False: a count reached the read bound (lower bounds).")
-    ]
-    policy: Annotated[str, Field(description="The policy the position is counted under.")]
-    estimatedStartAt: Annotated[datetime | None, Field(
-        description="Only when capacity is the only blocker and completions were observed."
-    )]
-    estimate: Annotated[str, Field(description="How the estimate was made, or why there is none.")]
 
 
 class QueueCache:
@@ -201,14 +167,8 @@ async def task_queue(
         seq=row.seq, tenant_id=row.tenant_id, priority=row.priority,
         admitted_at=row.admitted_at, policy=str(settings.policy),
     )
-    doc: TaskQueue = {
-        "position": pos.ahead + 1,
-        "competing": pos.competing,
-        "exact": pos.exact,
-        "policy": str(settings.policy),
-        "estimatedStartAt": None,
-        "estimate": "",
-    }
+    doc = queue_document(position=pos.ahead + 1, competing=pos.competing, exact=pos.exact,
+                         policy=str(settings.policy))
     reason = row.pending_reason
     stage = row.pending_stage or 0
     if reason is None:
@@ -292,38 +252,6 @@ async def task_queue(
     return doc
 
 
-@with_config(ConfigDict(extra="forbid"))
-class QueueItem(TypedDict):
-    """Waiting tasks of one runtime class pending for one reason code."""
-
-    runtimeClass: str
-    code: Annotated[str, Field(
-        description="The pending reason's code (closest miss), `unexamined` before the first "
-        "pass, or `reservation_conflict` after lost races."
-    )]
-    pending: Annotated[int, Field(ge=0, description="Waiting tasks (ADMITTED or CLAIMED).")]
-    parked: Annotated[
-        int, Field(ge=0, description="Of those, parked until a wakeup could help them.")
-    ]
-
-
-@with_config(ConfigDict(extra="forbid"))
-class QueueSummary(TypedDict):
-    """What is pending for the caller, by reason code and runtime class."""
-
-    pending: Annotated[int, Field(ge=0)]
-    parked: Annotated[int, Field(ge=0)]
-    byReason: dict[str, int]
-    byRuntimeClass: dict[str, int]
-    items: list[QueueItem]
-    oldestPendingAt: Annotated[datetime | None, Field(
-        description="Admission time of the oldest waiting task in scope."
-    )]
-    oldestPendingSeconds: Annotated[
-        float | None, Field(description="Its age now, in seconds.")
-    ]
-
-
 async def queue_get(
     db: Database, *, principal: Principal, tenant: str | None, now: datetime | None = None
 ) -> QueueSummary:
@@ -340,23 +268,4 @@ async def queue_get(
         rows = [] if pool_ids == [] else await queue_pending_counts(
             conn, tenant_ids=tenant_ids, pool_ids=pool_ids
         )
-    by_reason: dict[str, int] = {}
-    by_class: dict[str, int] = {}
-    oldest: datetime | None = None
-    for rc, code, n, _, first in rows:
-        by_reason[code] = by_reason.get(code, 0) + n
-        by_class[rc] = by_class.get(rc, 0) + n
-        oldest = first if oldest is None or first < oldest else oldest
-    return {
-        "pending": sum(r[2] for r in rows),
-        "parked": sum(r[3] for r in rows),
-        "byReason": by_reason,
-        "byRuntimeClass": by_class,
-        "items": [
-            {"runtimeClass": rc, "code": code, "pending": n, "parked": parked}
-            for rc, code, n, parked, _ in rows
-        ],
-        "oldestPendingAt": oldest,
-        "oldestPendingSeconds": None if oldest is None
-        else round(max((at - oldest).total_seconds(), 0.0), 3),
-    }
+    return queue_summary_document(rows, at=at)

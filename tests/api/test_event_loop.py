@@ -1,12 +1,18 @@
 """The API keeps answering while previews compute: eight operators previewing the drain of a
 pool with 2,000 leases, on a real `berth serve` process over the real database, while a tenant
-reads its task and a runtime heartbeats. The previews' CPU work runs in worker processes, so
-those two requests keep a p99 of 50 ms at most.
+reads its task and a runtime heartbeats. The previews' reads and CPU work run in worker
+processes, so the server's event loop is never held for long: its lag
+(``berth_event_loop_lag_seconds``, how late it wakes a timer, sampled inside the server),
+which is what previews could add to any request's latency, keeps a p99 of 50 ms at most, and
+those two requests keep answering as fast as without previews.
 
-The machine running the tests may be busy with other work, which slows every request whether
-previews run or not. So the same probes also run without previews, just before and just
-after: what the busy machine adds to their p99 beyond a quiet machine's is added to the bound
-(on a quiet machine, the bound is 50 ms exactly)."""
+The machine running the tests may be busy with other work, which delays every timer and
+request whether previews run or not. So the same probes also run without previews, just
+before and just after: what the busy machine adds beyond a quiet machine's figures is added
+to each bound (on a quiet machine, the bounds are 50 ms exactly). The requests' p99 measured
+by the client also counts the client's own waits for a core, so it is reported, and their
+median is what is bounded. A preview computed on the loop holds it for the whole decision of
+2,000 leases, seconds: both bounds then fail by far."""
 
 from __future__ import annotations
 
@@ -25,9 +31,13 @@ from tests.factories import berth_serving
 LEASES = 2000
 PREVIEWS = 8
 PROBES = 200
+PROBE_SECONDS = 30.0
 P99_MS = 50.0
-#: p99 of the probes alone on a machine with a core to spare for the API process.
-QUIET_P99_MS = 10.0
+#: Median of the probes alone on a machine with a core to spare for the API process.
+QUIET_MEDIAN_MS = 5.0
+#: p99 of the event loop's lag without previews on such a machine.
+QUIET_LAG_P99_MS = 5.0
+LAG_METRIC = "berth_event_loop_lag_seconds_bucket"
 SPEC = {"runtimeClass": "gpu-small", "requests": {"cpuMillis": 100, "memoryMiB": 64}}
 
 
@@ -64,13 +74,37 @@ async def _leased(client: httpx.AsyncClient, keys: Keys, reconcile) -> str:
 @pytest.fixture
 async def server(db: Database, database_url: str) -> AsyncIterator[str]:
     """Yield the base URL of a `berth serve` process (no reconciler) on the test database."""
-    async with berth_serving(database_url) as base:
+    # Under a busy machine a preview may take long: the bound here is the loop's, not theirs.
+    async with berth_serving(database_url, preview_timeout_seconds="300") as base:
         yield base
 
 
-def _p99(samples: list[float]) -> float:
+async def _lag_buckets(http: httpx.AsyncClient) -> dict[float, float]:
+    """Return the server's loop lag histogram: samples at or below each bound (seconds)."""
+    text = (await http.get("/metrics")).text
+    out: dict[float, float] = {}
+    for line in text.splitlines():
+        if line.startswith(LAG_METRIC + "{"):
+            labels, value = line.rsplit(" ", 1)
+            bound = labels.split('le="', 1)[1].split('"', 1)[0]
+            out[float(bound)] = float(value)
+    assert out, "the server exports no loop lag"
+    return out
+
+
+def _lag_p99(start: dict[float, float], end: dict[float, float]) -> float:
+    """Return the p99 (ms, a bucket bound) of the loop lag samples taken between two reads."""
+    total = end[float("inf")] - start[float("inf")]
+    assert total > 0, "no loop lag sample"
+    for bound in sorted(end):
+        if end[bound] - start[bound] >= 0.99 * total:
+            return bound * 1000
+    raise AssertionError("unreachable: the +Inf bucket holds every sample")
+
+
+def _quantile(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1000
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 1)
 
 
 async def _previews(http: httpx.AsyncClient, keys: Keys, stop: asyncio.Event,
@@ -91,15 +125,22 @@ async def _probe(http: httpx.AsyncClient, method: str, path: str,
     return took
 
 
-async def _probes(http: httpx.AsyncClient, keys: Keys, task: str) -> tuple[float, float]:
-    """Return the p99 (ms) of a tenant's task reads and of rt-2's heartbeats, in turns."""
+async def _probes(http: httpx.AsyncClient, keys: Keys, task: str) -> dict[str, float]:
+    """Return the median and p99 (ms) of a tenant's task reads and rt-2's heartbeats, sent
+    in turns (PROBES of each, or as many as PROBE_SECONDS allow: a loop held by previews
+    would otherwise keep them waiting for minutes)."""
     reads: list[float] = []
     beats: list[float] = []
+    deadline = time.monotonic() + PROBE_SECONDS
     for _ in range(PROBES):
+        if time.monotonic() > deadline:
+            break
         reads.append(await _probe(http, "GET", f"/v1/tasks/{task}", keys.tenant_a))
         beats.append(await _probe(http, "POST", "/v1/runtimes/rt-2/heartbeat", keys.runtime_2))
         await asyncio.sleep(0.01)
-    return _p99(reads), _p99(beats)
+    both = reads + beats
+    return {"median": _quantile(both, 0.5), "p99 getTask": _quantile(reads, 0.99),
+            "p99 heartbeat": _quantile(beats, 0.99)}
 
 
 @pytest.mark.slow
@@ -122,23 +163,33 @@ async def test_reads_and_heartbeats_stay_fast_under_eight_drain_previews(
         await _probe(http, "POST", "/v1/runtimes/rt-2/heartbeat", keys.runtime_2)
         assert (await http.post("/v1/pools/pool-x/drain-preview",
                                 headers=keys.admin)).status_code == 200
+        lag = [await _lag_buckets(http)]
         before = await _probes(http, keys, task)
+        lag.append(await _lag_buckets(http))
         stop = asyncio.Event()
         statuses: dict[int, int] = {}
         load = [asyncio.ensure_future(_previews(http, keys, stop, statuses))
                 for _ in range(PREVIEWS)]
         try:
             await asyncio.sleep(0.5)
+            lag.append(await _lag_buckets(http))
             loaded = await _probes(http, keys, task)
+            lag.append(await _lag_buckets(http))
         finally:
             stop.set()
             await asyncio.gather(*load)
+        lag.append(await _lag_buckets(http))
         after = await _probes(http, keys, task)
-    busy = max(0.0, max(*before, *after) - QUIET_P99_MS)
+        lag.append(await _lag_buckets(http))
+    lags = {"alone before": _lag_p99(lag[0], lag[1]), "under previews": _lag_p99(lag[2], lag[3]),
+            "alone after": _lag_p99(lag[4], lag[5])}
+    busy = max(0.0, max(before["median"], after["median"]) - QUIET_MEDIAN_MS)
+    busy_lag = max(0.0, max(lags["alone before"], lags["alone after"]) - QUIET_LAG_P99_MS)
     measured: dict[str, Any] = {
-        "p99 ms (getTask, heartbeat)": {"alone before": before, "under previews": loaded,
-                                        "alone after": after},
-        "bound ms": P99_MS + busy, "previews": statuses,
+        "probes ms": {"alone before": before, "under previews": loaded, "alone after": after},
+        "median bound ms": P99_MS + busy, "previews": statuses,
+        "loop lag p99 ms": lags, "loop lag bound ms": P99_MS + busy_lag,
     }
     assert statuses.get(200, 0) >= PREVIEWS, measured
-    assert max(loaded) <= P99_MS + busy, measured
+    assert lags["under previews"] <= P99_MS + busy_lag, measured
+    assert loaded["median"] <= P99_MS + busy, measured

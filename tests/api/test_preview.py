@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
 import pytest
 from pydantic import TypeAdapter
 
 from app.api.preview_schemas import PlacementPreview
 from app.db import Database
+from app.main import create_app
 from app.shards import shard_of
+from tests.api.conftest import BASE_URL, settings_for_tests
 
 SPEC: dict[str, Any] = {
     "runtimeClass": "gpu-small",
@@ -188,3 +192,44 @@ async def test_preview_of_a_preemptor_shows_the_victims_each_candidate_would_nee
                           headers=keys.tenant_a)
     assert r.json()["preemption"] is None
     assert await ledger_totals(db) == [("pool-x", 1000, 1024, 1), ("pool-y", 1000, 1024, 1)]
+
+
+@pytest.fixture(params=[0, 1], ids=["thread", "process"])
+async def client_kept(request, db: Database, database_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    """Yield a client of an app whose previews run in one thread, or one worker process,
+    that keeps the pools' snapshot between previews."""
+    application = create_app(settings_for_tests(database_url, preview_workers=request.param),
+                             db=db)
+    async with application.router.lifespan_context(application):
+        transport = httpx.ASGITransport(app=application, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as http:
+            yield http
+
+
+async def test_each_preview_reflects_every_change_committed_before_it(
+    client_kept, client, keys, pools, pool_make, db
+):
+    async def placed_on() -> tuple[str | None, set[str]]:
+        r = await client_kept.post("/v1/placements/preview", json=SPEC, headers=keys.tenant_a)
+        assert r.status_code == 200, r.text
+        preview = r.json()
+        placement = preview["placement"]
+        return (placement and placement["poolId"],
+                {c["poolId"] for c in preview["candidates"]})
+
+    assert await placed_on() == ("big", {"big", "small"})
+    # A ledger row: big shrinks below the request.
+    put = await client.put("/v1/pools/big/capacity", headers=keys.admin,
+                           json={"cpuMillis": 500, "memoryMiB": 512, "llmSlots": 0})
+    assert put.status_code == 200, put.text
+    assert await placed_on() == ("small", {"small"})
+    # A heartbeat: the stale pool's runtime is fresh again.
+    await heartbeat(db, "rt-2")
+    assert (await placed_on())[1] == {"small", "stale"}
+    # A pool row: small is cordoned.
+    r = await client.post("/v1/pools/small/cordon", json={"reason": "test"}, headers=keys.admin)
+    assert r.status_code == 200, r.text
+    assert (await placed_on())[1] == {"stale"}
+    # A pool added.
+    await pool_make("huge", capacity={"cpuMillis": 64000, "memoryMiB": 262144, "llmSlots": 64})
+    assert await placed_on() == ("huge", {"huge", "stale"})

@@ -8,11 +8,17 @@ their cohort that would make room. Planned, a reclaim is granted like a preempti
 task is handed back parked with the pending code ``reclaiming``. Outcomes are counted:
 ``unavailable`` for a task that could not reclaim (over its nominal, nothing borrowed, no
 set of victims).
+
+A reclaimer still waiting for its victims keeps its holds only while its tenant's quota
+admits it (:meth:`Reclaim.refused`): one its quota now refuses gives them back in the pass
+that sees it, and waits for its quota like any task.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -20,11 +26,13 @@ import numpy as np
 from app.scheduling.displacement import Settling, Step
 from app.scheduling.explain import reclaiming_document
 from app.scheduling.inputs import ReclaimInputs
-from app.scheduling.plugins.quota import QuotaBook, QuotaRow
+from app.scheduling.plugins.quota import RESOURCES, QuotaBook, QuotaRow
 from app.scheduling.preemption import Preemption, VictimIndex
 from app.scheduling.reasons import Reason
 from app.scheduling.reclaim import FairTest, ReclaimBook, book_reclaimed, plan_reclaim
 from app.scheduling.records import RECLAIMING, Kind, Unclaim
+from app.scheduling.results import NoPlacement
+from app.scheduling.spec import CompiledSpec
 
 __all__ = ["Reclaim"]
 
@@ -67,6 +75,25 @@ class Reclaim:
         return (step.reason.code in (_GANG if spec.is_gang else _CAPACITY)
                 and spec.runtime_class in self._managed
                 and step.task.id not in self._inputs.waiting)
+
+    def refused(self, task_id: object, spec: CompiledSpec,
+                book: Callable[[list[QuotaRow]], QuotaBook]) -> NoPlacement | None:
+        """Return why the quota of a waiting reclaimer's tenant refuses it now (its quota
+        changed since it started), or None while it admits it.
+
+        The need of a reclaimer holding capacity is counted in the rows as its tenant's
+        usage: it is judged on the rows without it, in the quota book ``book`` builds of
+        them (every level of the tree drawn without it too)."""
+        need = spec.total_requests
+        tenant, rc = spec.tenant_id, spec.runtime_class
+        rows = list(self._rows)
+        if self.counted(task_id):
+            rows = [
+                dataclasses.replace(r, used=r.used - need[RESOURCES.index(r.resource)])
+                if r.tenant_id == tenant and r.runtime_class == rc else r
+                for r in rows
+            ]
+        return book(rows).refuse(tenant, rc, need)
 
     def consider(self, step: Step) -> Unclaim | None:
         """Remember a task that fits nowhere for capacity in a managed runtime class."""

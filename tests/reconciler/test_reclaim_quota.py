@@ -1,0 +1,97 @@
+"""A waiting reclaimer its own quota now refuses gives its holds back in the same pass.
+
+Tenant b, within its nominal, reclaims a core that tenant a borrows: a's newest lease is
+revoked, and once it stops its core is held for b. Before b's next pass, b's nominal is
+taken away: its quota refuses the task (a borrows everything the cohort lends), so that
+pass hands it back pending for its quota and gives back the core it held, instead of
+placing it there.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+from app.config import SHARD_SLOTS
+from app.db import Database
+from app.ledger.claims import tasks_unpark
+from app.ledger.leases import lease_complete
+from app.ledger.tenants import Quota, tenant_put
+from app.reconciler import Reconciler, ReconcilerConfig
+from tests.factories import NOW, heartbeat_add, ledger_violations, pool_add, spec_make, tasks_add
+
+ALL = frozenset(range(SHARD_SLOTS))
+
+
+async def quota(db: Database, tenant: str, nominal: int) -> None:
+    async with db.transaction() as conn:
+        await tenant_put(conn, tenant_id=tenant, cohort="c", fair_weight=1.0,
+                         quotas={"standard": {"cpuMillis": Quota(nominal, None, None)}}, now=NOW)
+
+
+async def add(db: Database, tenant: str, count: int) -> list[uuid.UUID]:
+    async with db.transaction() as conn:
+        return await tasks_add(conn, tenant=tenant, spec=spec_make(cpu=1000), count=count)
+
+
+async def sweep_and_pass(db: Database, rec: Reconciler, seconds: float) -> None:
+    """The safety sweep makes every parked task claimable, then one pass runs."""
+    now = NOW + timedelta(seconds=seconds)
+    async with db.transaction() as conn:
+        await heartbeat_add(conn, "rt-p0", at=now)
+        await tasks_unpark(conn, slots=ALL, now=now)
+    await rec.run_once(now=now)
+    assert await ledger_violations(db) == []
+
+
+async def state(db: Database, task_id: uuid.UUID) -> tuple[str, str | None, int]:
+    """(state, pending code, cpu it holds) of a task."""
+    async with db.connection() as conn:
+        r = await conn.fetchrow(
+            "SELECT t.state, t.pending_reason ->> 'code', (SELECT coalesce(sum(cpu), 0) "
+            "FROM reservations WHERE task_id = t.id AND hold) FROM tasks t WHERE t.id = $1",
+            task_id)
+    return r[0], r[1], int(r[2])
+
+
+async def release_revoking(db: Database, seconds: float) -> int:
+    """The runtime gives back every revoking lease; return how many."""
+    async with db.connection() as conn:
+        leases = await conn.fetch("SELECT id, epoch FROM leases WHERE state = 'REVOKING'")
+    for lease_id, epoch in leases:
+        async with db.transaction() as conn:
+            await lease_complete(conn, lease_id=lease_id, epoch=epoch, outcome="released",
+                                 message=None, now=NOW + timedelta(seconds=seconds))
+    return len(leases)
+
+
+async def reserved(db: Database) -> int:
+    async with db.connection() as conn:
+        return int(await conn.fetchval("SELECT cpu_reserved FROM ledgers WHERE pool_id = 'p0'"))
+
+
+async def test_a_reclaimer_its_quota_refuses_gives_back_its_holds_in_one_pass(
+    db: Database,
+) -> None:
+    async with db.transaction() as conn:
+        await pool_add(conn, "p0", tenants=["a", "b"], capacity=(4000, 8192, 0))
+    await quota(db, "a", 2000)
+    await quota(db, "b", 2000)
+    rec = Reconciler(db, ReconcilerConfig(preemption_grace_seconds=600), owner_id="rq",
+                     slots=ALL)
+    await add(db, "a", 4)
+    await sweep_and_pass(db, rec, 0)
+    # b asks for a core of its nominal: a's newest lease is revoked for it.
+    (b,) = await add(db, "b", 1)
+    await sweep_and_pass(db, rec, 10)
+    assert await state(db, b) == ("ADMITTED", "reclaiming", 0)
+    # The victim stops: its core is held for b.
+    assert await release_revoking(db, 11) == 1
+    assert await state(db, b) == ("ADMITTED", "reclaiming", 1000)
+    assert await reserved(db) == 4000
+
+    # b's nominal is gone: a borrows all the cohort lends, so b's quota refuses the task.
+    await quota(db, "b", 0)
+    await sweep_and_pass(db, rec, 20)
+    assert await state(db, b) == ("ADMITTED", "quota_borrow_unavailable", 0)
+    assert await reserved(db) == 3000
