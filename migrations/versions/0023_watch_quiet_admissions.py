@@ -9,8 +9,8 @@ ends. Admissions reach the watch hubs by the reconciler wakeup the submitting pr
 after its commit (coalesced, one at a time), which the hubs also listen to, and at the
 latest by the hub's one-second read.
 
-Revision ID: 0025_watch_quiet_admissions
-Revises: 0020_pass_records
+Revision ID: 0023_watch_quiet_admissions
+Revises: 0022_fair_usage
 Create Date: 2026-12-05
 """
 
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
-revision: str = "0025_watch_quiet_admissions"
-down_revision: str | None = "0020_pass_records"
+revision: str = "0023_watch_quiet_admissions"
+down_revision: str | None = "0022_fair_usage"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
