@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -273,7 +274,9 @@ def _uvicorn(database_url: str, port: int, pool_size: int,  # type: ignore[no-un
         "--loop", "uvloop", "--http", "httptools", "--log-level", "warning",
         "--no-access-log", "--no-server-header",
     ]
-    proc = subprocess.Popen(cmd, env={**python_env(), **env}, cwd=REPO_ROOT)
+    # A session (process group) of its own: whatever it starts can be stopped with it.
+    proc = subprocess.Popen(cmd, env={**python_env(), **env}, cwd=REPO_ROOT,
+                            start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
         import httpx
@@ -314,6 +317,9 @@ def _stop_tree(proc: subprocess.Popen[bytes]) -> None:
     for child in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
             child.kill()
+    # Processes whose parent died before it could be asked are still in its group.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 # --- the command ----------------------------------------------------------------------------------
