@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from app.auth import Principal
@@ -37,7 +37,13 @@ from app.ledger.drains import (
     drain_released_read,
     drain_usage_returned_read,
 )
-from app.ledger.quotas import RESOURCES, QuotaRow, quota_rows_read
+from app.ledger.quotas import (
+    RESOURCES,
+    CohortRow,
+    QuotaRow,
+    quota_rows_read,
+    quota_tree_read,
+)
 from app.ledger.snapshot import (
     SnapshotCache,
     placements_read,
@@ -49,6 +55,7 @@ from app.pass_config import ReconcilerConfig
 from app.scheduling.explain import error_document
 from app.scheduling.inputs import PassInputs
 from app.scheduling.planner import Placed, plan_outcomes
+from app.scheduling.plugins.quota import cohort_rows_drawn
 from app.scheduling.plugins.registry import profile
 from app.scheduling.records import ClaimedTask
 from app.scheduling.snapshot import PlacedTask, PoolState, Snapshot
@@ -113,6 +120,10 @@ class DrainInputs:
     quota_rows: list[QuotaRow]
     cohorts: dict[str, str]
     entitlements: Mapping[str, tuple[float, float, float]] | None
+    #: The quota tree's rows, with what the revoked leases draw given back at every level,
+    #: and the tenants' fair weights.
+    quota_cohorts: list[CohortRow] = field(default_factory=list)
+    tenant_weights: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,16 +166,18 @@ async def drain_inputs_read(
     placed = await placements_read(conn, tenant_ids=tenants, leaving=pool_id)
     usage = await tenant_usage_read(conn, tenant_ids=tenants) if config.policy == "fair" else {}
     returned = await drain_usage_returned_read(conn, pool_id=pool_id)
-    rows, cohorts = await quota_rows_read(
-        conn, runtime_classes={rc for _, rc in returned}, tenant_ids=tenants
-    )
+    classes = {rc for _, rc in returned}
+    rows, cohorts = await quota_rows_read(conn, runtime_classes=classes, tenant_ids=tenants)
+    tree, weights, of = await quota_tree_read(conn, runtime_classes=classes, tenant_ids=tenants)
+    given_back = _returned(rows, returned)
     entitlements = (
         await tenants_entitlements(conn, tenant_ids=tenants)
         if config.policy == "fair" and rows else None
     )
     return DrainInputs(
         leases, _without(list(snapshot.pools), pool_id=pool_id, released=released), placed,
-        config, usage, now, _returned(rows, returned), cohorts, entitlements,
+        config, usage, now, given_back, {**of, **cohorts}, entitlements,
+        cohort_rows_drawn(tree, rows, given_back), weights,
     )
 
 
@@ -177,7 +190,9 @@ def drain_decide(inputs: DrainInputs) -> list[DrainMove]:
     snapshot = Snapshot.build(inputs.pools, inputs.placed, strategy=inputs.config.strategy)
     return _plan_all(leases, snapshot, config=inputs.config, usage=inputs.usage,
                      now=inputs.now, quota_rows=tuple(inputs.quota_rows),
-                     cohorts=inputs.cohorts, entitlements=inputs.entitlements)
+                     cohorts=inputs.cohorts, entitlements=inputs.entitlements,
+                     quota_cohorts=tuple(inputs.quota_cohorts),
+                     tenant_weights=inputs.tenant_weights)
 
 
 def _returned(
@@ -203,6 +218,8 @@ def _plan_all(
     quota_rows: tuple[QuotaRow, ...] = (),
     cohorts: Mapping[str, str] | None = None,
     entitlements: Mapping[str, tuple[float, float, float]] | None = None,
+    quota_cohorts: tuple[CohortRow, ...] = (),
+    tenant_weights: Mapping[str, float] | None = None,
 ) -> list[DrainMove]:
     """Plan the moving tasks as a pass would; return one move per lease, in the leases'
     order (a task on its last attempt would fail: it is not planned)."""
@@ -226,6 +243,7 @@ def _plan_all(
         snapshot=snapshot, tasks=tuple(compiled),
         invalid=tuple(invalid), usage=usage, entitlements=entitlements,
         quota_rows=quota_rows, cohorts=cohorts or {},
+        quota_cohorts=quota_cohorts, tenant_weights=tenant_weights or {},
     )
     outcomes = plan_outcomes(inputs)
     for lease in leases:

@@ -137,3 +137,35 @@ async def test_the_drain_preview_gives_back_the_drained_usage_and_counts_its_mov
     assert [t["lease"]["poolId"] if t["lease"] else None for t in after] == ["pool-y", None]
     assert after[1]["pendingReason"]["code"] == "quota_borrow_unavailable"
     assert after[1]["pendingReason"]["message"] == items[1]["reason"]["message"]
+
+
+async def test_the_drain_preview_gives_back_every_level_of_the_tree(
+    live: httpx.AsyncClient, keys: Keys, reconcile, db: Database
+) -> None:
+    # org -> team1 (a lends its 3000) and team2 (b, nominal 0), team2 may borrow 1000 at
+    # most. b borrows those 1000 on pool-x; revoked, they come back at every level, so the
+    # preview re-places b on pool-y within team2's limit, as the pass then does.
+    for cohort, parent, extra in (
+        ("org", None, {}), ("team1", "org", {}),
+        ("team2", "org", {"quotas": {"gpu-small": {"cpuMillis": {
+            "nominal": 0, "borrowingLimit": 1000}}}}),
+    ):
+        r = await live.put(f"/v1/cohorts/{cohort}", json={"parent": parent, **extra},
+                           headers=keys.admin)
+        assert r.status_code == 200, r.text
+    await _tenant(live, keys, TENANT_A, "team1", nominal=3000)
+    await _tenant(live, keys, TENANT_B, "team2", nominal=0)
+    await _pool(live, keys, "pool-x", 1000)
+    borrowed = await _submit(live, keys.tenant_b)
+    assert (await reconcile()).leased == 1
+    await _pool(live, keys, "pool-y", 8000)
+
+    r = await live.post("/v1/pools/pool-x/drain-preview", headers=keys.operator_x)
+
+    assert r.status_code == 200, r.text
+    assert [(i["taskId"], i["poolId"]) for i in r.json()["items"]] == [(borrowed, "pool-y")]
+    assert (await live.post("/v1/pools/pool-x/drain", headers=keys.operator_x)).status_code == 200
+    async with db.transaction() as conn:
+        assert await pool_leases_revoke(conn, pool_id="pool-x", now=datetime.now(UTC)) == 1
+    assert (await reconcile()).leased == 1
+    assert (await _task(live, keys.tenant_b, borrowed))["lease"]["poolId"] == "pool-y"
