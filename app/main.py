@@ -70,6 +70,21 @@ class _DefaultMetrics:
         return REGISTRY.collect()
 
 
+def _state_open(app: FastAPI, settings: Settings) -> None:
+    """Give the app, whose database is set, its caches and its started preview workers."""
+    app.state.settings = settings
+    app.state.key_cache = KeyCache()
+    app.state.queue_cache = QueueCache(settings.queue_snapshot_seconds)
+    app.state.tokens = TokenSource(app.state.db)
+    app.state.offload = Offload(
+        workers=settings.preview_workers,
+        max_concurrent=settings.preview_max_concurrent,
+        timeout_seconds=settings.preview_timeout_seconds,
+        database_url=app.state.db.url,
+    )
+    app.state.offload.start()
+
+
 def create_app(
     settings: Settings | None = None,
     *,
@@ -94,17 +109,7 @@ def create_app(
             pool_wait_seconds=settings.db_pool_wait_seconds,
             application_name="berth-api",
         )
-        app.state.settings = settings
-        app.state.key_cache = KeyCache()
-        app.state.queue_cache = QueueCache(settings.queue_snapshot_seconds)
-        app.state.tokens = TokenSource(app.state.db)
-        app.state.offload = Offload(
-            workers=settings.preview_workers,
-            max_concurrent=settings.preview_max_concurrent,
-            timeout_seconds=settings.preview_timeout_seconds,
-            database_url=app.state.db.url,
-        )
-        app.state.offload.start()
+        _state_open(app, settings)
         lag = asyncio.ensure_future(loop_lag_watch())
         stops = [start(app.state.db) for start in background]
         try:

@@ -23,7 +23,7 @@ from app.api.common import (
     LimitQuery,
     Page,
     RequestModel,
-    cursor_decode,
+    cursor_after_id,
     cursor_encode,
     problems,
 )
@@ -37,12 +37,10 @@ from app.api.tenants import (
     quotas_named,
 )
 from app.auth import PrincipalDep
-from app.errors import BadRequest
 from app.ledger.cohorts import MAX_DEPTH
 from app.ledger.tenants import Quota
 from app.scheduling.spec import RuntimeClass
 from app.services import cohorts as service
-from app.services.tokens import Tokens
 
 router = APIRouter(prefix="/v1", tags=["cohorts"], route_class=StrictRoute)
 
@@ -131,14 +129,6 @@ class CohortPage(Page[Cohort]):
 _SCOPE = "cohorts"
 
 
-def _after(tokens: Tokens, cursor: str | None) -> str | None:
-    if cursor is None:
-        return None
-    after = cursor_decode(tokens, cursor, scope=_SCOPE)
-    if not isinstance(after, str):
-        raise BadRequest("the cursor is not valid; pass back the nextCursor of a list")
-    return after
-
 
 def _quotas(body: CohortSettings) -> dict[str, dict[str, Quota]]:
     return {rc: q.quotas() for rc, q in body.quotas.items()}
@@ -159,7 +149,8 @@ async def list_cohorts(
     tenants' paths to the root (of the one `X-Berth-Tenant` names with that header)."""
     tokens = await request.app.state.tokens.get()
     docs, last = await service.cohorts_page(
-        request.app.state.db, principal=principal, after=_after(tokens, cursor), limit=limit,
+        request.app.state.db, principal=principal,
+        after=cursor_after_id(tokens, cursor, scope=_SCOPE), limit=limit,
         tenant=tenant,
     )
     return CohortPage(

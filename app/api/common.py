@@ -64,6 +64,17 @@ def cursor_decode(tokens: Tokens, cursor: str, *, scope: str) -> Any:
         raise BadRequest("the cursor is not valid; pass back the nextCursor of a list") from None
 
 
+def cursor_after_id(tokens: Tokens, cursor: str | None, *, scope: str) -> str | None:
+    """Return the id a list ordered by id resumes after (None: from the start), or raise 400
+    for a cursor Berth did not make for the list ``scope``."""
+    if cursor is None:
+        return None
+    after = cursor_decode(tokens, cursor, scope=scope)
+    if not isinstance(after, str):
+        raise BadRequest("the cursor is not valid; pass back the nextCursor of a list")
+    return after
+
+
 LimitQuery = Annotated[int, Query(ge=1, le=500, description="Items per page (1..500).")]
 CursorQuery = Annotated[
     str | None,

@@ -14,7 +14,13 @@ from fastapi.responses import JSONResponse
 from pydantic import AfterValidator
 
 from app.api.bodies import StrictRoute
-from app.api.common import CursorQuery, LimitQuery, cursor_decode, cursor_encode, problems
+from app.api.common import (
+    CursorQuery,
+    LimitQuery,
+    cursor_after_id,
+    cursor_encode,
+    problems,
+)
 from app.api.pool_schemas import (
     POOL_ID_RE,
     Capacity,
@@ -32,7 +38,6 @@ from app.api.previews import PreviewCursorQuery, PreviewLimitQuery, preview_answ
 from app.api.tasks import TenantHeader
 from app.api.watch_cursors import list_watch_cursor
 from app.auth import AdminDep, Principal, PrincipalDep
-from app.errors import BadRequest
 from app.ledger.pools import PoolNotFound, PoolRecord
 from app.pass_config import ReconcilerConfig
 from app.services import pools as service
@@ -149,11 +154,7 @@ async def list_pools(
     runtime those of its instances. `X-Berth-Tenant` narrows a key's tenants to the one it
     names."""
     tokens = await request.app.state.tokens.get()
-    after = None
-    if cursor is not None:
-        after = cursor_decode(tokens, cursor, scope="pools")
-        if not isinstance(after, str):
-            raise BadRequest("the cursor is not valid; pass back the nextCursor of a list")
+    after = cursor_after_id(tokens, cursor, scope="pools")
     principal = principal_narrowed(principal, tenant)
     watch_cursor = await list_watch_cursor(request)
     records, last = await service.list_pools(

@@ -22,17 +22,15 @@ from app.api.common import (
     LimitQuery,
     Page,
     RequestModel,
-    cursor_decode,
+    cursor_after_id,
     cursor_encode,
     problems,
 )
 from app.api.tasks import TenantHeader
 from app.auth import PrincipalDep
-from app.errors import BadRequest
 from app.ledger.tenants import DEFAULT_COHORT, Quota
 from app.scheduling.spec import RuntimeClass
 from app.services import tenants as service
-from app.services.tokens import Tokens
 
 router = APIRouter(prefix="/v1", tags=["tenants"], route_class=StrictRoute)
 
@@ -184,14 +182,6 @@ class TenantPage(Page[Tenant]):
 _SCOPE = "tenants"
 
 
-def _after(tokens: Tokens, cursor: str | None) -> str | None:
-    if cursor is None:
-        return None
-    after = cursor_decode(tokens, cursor, scope=_SCOPE)
-    if not isinstance(after, str):
-        raise BadRequest("the cursor is not valid; pass back the nextCursor of a list")
-    return after
-
 
 def _tenant(doc: dict[str, Any]) -> Tenant:
     return Tenant.model_validate(doc)
@@ -212,7 +202,8 @@ async def list_tenants(
     only the one `X-Berth-Tenant` names with that header."""
     tokens = await request.app.state.tokens.get()
     docs, last = await service.tenants_page(
-        request.app.state.db, principal=principal, after=_after(tokens, cursor), limit=limit,
+        request.app.state.db, principal=principal,
+        after=cursor_after_id(tokens, cursor, scope=_SCOPE), limit=limit,
         tenant=tenant,
     )
     return TenantPage(
