@@ -115,16 +115,17 @@ async def profile_start(conn: asyncpg.Connection, tables: list[str]) -> ProfileS
         indexes, why = None, f"pageinspect cannot be used: {exc}"
     try:
         await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
-        wal_start = await conn.fetchval("SELECT pg_current_wal_lsn()")
+        wal_start = await conn.fetchval("SELECT pg_current_wal_flush_lsn()")
     except asyncpg.PostgresError:
         wal_start = None
     return ProfileStart(wal_start, await _statements_prepare(conn), indexes, why)
 
 
-# The WAL written since $1 by record type (server-wide), largest first.
+# The WAL written since $1 by record type (server-wide), largest first. PostgreSQL 15
+# refuses an end past the flushed position, so both ends are flushed positions.
 _WAL_STATS = """
 SELECT "resource_manager/record_type" AS kind, count, record_size, fpi_size
-FROM pg_get_wal_stats($1::pg_lsn, pg_current_wal_lsn(), true)
+FROM pg_get_wal_stats($1::pg_lsn, pg_current_wal_flush_lsn(), true)
 WHERE count > 0 ORDER BY combined_size DESC LIMIT 12
 """
 
@@ -135,7 +136,10 @@ async def profile_wal(conn: asyncpg.Connection, start: ProfileStart,
     admission began, by record type (call it as the last task is leased)."""
     if start.wal_start is None:
         return {"unavailable": "pg_walinspect cannot be used"}
-    rows = await conn.fetch(_WAL_STATS, start.wal_start)
+    try:
+        rows = await conn.fetch(_WAL_STATS, start.wal_start)
+    except asyncpg.PostgresError as exc:
+        return {"unavailable": f"pg_walinspect could not read the WAL: {exc}"}
     return {r["kind"]: {"records": round(r["count"] / placements, 2),
                         "bytes": round(r["record_size"] / placements, 1),
                         "fpiBytes": round(r["fpi_size"] / placements, 1)} for r in rows}
