@@ -231,7 +231,23 @@ class Settings(BaseSettings):
         default=900.0,
         gt=0,
         description="Window over which lease completions on a task's candidate pools are "
-        "counted for its estimated start time.",
+        "counted for its estimated start time: the simulated lease ends are spaced at that "
+        "rate.",
+    )
+    eta_leases_max: int = Field(
+        default=50,
+        ge=1,
+        le=10000,
+        description="Most live leases an estimated start lets end (oldest first, the planner "
+        "planning again after each); a task the planner does not place by then gets no "
+        "estimate.",
+    )
+    eta_tasks_max: int = Field(
+        default=100,
+        ge=1,
+        le=10000,
+        description="Most competing tasks an estimated start plans ahead of the task; a task "
+        "with more ahead of it gets no estimate.",
     )
     preemption_grace_seconds: float = Field(
         default=30.0,

@@ -243,6 +243,7 @@ async def get_task(request: Request) -> Response:
     row, queue = await service.task_get(
         state["db"], principal=principal, tenant=tenant, task_id=task_id,
         settings=state["settings"], queue_cache=state["queue_cache"],
+        offload=state["offload"],
     )
     return FastJSONResponse(task_json(row, queue))
 

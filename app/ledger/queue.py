@@ -3,12 +3,14 @@ pending.
 
 Every read is bounded: the class queue reads one range of ``ix_tasks_queue_seq`` (waiting
 tasks that released capacity could help) up to ``limit`` rows (and the tenant lists of the
-class's pools), the completions read at most
-``limit`` recent leases, and the pending counts are grouped in the database.
+class's pools), the tasks ahead of one task and the live leases an ETA lets end read at most
+``limit`` rows each, the completions read at most ``limit`` recent leases, and the pending
+counts are grouped in the database.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,15 +18,19 @@ from datetime import datetime
 import orjson
 
 from app.db import Connection
+from app.scheduling.records import ClaimedTask, LiveLease
 
 __all__ = [
     "QueueColumns",
+    "leases_live_oldest",
     "pools_completions_count",
     "pools_largest_totals",
     "pools_operated",
     "queue_pending_by_code",
     "queue_class_read",
     "queue_pending_counts",
+    "queue_task_read",
+    "queue_tasks_ahead",
 ]
 
 #: Waiting tasks (ADMITTED; CLAIMED is not stored since 0008_pass), one arm per partial
@@ -81,8 +87,70 @@ async def queue_class_read(
     return QueueColumns(row[0], row[1], row[2], row[3], orjson.loads(row[4]))
 
 
+# What a pass claims of a task (app.ledger.claims' columns), as the planner takes it.
+_TASK_COLUMNS = (
+    "id, tenant_id, seq, priority, spec::text, admitted_at, attempts, "
+    "pending_reason ->> 'code', pending_reason::text, pending_stage, logged_code, logged_at, "
+    "logged_count"
+)
+
+
+async def queue_task_read(conn: Connection, *, task_id: uuid.UUID) -> ClaimedTask | None:
+    """Return an ADMITTED task as a pass would claim it (None: it is not ADMITTED)."""
+    row = await conn.fetchrow(
+        f"SELECT {_TASK_COLUMNS} FROM tasks WHERE id = $1 AND state = 'ADMITTED'", task_id)
+    return None if row is None else ClaimedTask._make(row)
+
+
+# $1 class, $2 limit: the competing tasks of the class in admission order (one range of
+# ix_tasks_queue_seq).
+_AHEAD = (
+    f"SELECT {_TASK_COLUMNS} FROM tasks WHERE runtime_class = $1 AND {_COMPETING} "
+    "ORDER BY seq LIMIT $2"
+)
+# $1 class, $2 limit, $3 aging seconds: by effective priority, priority plus one point per
+# aging period waited (``priority - admitted / aging`` orders them the same at any time).
+_AHEAD_PRIORITY = (
+    f"SELECT {_TASK_COLUMNS} FROM tasks WHERE runtime_class = $1 AND {_COMPETING} "
+    "ORDER BY extract(epoch FROM admitted_at) / $3::float8 - priority, seq LIMIT $2"
+)
+
+
+async def queue_tasks_ahead(
+    conn: Connection, *, runtime_class: str, limit: int, aging_seconds: float | None
+) -> list[ClaimedTask]:
+    """Return the first ``limit`` competing tasks of ``runtime_class`` as a pass would claim
+    them: in admission order, or with ``aging_seconds`` by effective priority."""
+    if aging_seconds is None:
+        rows = await conn.fetch(_AHEAD, runtime_class, limit)
+    else:
+        rows = await conn.fetch(_AHEAD_PRIORITY, runtime_class, limit, aging_seconds)
+    return [ClaimedTask._make(r) for r in rows]
+
+
+# $1 pools, $2 tenant (NULL: any), $3 limit: the oldest live leases of the pools with what
+# each reserves there (a hold is no lease's).
+_LIVE = (
+    "SELECT l.pool_id, t.tenant_id, t.runtime_class, r.cpu, r.memory, r.llm, l.granted_at "
+    "FROM leases l JOIN reservations r ON r.task_id = l.task_id AND r.pool_id = l.pool_id "
+    "AND NOT r.hold JOIN tasks t ON t.id = l.task_id "
+    "WHERE l.state IN ('ACTIVE', 'REVOKING') AND l.pool_id = ANY($1::text[]) "
+    "AND ($2::text IS NULL OR t.tenant_id = $2) ORDER BY l.granted_at, l.id LIMIT $3"
+)
+
+
+async def leases_live_oldest(
+    conn: Connection, *, pool_ids: Collection[str], tenant_id: str | None, limit: int
+) -> list[LiveLease]:
+    """Return the oldest ``limit`` live leases on ``pool_ids`` (of ``tenant_id`` only, when
+    given), oldest first."""
+    rows = await conn.fetch(_LIVE, sorted(pool_ids), tenant_id, limit)
+    return [LiveLease(r[0], r[1], r[2], (int(r[3]), int(r[4]), int(r[5])), r[6])
+            for r in rows]
+
+
 # $1 tenant, $2 class, $3 pool ids (NULL: every pool of the class open to the tenant),
-# $4 since, $5 most completions counted.
+# $4 since, $5 most completions counted, $6 lessee (NULL: any tenant's leases).
 _COMPLETIONS = (
     "SELECT (SELECT count(*) FROM pools p WHERE $1 = ANY(p.tenant_ids) "
     "AND p.runtime_class = $2 AND ($3::text[] IS NULL OR p.id = ANY($3::text[]))), "
@@ -90,6 +158,8 @@ _COMPLETIONS = (
     "ON p.id = l.pool_id WHERE l.state = 'COMPLETED' AND l.ended_at >= $4 "
     "AND $1 = ANY(p.tenant_ids) AND p.runtime_class = $2 "
     "AND ($3::text[] IS NULL OR p.id = ANY($3::text[])) "
+    "AND ($6::text IS NULL OR EXISTS (SELECT 1 FROM tasks t WHERE t.id = l.task_id "
+    "AND t.tenant_id = $6)) "
     "ORDER BY l.ended_at DESC LIMIT $5) x"
 )
 
@@ -102,13 +172,15 @@ async def pools_completions_count(
     pool_ids: Collection[str] | None,
     since: datetime,
     limit: int = 1000,
+    lessee: str | None = None,
 ) -> tuple[int, int, datetime | None]:
     """Return (candidate pools, leases completed on them since ``since`` — at most
-    ``limit``, the most recent —, the oldest of those counted); the candidates are
-    ``pool_ids`` (or every pool of the class open to the tenant), visible ones only."""
+    ``limit``, the most recent, of ``lessee``'s tasks only when given —, the oldest of those
+    counted); the candidates are ``pool_ids`` (or every pool of the class open to the
+    tenant), visible ones only."""
     row = await conn.fetchrow(
         _COMPLETIONS, tenant_id, runtime_class,
-        None if pool_ids is None else sorted(pool_ids), since, limit,
+        None if pool_ids is None else sorted(pool_ids), since, limit, lessee,
     )
     return int(row[0]), int(row[1]), row[2]
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any, NotRequired
 
 import orjson
@@ -71,6 +71,9 @@ __all__ = [
     "preemption_document",
     "preview_document",
     "queue_document",
+    "duration_words",
+    "plural_words",
+    "queue_eta",
     "queue_summary_document",
     "ranked_stored",
     "rejection_document",
@@ -527,9 +530,10 @@ def preview_document(
                 "exact": True,
                 "policy": "fifo",
                 "estimatedStartAt": "2026-12-01T12:03:15Z",
-                "estimate": "about 3 minutes: 12 tasks ahead; leases on its 3 candidate "
-                "pools completed at 4.0 per minute over the last 15 minutes (each "
-                "completion is assumed to free room for one waiting task)",
+                "estimate": "about 3 minutes: the planner places it on pool pool-7 once the "
+                "13 oldest live leases on its 3 candidate pools have ended, after the 12 "
+                "tasks ahead of it; leases on its 3 candidate pools completed at 4.0 per "
+                "minute over the last 15 minutes, one about every 15 seconds",
             }
         ]
     },
@@ -550,7 +554,9 @@ class TaskQueue(TypedDict):
     ]
     policy: Annotated[str, Field(description="The policy the position is counted under.")]
     estimatedStartAt: Annotated[datetime | None, Field(
-        description="Only when capacity is the only blocker and completions were observed."
+        description="When the scheduler's planner would place it: at the next pass when it "
+        "fits now, else once enough live leases have ended (oldest first, spaced at the "
+        "observed completion rate); null when it cannot tell (`estimate` says why)."
     )]
     estimate: Annotated[str, Field(description="How the estimate was made, or why there is none.")]
 
@@ -562,6 +568,69 @@ def queue_document(
     """Build the ``queue`` document of an admitted task (its ETA filled in by the caller)."""
     return {"position": position, "competing": competing, "exact": exact, "policy": policy,
             "estimatedStartAt": estimated_start_at, "estimate": estimate}
+
+
+def duration_words(seconds: float) -> str:
+    """Return a rounded duration in words ("40 seconds", "3 minutes", "2.5 hours")."""
+    if seconds < 90:
+        return f"{max(1, round(seconds))} seconds"
+    if seconds < 90 * 60:
+        return f"{round(seconds / 60)} minutes"
+    return f"{seconds / 3600:.1f} hours"
+
+
+def plural_words(n: int, one: str, many: str) -> str:
+    """Return ``n`` with the word for one or many ("1 task", "3 tasks")."""
+    return f"{n} {one if n == 1 else many}"
+
+
+def _oldest(n: int, leases_on: str) -> str:
+    """Return "the oldest live lease <on> has" or "the <n> oldest live leases <on> have"."""
+    return (f"the oldest live lease {leases_on} has" if n == 1
+            else f"the {n} oldest live leases {leases_on} have")
+
+
+def queue_eta(
+    ended: int | None, *, pool: str | None, placed_ahead: int, reason: Mapping[str, Any] | None,
+    now: datetime, leases_on: str, completed: int, window_seconds: float, pass_seconds: float,
+    leases: int, leases_max: int, setting: str,
+) -> tuple[datetime | None, str]:
+    """Return the estimated start and its explanation of a planner's forecast: placed on
+    ``pool`` (``placed_ahead`` tasks placed before it) once ``ended`` leases ended (None:
+    not placed, for ``reason``).
+
+    ``leases`` live leases ``leases_on`` (words: "on its 3 candidate pools") were let end,
+    the most ``leases_max`` (the setting named ``setting``); ``completed`` leases there ended
+    over the last ``window_seconds``, the rate they are spaced at.
+    """
+    ahead = plural_words(placed_ahead, "task", "tasks")
+    over = f"over the last {duration_words(window_seconds)}"
+    if ended == 0:
+        return now + timedelta(seconds=pass_seconds), (
+            f"at the next pass (passes run at least every {duration_words(pass_seconds)}): "
+            f"the planner places it on pool {pool} now, after the {ahead} ahead of it")
+    if ended is None:
+        if leases >= leases_max:
+            return None, (
+                f"no estimate: the planner does not place it even once "
+                f"{_oldest(leases, leases_on)} ended (the most an estimate lets end, "
+                f"{setting})")
+        message = (reason or {}).get("message") or "no reason given"
+        return None, (
+            f"no estimate: the planner does not place it even once every live lease "
+            f"{leases_on} has ended ({plural_words(leases, 'lease', 'leases')}): {message}")
+    words = _oldest(ended, leases_on)
+    if completed == 0:
+        return None, (
+            f"no estimate: the planner places it on pool {pool} once {words} ended, but no "
+            f"lease {leases_on} completed {over}")
+    rate = completed / window_seconds
+    wait = ended / rate
+    return now + timedelta(seconds=wait), (
+        f"about {duration_words(wait)}: the planner places it on pool {pool} once {words} "
+        f"ended, after the {ahead} ahead of it; leases "
+        f"{leases_on} completed at {rate * 60:.1f} per minute {over}, one about every "
+        f"{duration_words(1 / rate)}")
 
 
 @with_config(ConfigDict(extra="forbid"))

@@ -24,6 +24,7 @@ __all__ = [
     "Displaced",
     "Grant",
     "Kind",
+    "LiveLease",
     "Nomination",
     "Unclaim",
     "Vector",
@@ -93,6 +94,17 @@ class ClaimedTask(NamedTuple):
     def spec(self) -> dict[str, Any]:
         """Return the stored spec as a dict."""
         return orjson.loads(self.spec_json)
+
+
+class LiveLease(NamedTuple):
+    """A live lease as an estimate lets it end: its pool, its task's tenant and runtime
+    class, what it reserves on the pool, and when it was granted."""
+
+    pool_id: str
+    tenant_id: str
+    runtime_class: str
+    amount: Vector
+    granted_at: datetime
 
 
 class Grant(NamedTuple):

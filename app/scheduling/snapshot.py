@@ -325,6 +325,15 @@ class Snapshot:
         new._memo = carried if len(carried) <= MEMO_CARRIED else {}
         return new
 
+    def with_reserved(self, reserved: np.ndarray) -> Snapshot:
+        """Return this snapshot with other reservations (int64, ``(n, 3)``, aligned with
+        ``ids``; the new snapshot's own), everything else shared: the same ledgers, health
+        and placements."""
+        new = self.with_arrays(cap=self.cap, has_ledger=self.has_ledger, reserved=reserved,
+                               fresh=self.fresh)
+        object.__setattr__(new, "_placed", self._placed)
+        return new
+
     def _placed_index(
         self, placed: Iterable[PlacedTask]
     ) -> dict[str, list[tuple[Items, np.ndarray, np.ndarray | int]]]:

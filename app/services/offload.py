@@ -67,7 +67,7 @@ ORPHAN_CHECK_SECONDS = 0.5
 LOOP_LAG_INTERVAL_SECONDS = 0.025
 
 #: Modules each worker imports when it starts, so that its first computation does not.
-_PRELOAD = ("app.services.previews",)
+_PRELOAD = ("app.services.previews", "app.services.eta")
 
 
 class ComputeBusy(BerthError):

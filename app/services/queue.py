@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from app.auth import ADMIN, OPERATOR, Principal
@@ -32,7 +32,6 @@ from app.db import Connection, Database
 from app.ledger.nominations import NOMINATED
 from app.ledger.preemption import PREEMPTING
 from app.ledger.queue import (
-    pools_completions_count,
     pools_largest_totals,
     pools_operated,
     queue_class_read,
@@ -40,21 +39,24 @@ from app.ledger.queue import (
 )
 from app.ledger.reclaim import RECLAIMING
 from app.ledger.tasks import TaskRow
+from app.pass_config import ReconcilerConfig
 from app.scheduling.explain import (
     QueueSummary,
     TaskQueue,
+    duration_words,
+    plural_words,
     queue_document,
     queue_summary_document,
 )
 from app.scheduling.positions import ClassQueue
 from app.scheduling.reasons import Reason, Stage
+from app.services.eta import CAPACITY, QUOTA, UNEXAMINED, EtaAsk, task_eta
+from app.services.offload import Offload
 from app.services.tenancy import tenants_reading
 
-__all__ = ["QueueCache", "QueueSummary", "TaskQueue", "duration_words", "queue_get",
-           "task_queue"]
+__all__ = ["QueueCache", "QueueSummary", "TaskQueue", "duration_words", "queue_eta_fill",
+           "queue_get", "task_queue", "task_queue_read"]
 
-#: Most recent completions one ETA read counts (the rate is then taken over their span).
-COMPLETIONS_COUNTED = 1000
 #: Most class queues cached at once.
 QUEUE_CACHE_SIZE = 1024
 
@@ -123,19 +125,6 @@ class QueueCache:
 _DIMENSIONS = (("cpuMillis", "cpu"), ("memoryMiB", "memory"), ("llmSlots", "llm slots"))
 
 
-def duration_words(seconds: float) -> str:
-    """Return a rounded duration in words ("40 seconds", "3 minutes", "2.5 hours")."""
-    if seconds < 90:
-        return f"{max(1, round(seconds))} seconds"
-    if seconds < 90 * 60:
-        return f"{round(seconds / 60)} minutes"
-    return f"{seconds / 3600:.1f} hours"
-
-
-def _plural(n: int, one: str, many: str) -> str:
-    return f"{n} {one if n == 1 else many}"
-
-
 def _never_fits(spec: dict[str, Any], totals: tuple[int, int, int] | None) -> str:
     """Return why no pool can ever hold one member of ``spec``."""
     if totals is None:
@@ -148,16 +137,29 @@ def _never_fits(spec: dict[str, Any], totals: tuple[int, int, int] | None) -> st
     return "no estimate: no pool's totals can hold it"
 
 
-async def task_queue(
+def _eta_ask(row: TaskRow, settings: Settings, now: datetime, blocker: str,
+             pool_ids: list[str] | None = None, nominated: bool = False) -> EtaAsk:
+    """Return the ask of estimating ``row``'s start with ``settings``."""
+    return EtaAsk(
+        row.id, row.runtime_class, ReconcilerConfig.from_settings(settings), now, blocker,
+        None if pool_ids is None else tuple(pool_ids), nominated,
+        window_seconds=settings.eta_window_seconds, leases_max=settings.eta_leases_max,
+        tasks_max=settings.eta_tasks_max, pass_seconds=settings.tick_seconds,
+    )
+
+
+async def task_queue_read(
     conn: Connection,
     *,
     row: TaskRow,
     settings: Settings,
     now: datetime,
     cache: QueueCache | None = None,
-) -> TaskQueue:
-    """Return the ``queue`` document of an ADMITTED task (position, competing, ETA); without
-    a ``cache`` the class queue is read afresh."""
+) -> tuple[TaskQueue, EtaAsk | None]:
+    """Return the ``queue`` document of an ADMITTED task (position, competing, and the
+    estimate when its stored reason gives it) and, when the planner is to estimate its start,
+    what to ask it (:func:`queue_eta_fill`); without a ``cache`` the class queue is read
+    afresh."""
     assert row.admitted_at is not None
     queue = await (cache or QueueCache(0.0)).get(
         conn, runtime_class=row.runtime_class, limit=settings.queue_count_limit,
@@ -173,18 +175,18 @@ async def task_queue(
     stage = row.pending_stage or 0
     if reason is None:
         doc["estimate"] = "no estimate: not examined yet; a reconciler pass looks at it next"
-        return doc
+        return doc, _eta_ask(row, settings, now, UNEXAMINED)
     code = str(reason.get("code"))
     if code in (PREEMPTING, RECLAIMING) and reason.get("revokeBy"):
         # Its capacity is taken from leases that must stop by their deadline.
         revoke_by = str(reason["revokeBy"])
         doc["estimatedStartAt"] = datetime.fromisoformat(revoke_by.replace("Z", "+00:00"))
-        leases = _plural(int(reason.get("victims") or 0), "lease", "leases")
+        leases = plural_words(int(reason.get("victims") or 0), "lease", "leases")
         doc["estimate"] = (
             f"by {revoke_by} at the latest: the {leases} it takes capacity from must stop by "
             "then (it starts as soon as they do)"
         )
-        return doc
+        return doc, None
     # A nominee waits for leases on its nominated pools to end: their capacity is held for it.
     nominated = [str(p) for p in reason.get("poolIds") or []] if code == NOMINATED else []
     if not nominated and stage < Stage.CAPACITY:
@@ -195,25 +197,25 @@ async def task_queue(
                 "no estimate: the tenant's quota is the blocker; it waits for the tenant's "
                 f"usage (or its cohort's) to drop ({reason.get('message', code)})"
             )
-            return doc
+            return doc, _eta_ask(row, settings, now, QUOTA)
         if code == Reason.NEVER_FITS:
             totals = await pools_largest_totals(
                 conn, tenant_id=row.tenant_id, runtime_class=row.runtime_class
             )
             doc["estimate"] = _never_fits(row.spec, totals)
-            return doc
+            return doc, None
         doc["estimate"] = (
             "no estimate: no pool can take it until a pool is added, activated or changed "
             f"({reason.get('message', code)})"
         )
-        return doc
+        return doc, None
     if not nominated and stage > Stage.CAPACITY:
         why = {
             Reason.AFFINITY_UNSATISFIED: "it waits for a task it requires affinity with",
             Reason.ANTI_AFFINITY_VIOLATED: "it waits for a conflicting task to end",
         }.get(Reason(code), "a gang needs room on several pools at once")
         doc["estimate"] = f"no estimate: capacity is not the only blocker ({why})"
-        return doc
+        return doc, None
     pools = nominated or [k.removeprefix("pool:") for k in row.wake if k.startswith("pool:")]
     broad = not nominated and any(k.startswith("cap:") for k in row.wake)
     if not pools and not broad:
@@ -221,35 +223,35 @@ async def task_queue(
             conn, tenant_id=row.tenant_id, runtime_class=row.runtime_class
         )
         doc["estimate"] = _never_fits(row.spec, totals)
+        return doc, None
+    return doc, _eta_ask(row, settings, now, CAPACITY, None if broad else pools,
+                         bool(nominated))
+
+
+async def queue_eta_fill(doc: TaskQueue, ask: EtaAsk | None, *, offload: Offload) -> TaskQueue:
+    """Return ``doc`` with the planner's estimate of ``ask`` (computed by a preview worker:
+    429 or 503 with Retry-After past its bound), or as it is without one."""
+    if ask is None:
         return doc
-    window = settings.eta_window_seconds
-    candidates, completed, oldest = await pools_completions_count(
-        conn, tenant_id=row.tenant_id, runtime_class=row.runtime_class,
-        pool_ids=None if broad else pools, since=now - timedelta(seconds=window),
-        limit=COMPLETIONS_COUNTED,
-    )
-    if completed >= COMPLETIONS_COUNTED and oldest is not None:
-        # A busy class: the rate over the span of the most recent completions (bounded read).
-        window = max((now - oldest).total_seconds(), 1.0)
-    over = f"over the last {duration_words(window)}"
-    on = (f"on its {_plural(candidates, 'nominated pool', 'nominated pools')} (their freed "
-          "capacity is held for it)") if nominated else \
-        f"on its {_plural(candidates, 'candidate pool', 'candidate pools')}"
-    if completed == 0:
-        doc["estimate"] = (
-            f"no estimate: capacity is the only blocker, but no lease {on} completed {over}"
-        )
-        return doc
-    rate = completed / window
-    wait = (pos.ahead + 1) / rate
-    doc["estimatedStartAt"] = now + timedelta(seconds=wait)
-    ahead = _plural(pos.ahead, "task", "tasks") + ("" if pos.exact else " or more")
-    doc["estimate"] = (
-        f"about {duration_words(wait)}: {ahead} ahead; leases {on} completed at "
-        f"{rate * 60:.1f} per minute {over} (each completion is assumed to free room for "
-        "one waiting task)"
-    )
+    answer = await offload.run(task_eta, ask)
+    if answer is not None:
+        doc["estimatedStartAt"], doc["estimate"] = answer
     return doc
+
+
+async def task_queue(
+    conn: Connection,
+    *,
+    row: TaskRow,
+    settings: Settings,
+    now: datetime,
+    offload: Offload,
+    cache: QueueCache | None = None,
+) -> TaskQueue:
+    """Return the ``queue`` document of an ADMITTED task (position, competing, ETA); without
+    a ``cache`` the class queue is read afresh."""
+    doc, ask = await task_queue_read(conn, row=row, settings=settings, now=now, cache=cache)
+    return await queue_eta_fill(doc, ask, offload=offload)
 
 
 async def queue_get(

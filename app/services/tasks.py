@@ -20,7 +20,8 @@ from app.ledger.leases import task_cancel as ledger_task_cancel
 from app.ledger.tasks import TaskEventRow, TaskNotFound, TaskRow
 from app.scheduling.spec import TaskSpec
 from app.services.idempotency import request_hash
-from app.services.queue import QueueCache, TaskQueue, task_queue
+from app.services.offload import Offload
+from app.services.queue import QueueCache, TaskQueue, queue_eta_fill, task_queue_read
 from app.services.tenancy import tenant_acting, tenants_reading
 from app.services.wakeups import submitted
 
@@ -69,18 +70,23 @@ async def task_get(
     task_id: uuid.UUID,
     settings: Settings | None = None,
     queue_cache: QueueCache | None = None,
+    offload: Offload | None = None,
 ) -> tuple[TaskRow, TaskQueue | None]:
     """Return a task of the tenants the key reads for, with its queue position and ETA while
-    ADMITTED (when ``settings`` are given), or raise TaskNotFound."""
+    ADMITTED (when ``settings`` and ``offload``, the workers that estimate, are given), or
+    raise TaskNotFound."""
     tenants = tenants_reading(principal, tenant)
-    queue = None
+    queue, ask = None, None
     async with db.connection() as conn:
         row = await ledger.task_get(conn, task_id=task_id, tenant_ids=tenants)
         if row is None:
             raise TaskNotFound()
-        if settings is not None and row.state == "ADMITTED":
-            queue = await task_queue(conn, row=row, settings=settings, now=datetime.now(UTC),
-                                     cache=queue_cache)
+        if settings is not None and offload is not None and row.state == "ADMITTED":
+            queue, ask = await task_queue_read(conn, row=row, settings=settings,
+                                               now=datetime.now(UTC), cache=queue_cache)
+    if queue is not None:
+        # The connection is back in the pool while a worker plans.
+        queue = await queue_eta_fill(queue, ask, offload=offload)  # type: ignore[arg-type]
     return row, queue
 
 

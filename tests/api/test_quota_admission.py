@@ -4,6 +4,7 @@ reasons with their numbers, and usage rows that follow every lease."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime
 
 import pytest
@@ -207,3 +208,32 @@ async def test_a_class_nobody_has_a_quota_in_is_not_limited(
     async with db.connection() as conn:
         assert await conn.fetchval("SELECT count(*) FROM quota_usage "
                                    "WHERE runtime_class = 'gpu-small'") == 0
+
+
+async def test_a_task_its_quota_stops_is_estimated_by_its_tenants_leases_ending(
+    client, keys, shared, reconcile, db
+):
+    await set_tenant(client, keys, TENANT_B, "solo", nominal=2000, borrowingLimit=0)
+    ids = await submit(client, keys, "tenant_b", 3)
+    await reconcile()
+    assert (await states(client, keys, "tenant_b", ids))[-1] == ("ADMITTED", "quota_exceeded")
+    # Two of tenant-b's leases completed over the last 15 minutes: one ends every 450 s.
+    done = await submit(client, keys, "tenant_b", 2)
+    async with db.transaction() as conn:
+        for task_id, age in zip(done, (100, 400), strict=True):
+            await conn.execute("UPDATE tasks SET state = 'SUCCEEDED' WHERE id = $1", task_id)
+            await conn.execute(
+                "INSERT INTO leases (id, task_id, pool_id, runtime_instance_id, epoch, state, "
+                "granted_at, expires_at, ended_at) VALUES (gen_random_uuid(), $1, 'pool-x', "
+                "'rt-1', 1, 'COMPLETED', now(), now(), now() - make_interval(secs => $2))",
+                uuid.UUID(task_id), age)
+    before = datetime.now(UTC)
+    task = (await client.get(f"/v1/tasks/{ids[-1]}", headers=keys.tenant_b)).json()
+    queue = task["queue"]
+    # The planner admits it once the oldest of the tenant's own leases ends.
+    assert queue["estimate"].startswith(
+        "about 8 minutes: the planner places it on pool pool-x once the oldest live lease of "
+        "its tenant in its runtime class has ended")
+    assert queue["estimate"].endswith("(its tenant's quota admits it then)")
+    start = datetime.fromisoformat(queue["estimatedStartAt"].replace("Z", "+00:00"))
+    assert 440 <= (start - before).total_seconds() <= 460

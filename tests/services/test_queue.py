@@ -13,6 +13,7 @@ from app.ledger.tasks import task_get
 from app.reconciler import Reconciler, ReconcilerConfig
 from app.scheduling.policies import QueuedTask, get_policy
 from app.scheduling.reasons import Stage
+from app.services.offload import Offload
 from app.services.queue import task_queue
 from tests.factories import pool_add, spec_make, tasks_add
 
@@ -25,10 +26,14 @@ def _settings(policy: str = "fifo", **kw) -> Settings:
 
 
 async def _read(db: Database, task_id, settings: Settings, now: datetime = NOW) -> dict:
-    async with db.connection() as conn:
-        tenant = await conn.fetchval("SELECT tenant_id FROM tasks WHERE id = $1", task_id)
-        row = await task_get(conn, task_id=task_id, tenant_ids=[tenant])
-        return await task_queue(conn, row=row, settings=settings, now=now)
+    offload = Offload(workers=0, max_concurrent=2, timeout_seconds=60.0, database_url=db.url)
+    try:
+        async with db.connection() as conn:
+            tenant = await conn.fetchval("SELECT tenant_id FROM tasks WHERE id = $1", task_id)
+            row = await task_get(conn, task_id=task_id, tenant_ids=[tenant])
+            return await task_queue(conn, row=row, settings=settings, now=now, offload=offload)
+    finally:
+        offload.close()
 
 
 async def _policy_positions(db: Database, policy: str) -> dict[uuid.UUID, int]:
@@ -115,44 +120,157 @@ async def _completed(db: Database, pool_id: str, ages_seconds: list[float]) -> N
                 task_id, pool_id, NOW - timedelta(seconds=age))
 
 
+async def _live(db: Database, pool_id: str, ages_seconds: list[float], *, cpu: int,
+                tenant: str = "t-a") -> None:
+    """Lease one task of ``cpu`` on ``pool_id`` per age (granted that long ago), with its
+    reservation counted in the pool's ledger."""
+    async with db.transaction() as conn:
+        ids = await tasks_add(conn, tenant=tenant, count=len(ages_seconds),
+                              spec=spec_make(cpu=cpu))
+        for task_id, age in zip(ids, ages_seconds, strict=True):
+            await conn.execute("UPDATE tasks SET state = 'LEASED' WHERE id = $1", task_id)
+            await conn.execute(
+                "INSERT INTO reservations (task_id, pool_id, cpu, memory, llm) "
+                "VALUES ($1, $2, $3, 0, 0)", task_id, pool_id, cpu)
+            await conn.execute(
+                "INSERT INTO leases (id, task_id, pool_id, runtime_instance_id, epoch, state, "
+                "granted_at, expires_at) VALUES "
+                "(gen_random_uuid(), $1, $2, 'rt', 1, 'ACTIVE', $3, $4)",
+                task_id, pool_id, NOW - timedelta(seconds=age), NOW + timedelta(hours=1))
+        await conn.execute("UPDATE ledgers SET cpu_reserved = cpu_reserved + $2 "
+                           "WHERE pool_id = $1", pool_id, cpu * len(ages_seconds))
+
+
+async def _busy_pool(db: Database, pool_id: str = "p1", *, cpu: int = 4000) -> None:
+    async with db.transaction() as conn:
+        await pool_add(conn, pool_id, tenants=["t-a"], capacity=(cpu, 8192, 0))
+        await conn.execute("INSERT INTO runtime_instances (id, last_heartbeat_at) "
+                           "VALUES ($1, $2)", f"rt-{pool_id}", NOW)
+
+
 async def test_an_eta_is_given_when_capacity_is_the_only_blocker_and_completions_are_seen(
     db: Database,
 ) -> None:
+    await _busy_pool(db, cpu=1000)
+    await _live(db, "p1", [400, 300], cpu=500)
     async with db.transaction() as conn:
-        await pool_add(conn, "p1", tenants=["t-a"], capacity=(1000, 1000, 0),
-                       reserved=(1000, 0, 0))
-        await conn.execute("INSERT INTO runtime_instances (id, last_heartbeat_at) "
-                           "VALUES ('rt-p1', $1)", NOW)
         first, second = await tasks_add(conn, tenant="t-a", count=2, spec=spec_make(cpu=500))
     await _park(db)
     # Three leases on the candidate pool completed in the window, one long before it.
     await _completed(db, "p1", [60, 300, 600, 5000])
     queue = await _read(db, second, _settings())
     assert queue["position"] == 2
-    # 3 completions in 900 s: one every 300 s; position 2: 600 s from now.
+    # 3 completions in 900 s: one every 300 s. The first lease to end makes room for the
+    # task ahead, the second for this one: 600 s from now.
     assert queue["estimatedStartAt"] == NOW + timedelta(seconds=600)
     assert queue["estimate"] == (
-        "about 10 minutes: 1 task ahead; leases on its 1 candidate pool completed at 0.2 per "
-        "minute over the last 15 minutes (each completion is assumed to free room for one "
-        "waiting task)"
+        "about 10 minutes: the planner places it on pool p1 once the 2 oldest live leases on "
+        "its 1 candidate pool have ended, after the 1 task ahead of it; leases on its 1 "
+        "candidate pool completed at 0.2 per minute over the last 15 minutes, one about "
+        "every 5 minutes"
     )
 
 
 async def test_no_eta_when_no_completion_was_observed(db: Database) -> None:
+    await _busy_pool(db, cpu=1000)
+    await _live(db, "p1", [400], cpu=1000)
     async with db.transaction() as conn:
-        await pool_add(conn, "p1", tenants=["t-a"], capacity=(1000, 1000, 0),
-                       reserved=(1000, 0, 0))
-        await conn.execute("INSERT INTO runtime_instances (id, last_heartbeat_at) "
-                           "VALUES ('rt-p1', $1)", NOW)
         (task,) = await tasks_add(conn, tenant="t-a", spec=spec_make(cpu=500))
     await _park(db)
     await _completed(db, "p1", [5000])  # outside the window
     queue = await _read(db, task, _settings())
     assert queue["estimatedStartAt"] is None
     assert queue["estimate"] == (
-        "no estimate: capacity is the only blocker, but no lease on its 1 candidate pool "
-        "completed over the last 15 minutes"
+        "no estimate: the planner places it on pool p1 once the oldest live lease on its 1 "
+        "candidate pool has ended, but no lease on its 1 candidate pool completed over the "
+        "last 15 minutes"
     )
+
+
+async def test_a_big_task_behind_small_ones_waits_for_the_room_the_planner_leaves_it(
+    db: Database,
+) -> None:
+    # Eight leases of 500m fill the pool; the oldest ends first.
+    await _busy_pool(db)
+    await _live(db, "p1", [800, 700, 600, 500, 400, 300, 200, 100], cpu=500)
+    async with db.transaction() as conn:
+        small = await tasks_add(conn, tenant="t-a", count=2, spec=spec_make(cpu=500),
+                                admitted_at=NOW - timedelta(seconds=60))
+        (big,) = await tasks_add(conn, tenant="t-a", spec=spec_make(cpu=2000))
+    await _park(db)
+    await _completed(db, "p1", [100, 400, 700])  # one every 300 s
+    queue = await _read(db, big, _settings())
+    # position / rate would say 3 x 300 s. The planner places the two small tasks first
+    # (one lease each), then needs four more leases to end for 2000m: six, 1800 s.
+    assert queue["position"] == 3
+    assert queue["estimatedStartAt"] == NOW + timedelta(seconds=1800)
+    assert "once the 6 oldest live leases on its 1 candidate pool have ended, after the 2 " \
+        "tasks ahead of it" in queue["estimate"]
+    # The planner's order: the small tasks start at the first and second lease ends.
+    for n, task in enumerate(small, 1):
+        assert (await _read(db, task, _settings()))["estimatedStartAt"] == NOW + timedelta(
+            seconds=300 * n)
+    # Under the priority policy the big task goes first when it ranks higher.
+    async with db.transaction() as conn:
+        await conn.execute("UPDATE tasks SET priority = 9 WHERE id = $1", big)
+    queue = await _read(db, big, _settings("priority"))
+    assert queue["estimatedStartAt"] == NOW + timedelta(seconds=1200)
+    assert "after the 0 tasks ahead of it" in queue["estimate"]
+
+
+async def test_a_task_that_fits_now_starts_at_the_next_pass(db: Database) -> None:
+    await _busy_pool(db, "p1", cpu=1000)
+    await _live(db, "p1", [100], cpu=1000)
+    await _busy_pool(db, "p2", cpu=1000)
+    async with db.transaction() as conn:
+        (task,) = await tasks_add(conn, tenant="t-a", spec=spec_make(cpu=500))
+    # Not examined yet: the planner places it on the free pool now.
+    queue = await _read(db, task, _settings(tick_seconds=5.0))
+    assert queue["estimatedStartAt"] == NOW + timedelta(seconds=5)
+    assert queue["estimate"] == (
+        "at the next pass (passes run at least every 5 seconds): the planner places it on "
+        "pool p2 now, after the 0 tasks ahead of it")
+
+
+async def test_a_task_only_a_long_leased_pool_fits_starts_after_those_leases_end(
+    db: Database,
+) -> None:
+    # p-small can never hold 3000m; p-big can, once both of its long leases end. Leases on
+    # p-small end often, but they cannot make room for it.
+    await _busy_pool(db, "p-big", cpu=4000)
+    await _busy_pool(db, "p-small", cpu=1000)
+    await _live(db, "p-big", [7200, 3600], cpu=2000)
+    await _live(db, "p-small", [10, 20, 30, 40], cpu=250)
+    async with db.transaction() as conn:
+        (task,) = await tasks_add(conn, tenant="t-a", spec=spec_make(cpu=3000))
+    await _park(db)
+    await _completed(db, "p-big", [100, 500, 850])
+    await _completed(db, "p-small", [5, 6, 7, 8, 9, 11, 12])
+    queue = await _read(db, task, _settings())
+    assert queue["estimatedStartAt"] == NOW + timedelta(seconds=600)
+    assert queue["estimate"].startswith(
+        "about 10 minutes: the planner places it on pool p-big once the 2 oldest live leases "
+        "on its 1 candidate pool have ended")
+    # Past the bound on the leases let end, no estimate, and why.
+    queue = await _read(db, task, _settings(eta_leases_max=1))
+    assert queue["estimatedStartAt"] is None
+    assert queue["estimate"] == (
+        "no estimate: the planner does not place it even once the oldest live lease on its 1 "
+        "candidate pool has ended (the most an estimate lets end, BERTH_ETA_LEASES_MAX)")
+
+
+async def test_past_the_tasks_bound_there_is_no_estimate(db: Database) -> None:
+    await _busy_pool(db, cpu=1000)
+    await _live(db, "p1", [100], cpu=1000)
+    async with db.transaction() as conn:
+        ids = await tasks_add(conn, tenant="t-a", count=3, spec=spec_make(cpu=500))
+    await _park(db)
+    queue = await _read(db, ids[2], _settings(eta_tasks_max=2))
+    assert (queue["estimatedStartAt"], queue["estimate"]) == (None, (
+        "no estimate: more than 2 tasks are ahead of it, the most an estimate plans "
+        "(BERTH_ETA_TASKS_MAX)"))
+    assert (await _read(db, ids[1], _settings(eta_tasks_max=2)))["estimate"].startswith(
+        "no estimate: the planner places it on pool p1")
 
 
 async def _pending_as(db: Database, task_id: uuid.UUID, reason: dict) -> None:
@@ -182,14 +300,19 @@ async def test_a_task_waiting_for_victims_starts_by_their_deadline_at_the_latest
     )
 
 
-async def test_a_nominee_is_estimated_from_completions_on_its_nominated_pools(
+async def test_a_nominee_is_estimated_from_leases_ending_on_its_nominated_pools(
     db: Database,
 ) -> None:
+    await _busy_pool(db, "p1")
+    await _busy_pool(db, "p2")
+    # p1: three leases and 1000m already held for the nominee; p2: younger leases only.
+    await _live(db, "p1", [400, 300, 200], cpu=1000)
+    await _live(db, "p2", [10, 20, 30, 40], cpu=1000)
     async with db.transaction() as conn:
-        for pool in ("p1", "p2"):
-            await pool_add(conn, pool, tenants=["t-a"], capacity=(4000, 1000, 0),
-                           reserved=(4000, 0, 0))
         (task,) = await tasks_add(conn, tenant="t-a", spec=spec_make(cpu=4000))
+        await conn.execute("INSERT INTO reservations (task_id, pool_id, cpu, memory, llm, hold) "
+                           "VALUES ($1, 'p1', 1000, 0, 0, true)", task)
+        await conn.execute("UPDATE ledgers SET cpu_reserved = 4000 WHERE pool_id = 'p1'")
     await _pending_as(db, task, {
         "code": "nominated", "message": "m", "rejections": {}, "poolIds": ["p1"],
         "need": {"cpuMillis": 4000, "memoryMiB": 0, "llmSlots": 0},
@@ -199,11 +322,13 @@ async def test_a_nominee_is_estimated_from_completions_on_its_nominated_pools(
     await _completed(db, "p1", [60, 300, 600])
     await _completed(db, "p2", [10, 20, 30, 40, 50, 70])
     queue = await _read(db, task, _settings())
-    assert queue["estimatedStartAt"] == NOW + timedelta(seconds=300)
+    # With its hold, p1's three leases ending make room: 3 x 300 s.
+    assert queue["estimatedStartAt"] == NOW + timedelta(seconds=900)
     assert queue["estimate"] == (
-        "about 5 minutes: 0 tasks ahead; leases on its 1 nominated pool (their freed capacity "
-        "is held for it) completed at 0.2 per minute over the last 15 minutes (each "
-        "completion is assumed to free room for one waiting task)"
+        "about 15 minutes: the planner places it on pool p1 once the 3 oldest live leases on "
+        "its 1 nominated pool (their freed capacity is held for it) have ended, after the 0 "
+        "tasks ahead of it; leases on its 1 nominated pool (their freed capacity is held for "
+        "it) completed at 0.2 per minute over the last 15 minutes, one about every 5 minutes"
     )
 
 
