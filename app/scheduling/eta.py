@@ -79,6 +79,37 @@ def candidate_pools(snapshot: Snapshot, spec: CompiledSpec) -> list[str]:
     return [snapshot.ids[i] for i in seen[fits].tolist()]
 
 
+class _Room:
+    """Whether the task could fit on some pool at all: a pool of its class open to its
+    tenant whose totals, less what is reserved there, plus every hold of the inputs there
+    (a holder placed elsewhere gives its holds back), hold one member. The capacity filter
+    rejects every pool otherwise, so the planner cannot place it and need not be asked."""
+
+    def __init__(self, inputs: PassInputs, task_id: uuid.UUID) -> None:
+        snapshot = inputs.snapshot
+        spec = next((s for t, s in inputs.tasks if t.id == task_id), None)
+        seen = None if spec is None else snapshot.by_tenant.get(spec.tenant_id)
+        code = None if spec is None else snapshot.rc_table.get(spec.runtime_class)
+        if spec is None or seen is None or code is None:
+            self.idx = np.empty(0, dtype=np.intp)
+        else:
+            self.idx = seen[(snapshot.rc[seen] == code) & snapshot.has_ledger[seen]]
+        self.cap = snapshot.cap[self.idx]
+        self.request = np.array(spec.requests if spec is not None else (0, 0, 0))
+        rows = {int(p): r for r, p in enumerate(self.idx.tolist())}
+        self.held = np.zeros_like(self.cap)
+        for holds in inputs.holds.values():
+            for pool_id, amount in holds.items():
+                r = rows.get(snapshot.pos.get(pool_id, -1))
+                if r is not None:
+                    self.held[r] += np.array(amount)
+
+    def possible(self, reserved: np.ndarray) -> bool:
+        """Return whether one member could fit somewhere with ``reserved``."""
+        free = self.cap - reserved[self.idx] + self.held
+        return bool((free >= self.request).all(axis=1).any())
+
+
 def _rows_freed(
     rows: Sequence[QuotaRow], freed: Mapping[tuple[str, str], Vector]
 ) -> tuple[QuotaRow, ...]:
@@ -106,6 +137,7 @@ def forecast(
     reserved = snapshot.reserved.copy()
     freed: dict[tuple[str, str], Vector] = {}
     rows, tree = inputs.quota_rows, inputs.quota_cohorts
+    room = _Room(inputs, task_id)
     last = now
     for ended, lease in enumerate(leases, 1):
         i = snapshot.pos.get(lease.pool_id)
@@ -115,6 +147,8 @@ def forecast(
         was = freed.get(key, (0, 0, 0))
         freed[key] = (was[0] + lease.amount[0], was[1] + lease.amount[1],
                       was[2] + lease.amount[2])
+        if not room.possible(reserved):
+            continue
         after = _rows_freed(rows, freed) if rows else rows
         step = dataclasses.replace(
             inputs, snapshot=snapshot.with_reserved(reserved.copy()), quota_rows=after,

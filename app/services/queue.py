@@ -11,12 +11,13 @@ the oldest ``queue_count_limit`` tasks, one bounded read) that a :class:`QueueCa
 for ``queue_snapshot_seconds``: a read of getTask costs binary searches, not a count over
 the queue. Past the limit the counts are lower bounds and ``exact`` is false.
 
-**ETA**: ``estimatedStartAt`` is given only when capacity is the only blocker (the pending
-reason's closest miss is a capacity code) and leases on the task's candidate pools (the
-pools that only capacity kept from fitting; the class's pools open to the tenant when there
-are many) completed at an observed rate over the last ``eta_window_seconds``. Then
-``estimatedStartAt = now + position / rate``: each completion is assumed to free room for
-one waiting task, in queue order. Otherwise it is null and ``estimate`` says why.
+**ETA**: the stored pending reason says what blocks the task. A preemptor or reclaimer starts
+by its victims' deadline; a task no pool can take until a pool changes, one that can never
+fit, or one blocked past the capacity stage (affinity, a gang) gets no estimate, and the
+reason why. For a task waiting for capacity (or nominated), for its tenant's quota, or not
+examined yet, the pass's planner answers in a preview worker (:mod:`app.services.eta`), after
+the request's connection went back to the pool: :func:`task_queue_read` builds the document
+and the ask, :func:`queue_eta_fill` has it answered.
 """
 
 from __future__ import annotations
