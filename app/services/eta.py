@@ -1,18 +1,18 @@
 """A waiting task's estimated start, by the pass's planner, in a preview worker.
 
 The API process decides what blocks the task (its stored pending reason) and, when capacity
-or its tenant's quota does, or it was not examined yet, sends an :class:`EtaAsk` to a
-preview worker (:mod:`app.services.offload`). The worker reads what a pass over the task
-would read (:func:`eta_inputs_read`): the task and the tasks ahead of it in the order a pass
-claims them (at most ``eta_tasks_max``), the snapshot (kept between previews), the quota
-rows and tree of its runtime class, the holds of those tasks and the nominations; and the
-live leases that could make room for it, oldest first (at most ``eta_leases_max``): on its
-candidate pools (those its stored wake keys name, its nominated pools, or every pool of its
-class open to its tenant that can hold one member), or for a task its quota stops, its
-tenant's own in the class. :func:`eta_decide` then asks the planner
-(:func:`app.scheduling.eta.forecast`): placed now, the next pass; otherwise after how many of
-those leases end. The leases are spaced at the rate leases completed on the same pools (the
-tenant's own, for quota) over ``eta_window_seconds``.
+or its tenant's quota does, sends an :class:`EtaAsk` to a preview worker
+(:mod:`app.services.offload`). The worker reads what a pass over the task would read
+(:func:`eta_inputs_read`): the task and the tasks ahead of it in the order a pass claims
+them (at most ``eta_tasks_max``), the snapshot (kept between previews), the quota rows and
+tree of its runtime class, the holds of those tasks and the nominations; and the live leases
+that could make room for it, oldest first (at most ``eta_leases_max``): on its candidate
+pools (those its stored wake keys name, its nominated pools, or every pool of its class open
+to its tenant that can hold one member), or for a task its quota stops, its tenant's own in
+the class. :func:`eta_decide` then asks the planner (:func:`app.scheduling.eta.forecast`):
+placed now, the next pass; otherwise after how many of those leases end. The leases are
+spaced at the rate leases completed on the same pools (the tenant's own, for quota) over
+``eta_window_seconds``.
 """
 
 from __future__ import annotations
@@ -43,20 +43,17 @@ from app.pass_config import ReconcilerConfig
 from app.scheduling.eta import Forecast, candidate_pools, forecast, tasks_until
 from app.scheduling.explain import queue_eta
 from app.scheduling.inputs import NominationInputs, PassInputs
-from app.scheduling.parking import pending_stage
 from app.scheduling.plugins.registry import profile
-from app.scheduling.reasons import Stage
 from app.scheduling.records import ClaimedTask, LiveLease
 from app.scheduling.spec import CompiledSpec, StoredSpecs
 from app.services.offload import worker_read
 
-__all__ = ["CAPACITY", "QUOTA", "UNEXAMINED", "EtaAsk", "EtaInputs", "eta_decide",
+__all__ = ["CAPACITY", "QUOTA", "EtaAsk", "EtaInputs", "eta_decide",
            "eta_inputs_read", "task_eta"]
 
 #: What blocks the task an estimate is asked for.
 CAPACITY = "capacity"
 QUOTA = "quota"
-UNEXAMINED = "unexamined"
 Compiled = list[tuple[ClaimedTask, CompiledSpec]]
 #: Most recent completions one estimate counts (the rate is then taken over their span).
 COMPLETIONS_COUNTED = 1000
@@ -70,7 +67,7 @@ class EtaAsk:
     runtime_class: str
     config: ReconcilerConfig
     now: datetime
-    #: :data:`CAPACITY`, :data:`QUOTA` or :data:`UNEXAMINED`.
+    #: :data:`CAPACITY` or :data:`QUOTA`.
     blocker: str
     #: The pools whose leases may make room (wake keys' or nominated); None: every pool of
     #: the class open to the tenant that can hold one member.
@@ -210,19 +207,15 @@ def _leases_on(eta: EtaInputs) -> str:
 
 
 def eta_decide(eta: EtaInputs) -> tuple[datetime | None, str] | None:
-    """Return the estimated start of the asked task and how it was made; None for a task not
-    examined yet that capacity is not what stops (its pass will say); pure."""
+    """Return the estimated start of the asked task and how it was made; None for a task its
+    quota stops that the planner does not place within the bound (the quota's explanation
+    stands); pure."""
     ask = eta.ask
     if eta.too_many_ahead:
         return None, (
             f"no estimate: more than {ask.tasks_max} tasks are ahead of it, the most an "
             "estimate plans (BERTH_ETA_TASKS_MAX)")
-    first = forecast(eta.inputs, ask.task_id, ())
-    if first.ended is None and ask.blocker == UNEXAMINED and pending_stage(
-            str((first.reason or {}).get("code"))) != Stage.CAPACITY:
-        return None
-    out: Forecast = first if first.ended is not None else forecast(
-        eta.inputs, ask.task_id, eta.leases, first=first)
+    out: Forecast = forecast(eta.inputs, ask.task_id, eta.leases)
     at, words = queue_eta(
         out.ended, pool=out.pool_id, placed_ahead=out.placed_ahead, reason=out.reason,
         now=ask.now, leases_on=_leases_on(eta), completed=eta.completed,

@@ -14,10 +14,11 @@ the queue. Past the limit the counts are lower bounds and ``exact`` is false.
 **ETA**: the stored pending reason says what blocks the task. A preemptor or reclaimer starts
 by its victims' deadline; a task no pool can take until a pool changes, one that can never
 fit, or one blocked past the capacity stage (affinity, a gang) gets no estimate, and the
-reason why. For a task waiting for capacity (or nominated), for its tenant's quota, or not
-examined yet, the pass's planner answers in a preview worker (:mod:`app.services.eta`), after
-the request's connection went back to the pool: :func:`task_queue_read` builds the document
-and the ask, :func:`queue_eta_fill` has it answered.
+reason why; so does a task no pass examined yet (the next pass will). For a task waiting for
+capacity (or nominated), or for its tenant's quota, the pass's planner answers in a preview
+worker (:mod:`app.services.eta`), after the request's connection went back to the pool:
+:func:`task_queue_read` builds the document and the ask, :func:`queue_eta_fill` has it
+answered.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from app.scheduling.explain import (
 )
 from app.scheduling.positions import ClassQueue
 from app.scheduling.reasons import Reason, Stage
-from app.services.eta import CAPACITY, QUOTA, UNEXAMINED, EtaAsk, task_eta
+from app.services.eta import CAPACITY, QUOTA, EtaAsk, task_eta
 from app.services.offload import Offload
 from app.services.tenancy import tenants_reading
 
@@ -176,7 +177,7 @@ async def task_queue_read(
     stage = row.pending_stage or 0
     if reason is None:
         doc["estimate"] = "no estimate: not examined yet; a reconciler pass looks at it next"
-        return doc, _eta_ask(row, settings, now, UNEXAMINED)
+        return doc, None
     code = str(reason.get("code"))
     if code in (PREEMPTING, RECLAIMING) and reason.get("revokeBy"):
         # Its capacity is taken from leases that must stop by their deadline.

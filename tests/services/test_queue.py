@@ -222,9 +222,19 @@ async def test_a_task_that_fits_now_starts_at_the_next_pass(db: Database) -> Non
     await _busy_pool(db, "p1", cpu=1000)
     await _live(db, "p1", [100], cpu=1000)
     await _busy_pool(db, "p2", cpu=1000)
+    await _live(db, "p2", [100], cpu=1000)
     async with db.transaction() as conn:
         (task,) = await tasks_add(conn, tenant="t-a", spec=spec_make(cpu=500))
-    # Not examined yet: the planner places it on the free pool now.
+    # Not examined yet: the next pass will say.
+    queue = await _read(db, task, _settings())
+    assert queue["estimate"].startswith("no estimate: not examined yet")
+    await _park(db)
+    # p2's lease has ended since the pass parked it: the planner places it there now.
+    async with db.transaction() as conn:
+        await conn.execute("DELETE FROM reservations WHERE pool_id = 'p2'")
+        await conn.execute("UPDATE leases SET state = 'COMPLETED', ended_at = $1 "
+                           "WHERE pool_id = 'p2'", NOW)
+        await conn.execute("UPDATE ledgers SET cpu_reserved = 0 WHERE pool_id = 'p2'")
     queue = await _read(db, task, _settings(tick_seconds=5.0))
     assert queue["estimatedStartAt"] == NOW + timedelta(seconds=5)
     assert queue["estimate"] == (
