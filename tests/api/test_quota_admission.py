@@ -4,6 +4,8 @@ reasons with their numbers, and usage rows that follow every lease."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import uuid
 from datetime import UTC, datetime
 
@@ -12,7 +14,7 @@ import pytest
 from app.ledger.invariants import ledger_check
 from app.ledger.wakeups import Wakeup
 from app.metrics import QUOTA_BORROWED, QUOTA_NOMINAL, QUOTA_USED, TASKS_PENDING
-from tests.api.conftest import TENANT_A, TENANT_B
+from tests.api.conftest import TENANT_A, TENANT_B, assert_problem
 from tests.factories import ledger_violations
 
 BIG = {"cpuMillis": 32000, "memoryMiB": 65536, "llmSlots": 0}
@@ -237,3 +239,36 @@ async def test_a_task_its_quota_stops_is_estimated_by_its_tenants_leases_ending(
     assert queue["estimate"].endswith("(its tenant's quota admits it then)")
     start = datetime.fromisoformat(queue["estimatedStartAt"].replace("Z", "+00:00"))
     assert 440 <= (start - before).total_seconds() <= 460
+
+
+def _wait(event: threading.Event) -> bool:
+    return event.wait(10)
+
+
+async def test_an_estimate_past_the_bound_on_previews_is_429_with_retry_after(
+    app, client, keys, shared, reconcile
+):
+    await set_tenant(client, keys, TENANT_B, "solo", nominal=1000, borrowingLimit=0)
+    ids = await submit(client, keys, "tenant_b", 2)
+    await reconcile()
+    fresh = await submit(client, keys, "tenant_b", 1)
+    offload = app.state.offload
+    release = threading.Event()
+    held = [asyncio.ensure_future(offload.run(_wait, release))
+            for _ in range(offload.max_concurrent)]
+    await asyncio.sleep(0.05)
+    try:
+        # The planner is asked for the task its quota stops: no worker is free.
+        r = await client.get(f"/v1/tasks/{ids[-1]}", headers=keys.tenant_b)
+        problem = assert_problem(r, 429)
+        assert r.headers["Retry-After"] == "1"
+        assert "BERTH_PREVIEW_MAX_CONCURRENT" in problem["detail"]
+        # A task no pass examined yet asks no worker.
+        assert (await client.get(f"/v1/tasks/{fresh[0]}", headers=keys.tenant_b)).json()[
+            "queue"]["estimate"].startswith("no estimate: not examined yet")
+    finally:
+        release.set()
+        await asyncio.gather(*held)
+    r = await client.get(f"/v1/tasks/{ids[-1]}", headers=keys.tenant_b)
+    assert r.status_code == 200
+    assert "quota" in r.json()["queue"]["estimate"]
