@@ -161,10 +161,16 @@ def forecast(
 
 
 def _placed(inputs: PassInputs, task_id: uuid.UUID, ended: int) -> Forecast:
-    """Return the forecast of ``task_id`` from one plan of ``inputs``, ``ended`` leases on."""
+    """Return the forecast of ``task_id`` from one plan of ``inputs``, ``ended`` leases on;
+    the tasks placed ahead of it are counted only on pools its tenant can use (no tenant
+    learns of the work of tenants it shares no pool with)."""
     outcomes = plan_outcomes(inputs)
     out = outcomes[task_id]
-    if isinstance(out, Placed):
-        ahead = sum(1 for o in outcomes.values() if isinstance(o, Placed)) - 1
-        return Forecast(ended, out.members[0][0], ahead)
-    return Forecast(None, reason=out.pending_reason)
+    if not isinstance(out, Placed):
+        return Forecast(None, reason=out.pending_reason)
+    snapshot = inputs.snapshot
+    seen = snapshot.by_tenant.get(out.task.tenant_id)
+    usable = set() if seen is None else {snapshot.ids[i] for i in seen.tolist()}
+    ahead = sum(1 for o in outcomes.values() if isinstance(o, Placed) and o is not out
+                and any(pool in usable for pool, _ in o.members))
+    return Forecast(ended, out.members[0][0], ahead)

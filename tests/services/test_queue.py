@@ -389,6 +389,33 @@ async def test_tasks_of_tenants_that_share_no_pool_with_the_caller_do_not_count(
     assert queue["position"] == (2 if policy == "fair" else 38)
 
 
+async def test_an_estimate_counts_no_work_of_tenants_that_share_no_pool(db: Database) -> None:
+    async with db.transaction() as conn:
+        for pool, tenant in (("acme-p", "acme"), ("globex-p", "globex")):
+            await pool_add(conn, pool, tenants=[tenant], capacity=(1000, 8192, 0))
+            await conn.execute("INSERT INTO runtime_instances (id, last_heartbeat_at) "
+                               "VALUES ($1, $2)", f"rt-{pool}", NOW)
+    await _live(db, "acme-p", [100], cpu=1000, tenant="acme")
+    await _live(db, "globex-p", [100], cpu=1000, tenant="globex")
+    async with db.transaction() as conn:
+        await tasks_add(conn, tenant="globex", count=2, spec=spec_make(cpu=500),
+                        admitted_at=NOW - timedelta(seconds=600))
+        (acme,) = await tasks_add(conn, tenant="acme", spec=spec_make(cpu=500))
+    await _park(db)
+    await _completed(db, "acme-p", [100, 400, 700])
+    # globex's pool frees up: the planner places globex's two older tasks there, in the same
+    # plan that places acme's task once its own pool's lease ends.
+    async with db.transaction() as conn:
+        await conn.execute("DELETE FROM reservations WHERE pool_id = 'globex-p'")
+        await conn.execute("UPDATE leases SET state = 'COMPLETED', ended_at = $1 "
+                           "WHERE pool_id = 'globex-p'", NOW)
+        await conn.execute("UPDATE ledgers SET cpu_reserved = 0 WHERE pool_id = 'globex-p'")
+    queue = await _read(db, acme, _settings())
+    assert queue["estimatedStartAt"] == NOW + timedelta(seconds=300)
+    assert "after the 0 tasks ahead of it" in queue["estimate"]
+    assert "globex" not in queue["estimate"]
+
+
 async def test_a_task_that_can_never_fit_says_so_and_counts_for_no_position(
     db: Database,
 ) -> None:
