@@ -235,7 +235,7 @@ class Settings(BaseSettings):
         "rate.",
     )
     eta_leases_max: int = Field(
-        default=50,
+        default=32,
         ge=1,
         le=10000,
         description="Most live leases an estimated start lets end (oldest first, the planner "
@@ -243,7 +243,7 @@ class Settings(BaseSettings):
         "estimate.",
     )
     eta_tasks_max: int = Field(
-        default=100,
+        default=50,
         ge=1,
         le=10000,
         description="Most competing tasks an estimated start plans ahead of the task; a task "

@@ -74,8 +74,8 @@ class EtaAsk:
     pool_ids: tuple[str, ...] | None = None
     nominated: bool = False
     window_seconds: float = 900.0
-    leases_max: int = 50
-    tasks_max: int = 100
+    leases_max: int = 32
+    tasks_max: int = 50
     #: The longest a parked task waits for a pass once it fits (a pass's period).
     pass_seconds: float = 5.0
 
