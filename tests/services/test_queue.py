@@ -148,8 +148,9 @@ async def _busy_pool(db: Database, pool_id: str = "p1", *, cpu: int = 4000) -> N
                            "VALUES ($1, $2)", f"rt-{pool_id}", NOW)
 
 
+@pytest.mark.parametrize("policy", ["fifo", "priority", "fair"])
 async def test_an_eta_is_given_when_capacity_is_the_only_blocker_and_completions_are_seen(
-    db: Database,
+    db: Database, policy: str,
 ) -> None:
     await _busy_pool(db, cpu=1000)
     await _live(db, "p1", [400, 300], cpu=500)
@@ -158,7 +159,7 @@ async def test_an_eta_is_given_when_capacity_is_the_only_blocker_and_completions
     await _park(db)
     # Three leases on the candidate pool completed in the window, one long before it.
     await _completed(db, "p1", [60, 300, 600, 5000])
-    queue = await _read(db, second, _settings())
+    queue = await _read(db, second, _settings(policy))
     assert queue["position"] == 2
     # 3 completions in 900 s: one every 300 s. The first lease to end makes room for the
     # task ahead, the second for this one: 600 s from now.
