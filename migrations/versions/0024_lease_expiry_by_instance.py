@@ -8,6 +8,9 @@ a heartbeat. Recovery finds the expired leases instance by instance in that inde
 scan of its instances, then each one's expired range): its cost grows with the runtime
 instances holding live leases, not with the leases.
 
+The index is created ``IF NOT EXISTS``: on a large ``leases`` table an operator may build it
+first with ``CREATE INDEX CONCURRENTLY`` (docs/operations.md).
+
 Revision ID: 0024_lease_expiry_by_instance
 Revises: 0023_watch_quiet_admissions
 Create Date: 2026-12-05
@@ -31,7 +34,8 @@ _LIVE = sa.text("state IN ('ACTIVE', 'REVOKING')")
 def upgrade() -> None:
     """Apply this revision."""
     op.create_index("ix_leases_instance_expiry", "leases",
-                    ["runtime_instance_id", "expires_at"], postgresql_where=_LIVE)
+                    ["runtime_instance_id", "expires_at"], postgresql_where=_LIVE,
+                    if_not_exists=True)
     op.drop_index("ix_leases_runtime_instance", table_name="leases")
     op.drop_index("ix_leases_expiry", table_name="leases")
 
