@@ -70,23 +70,14 @@ TASKS_REQUEUE = (
     "updated_at = $3 "
     "WHERE id = ANY($1::uuid[]) RETURNING id, state, attempts"
 )
-# The expired leases, oldest first, read instance by instance in ``ix_leases_instance_expiry``
-# (live leases by runtime instance and expiry; no index holds every lease by expiry): ``i``
-# steps through the instances holding live leases, one index descent each (a loose scan),
-# and each instance's expired range is read from its start.
+# The expired leases, oldest first. No index holds the leases by expiry alone:
+# ``ix_leases_instance_expiry`` (live leases by runtime instance, then expiry) is read whole,
+# its second column tested on each entry, so the read grows with the live leases, never with
+# ended ones (the history).
 _EXPIRED = (
-    "WITH RECURSIVE i(id) AS ("
-    "(SELECT runtime_instance_id FROM leases WHERE state IN ('ACTIVE', 'REVOKING') "
-    "ORDER BY runtime_instance_id LIMIT 1) "
-    "UNION ALL SELECT (SELECT l.runtime_instance_id FROM leases l "
-    "WHERE l.state IN ('ACTIVE', 'REVOKING') AND l.runtime_instance_id > i.id "
-    "ORDER BY l.runtime_instance_id LIMIT 1) FROM i WHERE i.id IS NOT NULL) "
     "SELECT DISTINCT task_id FROM ("
-    "SELECT e.task_id FROM i CROSS JOIN LATERAL ("
-    "SELECT l.task_id, l.expires_at FROM leases l WHERE l.runtime_instance_id = i.id "
-    "AND l.state IN ('ACTIVE', 'REVOKING') AND l.expires_at <= $1 AND l.state = 'ACTIVE' "
-    "ORDER BY l.expires_at LIMIT $2) e "
-    "ORDER BY e.expires_at LIMIT $2) x"
+    "SELECT task_id FROM leases WHERE state IN ('ACTIVE', 'REVOKING') "
+    "AND expires_at <= $1 AND state = 'ACTIVE' ORDER BY expires_at LIMIT $2) e"
 )
 _POOL_LEASED = (
     "SELECT DISTINCT task_id FROM leases WHERE state IN ('ACTIVE', 'REVOKING') AND pool_id = $1"

@@ -4,9 +4,9 @@
 and ``ix_leases_expiry`` (active leases by expiry: recovery) become one index,
 ``ix_leases_instance_expiry`` on ``(runtime_instance_id, expires_at)`` of the live leases.
 A lease then writes four index entries instead of five, and so does every renewal of it by
-a heartbeat. Recovery finds the expired leases instance by instance in that index (a loose
-scan of its instances, then each one's expired range): its cost grows with the runtime
-instances holding live leases, not with the leases.
+a heartbeat. Recovery reads that index whole for the expired leases, testing the expiry
+(its second column) on each entry: the read grows with the live leases, not with the ended
+ones.
 
 The index is created ``IF NOT EXISTS``: on a large ``leases`` table an operator may build it
 first with ``CREATE INDEX CONCURRENTLY`` (docs/operations.md).
