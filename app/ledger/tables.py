@@ -184,10 +184,6 @@ tasks = Table(
     CheckConstraint("attempts >= 0", name="attempts_nonnegative"),
     CheckConstraint("preemptions >= 0", name="preemptions_nonnegative"),
     CheckConstraint("max_attempts >= 1", name="max_attempts_positive"),
-    # Admissions fill a page to 35 %: a task's leased version (about twice its admitted one,
-    # with its placement text) then fits on its page, and its update logs less
-    # (revision 0024b_tasks_fillfactor).
-    postgresql_with={"fillfactor": 35},
 )
 # Idempotency keys are unique per tenant; only keyed tasks are indexed (revision 0003).
 Index(
