@@ -70,10 +70,14 @@ TASKS_REQUEUE = (
     "updated_at = $3 "
     "WHERE id = ANY($1::uuid[]) RETURNING id, state, attempts"
 )
+# The expired leases, oldest first. No index holds the leases by expiry alone:
+# ``ix_leases_instance_expiry`` (live leases by runtime instance, then expiry) is read whole,
+# its second column tested on each entry, so the read grows with the live leases, never with
+# ended ones (the history).
 _EXPIRED = (
     "SELECT DISTINCT task_id FROM ("
-    "SELECT task_id FROM leases WHERE state = 'ACTIVE' AND expires_at <= $1 "
-    "ORDER BY expires_at LIMIT $2) e"
+    "SELECT task_id FROM leases WHERE state IN ('ACTIVE', 'REVOKING') "
+    "AND expires_at <= $1 AND state = 'ACTIVE' ORDER BY expires_at LIMIT $2) e"
 )
 _POOL_LEASED = (
     "SELECT DISTINCT task_id FROM leases WHERE state IN ('ACTIVE', 'REVOKING') AND pool_id = $1"

@@ -281,13 +281,16 @@ Index(
     unique=True,
     postgresql_where=text(LIVE_LEASE),
 )
-Index("ix_leases_expiry", leases.c.expires_at, postgresql_where=text("state = 'ACTIVE'"))
 # The ended leases of a task: the retention sweep deletes a pruned task's leases
 # (0007_history). Partial, so that a placement (which inserts a live lease) writes no entry.
 Index("ix_leases_task_id", leases.c.task_id, postgresql_where=text(f"NOT ({LIVE_LEASE})"))
+# A runtime's live leases (heartbeats, its lease list), and the expired ones (recovery reads
+# it whole, testing the expiry on each entry): one index for both, so a lease and each of its
+# renewals write one entry for them (0024_lease_expiry_by_instance).
 Index(
-    "ix_leases_runtime_instance",
+    "ix_leases_instance_expiry",
     leases.c.runtime_instance_id,
+    leases.c.expires_at,
     postgresql_where=text(LIVE_LEASE),
 )
 Index("ix_leases_pool_live", leases.c.pool_id, postgresql_where=text(LIVE_LEASE))

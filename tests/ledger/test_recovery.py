@@ -139,3 +139,59 @@ async def test_the_leased_tasks_to_take_back_are_locked_by_id_with_stale_statist
             plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + query, ids[:2]))
             assert "ix_tasks_leased_tenant" not in plan, plan
             assert "pk_tasks" in plan, plan
+
+
+async def _leases_insert(conn, rows: list[tuple[str, str, int]]) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """Insert leases (name, instance, seconds to expiry from NOW, state) with no tasks behind
+    them; return their task ids by name."""
+    ids = {}
+    for name, instance, seconds, state in rows:
+        ids[name] = await conn.fetchval(
+            "INSERT INTO leases (id, task_id, pool_id, runtime_instance_id, epoch, state, "
+            "expires_at, revoke_by) VALUES (gen_random_uuid(), gen_random_uuid(), 'p1', $1, 1, "
+            "$2::text, $3::timestamptz, CASE WHEN $2::text = 'REVOKING' THEN $3::timestamptz END) "
+            "RETURNING task_id",
+            instance, state, NOW + timedelta(seconds=seconds),
+        )
+    return ids
+
+
+async def test_expired_leases_are_found_across_instances_oldest_first(db: Database) -> None:
+    """Every instance's expired active leases, oldest first across instances up to the
+    limit; never a revoking lease, an ended one or one expiring later."""
+    from app.ledger import recovery
+
+    async with db.transaction() as conn:
+        ids = await _leases_insert(conn, [
+            ("a-old", "rt-a", -50, "ACTIVE"), ("a-new", "rt-a", -10, "ACTIVE"),
+            ("a-live", "rt-a", 30, "ACTIVE"), ("b-mid", "rt-b", -30, "ACTIVE"),
+            ("b-revoking", "rt-b", -40, "REVOKING"), ("c-ended", "rt-c", -60, "EXPIRED"),
+            ("d-oldest", "rt-d", -70, "ACTIVE"), ("e-live", "rt-e", 5, "ACTIVE"),
+        ])
+        found = [r[0] for r in await conn.fetch(recovery._EXPIRED, NOW, 10)]
+        first = [r[0] for r in await conn.fetch(recovery._EXPIRED, NOW, 2)]
+    assert set(found) == {ids["a-old"], ids["a-new"], ids["b-mid"], ids["d-oldest"]}
+    assert set(first) == {ids["d-oldest"], ids["a-old"]}
+
+
+async def test_the_expired_scan_reads_the_live_leases_index_not_the_history(
+    db: Database,
+) -> None:
+    """No index holds every lease by expiry: the scan reads ``ix_leases_instance_expiry``
+    (live leases only), testing the expiry in the index, not the ended leases."""
+    from app.ledger import recovery
+
+    async with db.transaction() as conn:
+        # 500 live leases on 50 instances beside 4,500 ended ones.
+        await conn.execute(
+            "INSERT INTO leases (id, task_id, pool_id, runtime_instance_id, epoch, state, "
+            "expires_at, ended_at) SELECT gen_random_uuid(), gen_random_uuid(), 'p1', "
+            "'rt-' || (g % 50), 1, CASE WHEN g % 10 = 0 THEN 'ACTIVE' ELSE 'COMPLETED' END, "
+            "now(), CASE WHEN g % 10 <> 0 THEN now() END FROM generate_series(1, 5000) AS g"
+        )
+        await conn.execute("ANALYZE leases")
+        plan = "\n".join(
+            r[0] for r in await conn.fetch("EXPLAIN " + recovery._EXPIRED, NOW, 500))
+    assert "Seq Scan" not in plan, plan
+    assert "Index Scan using ix_leases_instance_expiry" in plan, plan
+    assert "Index Cond: (expires_at <=" in plan, plan
