@@ -305,6 +305,23 @@ class QuotaBook:
                 return True
         return False
 
+    def may_borrow(self, needs: Iterable[tuple[str, str, Sequence[int]]]) -> bool:
+        """Return whether some task of ``needs`` (tenant, runtime class, need) could have to
+        borrow once the tasks before it are placed, whichever they are: whether some tenant's
+        usage plus all its tasks' needs goes above its nominal in a managed class."""
+        totals: dict[tuple[str, str], list[int]] = {}
+        managed = self._managed
+        for tenant_id, runtime_class, need in needs:
+            if runtime_class not in managed:
+                continue
+            acc = totals.get((tenant_id, runtime_class))
+            if acc is None:
+                acc = totals[(tenant_id, runtime_class)] = [0, 0, 0]
+            acc[0] += need[0]
+            acc[1] += need[1]
+            acc[2] += need[2]
+        return any(self.borrows(t, rc, acc) for (t, rc), acc in totals.items())
+
     def tenant_weight(self, tenant_id: str) -> float:
         """Return the tenant's fair weight (1 when it has none set)."""
         return self._weight.get(("tenant", tenant_id), 1.0)
