@@ -147,8 +147,10 @@ def _needs(tenant_id: str, resource: str, want: int, nominal: int, used: int) ->
 
 
 def _draw(before: int, after: int, kept: int) -> int:
-    """Return how much more a node moving from ``before`` to ``after`` draws on its parent."""
-    return max(0, after - kept) - max(0, before - kept)
+    """Return how much more a node moving from ``before`` to ``after`` draws on its parent:
+    ``max(0, after - kept) - max(0, before - kept)``, without calls (a placement asks it once
+    per resource and level of the tree)."""
+    return (after - kept if after > kept else 0) - (before - kept if before > kept else 0)
 
 
 # A cohort's cell in one (runtime class, resource), shared by the slots of its subtree:
