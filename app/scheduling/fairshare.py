@@ -20,7 +20,8 @@ tree: :meth:`FairShares.key`), then the first in the policy's order. Shares are 
 from the pass's quota book as it places work, so a pass that places many tasks divides
 the borrowed capacity among tenants by weight rather than giving it to the first. With a
 usage half-life set, the share a tenant is ordered by is its decayed usage's instead
-(see :class:`FairShares`).
+(see :class:`FairShares`). When no tenant's usage plus all its tasks of the pass goes above
+its nominal, no task can have to borrow and the order is the policy's, with nothing ranked.
 
 Pure: no I/O, no clock.
 """
@@ -129,7 +130,9 @@ def fair_order(
     tasks that must borrow by share (see the module doc). The caller places each task
     (and counts it in ``shares``) before asking for the next, so the book and the shares
     are those of that moment."""
-    if book is None or shares is None:
+    if book is None or shares is None or not book.may_borrow(
+            (spec.tenant_id, spec.runtime_class, spec.total_requests) for _, spec in tasks):
+        # No task can have to borrow, whatever is placed before it: the policy's order.
         yield from tasks
         return
     heads = _Heads(tasks, book, shares)

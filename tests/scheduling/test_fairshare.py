@@ -117,6 +117,39 @@ def test_fair_order_is_a_deterministic_permutation(order, nominal, weights):
     assert sorted(seen) == sorted(t.id for t, _ in tasks)
 
 
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 2)), max_size=12),
+       st.dictionaries(st.sampled_from("abc"), st.integers(0, 8), max_size=3),
+       st.dictionaries(st.sampled_from("abc"), st.integers(0, 3), max_size=3))
+@SETTINGS
+def test_a_pass_that_cannot_borrow_keeps_the_policy_order(order, nominal, used):
+    # may_borrow says no task can have to borrow whatever is placed before it; then no task
+    # borrows in any order, and the pass keeps the policy's order.
+    nominals = {t: n * 1000 for t, n in nominal.items()}
+    usage = {t: n * 1000 for t, n in used.items()}
+    tasks = _tasks(order)
+    book = _book(nominals, {}, usage)
+    needs = [(s.tenant_id, s.runtime_class, s.total_requests) for _, s in tasks]
+    if book.may_borrow(needs):
+        assert any(book.borrows(t, rc, (sum(n[0] for u, _, n in needs if u == t), 0, 0))
+                   for t, rc, _ in needs)
+        return
+    for ordered in (tasks, tasks[::-1]):
+        book = _book(nominals, {}, usage)
+        for _, s in ordered:
+            assert not book.borrows(s.tenant_id, s.runtime_class, s.total_requests)
+            book.add(s.tenant_id, s.runtime_class, s.total_requests)
+    book = _book(nominals, {}, usage)
+    assert list(fair_order(tasks, book, FairShares(book))) == tasks
+
+
+def test_may_borrow_sees_a_tenant_whose_tasks_together_go_above_nominal():
+    book = _book({"lender": 8000, "a": 2000, "b": 1000}, {})
+    assert not book.may_borrow([("a", "py", (1000, 0, 0)), ("a", "py", (1000, 0, 0)),
+                                ("b", "py", (1000, 0, 0)), ("x", "other", (10**6, 0, 0))])
+    assert book.may_borrow([("a", "py", (1000, 0, 0)), ("b", "py", (1000, 0, 0)),
+                            ("a", "py", (1000, 0, 0)), ("a", "py", (1, 0, 0))])
+
+
 def test_decayed_usage_orders_the_tenant_that_consumed_less_first():
     # Equal shares now; a consumed more recently.
     decayed = {("a", "py"): (6000.0, 0.0, 0.0), ("b", "py"): (1000.0, 0.0, 0.0)}

@@ -139,9 +139,18 @@ def _amount(resource: str, n: int) -> str:
     return f"{n}{unit}"
 
 
+def _needs(tenant_id: str, resource: str, want: int, nominal: int, used: int) -> str:
+    """Return the head of a refusal's message: what the task needs, what the tenant uses."""
+    _, word = _UNITS[resource]
+    return (f"needs {_amount(resource, want)}{word}; {tenant_id} uses "
+            f"{_amount(resource, used)} of {_amount(resource, nominal)} nominal")
+
+
 def _draw(before: int, after: int, kept: int) -> int:
-    """Return how much more a node moving from ``before`` to ``after`` draws on its parent."""
-    return max(0, after - kept) - max(0, before - kept)
+    """Return how much more a node moving from ``before`` to ``after`` draws on its parent:
+    ``max(0, after - kept) - max(0, before - kept)``, without calls (a placement asks it once
+    per resource and level of the tree)."""
+    return (after - kept if after > kept else 0) - (before - kept if before > kept else 0)
 
 
 # A cohort's cell in one (runtime class, resource), shared by the slots of its subtree:
@@ -257,7 +266,10 @@ class QuotaBook:
             return None
         for i, nominal, lim, kept, used, cell in slots:
             want = need[i]
-            if want <= 0:
+            after = used + want
+            # Within its nominal (and its own limit) a task borrows nothing: no level of the
+            # path is asked.
+            if want <= 0 or after <= nominal and (lim is None or after <= lim):
                 continue
             refused = _refusal(tenant_id, RESOURCES[i], want, nominal, lim, kept, used, cell)
             if refused is not None:
@@ -289,7 +301,28 @@ class QuotaBook:
         slots = self._slots_of(tenant_id, runtime_class)
         if slots is None:
             return False
-        return any(s[4] + need[s[0]] > s[1] for s in slots if need[s[0]] > 0)
+        for i, nominal, _, _, used, _ in slots:
+            want = need[i]
+            if want > 0 and used + want > nominal:
+                return True
+        return False
+
+    def may_borrow(self, needs: Iterable[tuple[str, str, Sequence[int]]]) -> bool:
+        """Return whether some task of ``needs`` (tenant, runtime class, need) could have to
+        borrow once the tasks before it are placed, whichever they are: whether some tenant's
+        usage plus all its tasks' needs goes above its nominal in a managed class."""
+        totals: dict[tuple[str, str], list[int]] = {}
+        managed = self._managed
+        for tenant_id, runtime_class, need in needs:
+            if runtime_class not in managed:
+                continue
+            acc = totals.get((tenant_id, runtime_class))
+            if acc is None:
+                acc = totals[(tenant_id, runtime_class)] = [0, 0, 0]
+            acc[0] += need[0]
+            acc[1] += need[1]
+            acc[2] += need[2]
+        return any(self.borrows(t, rc, acc) for (t, rc), acc in totals.items())
 
     def tenant_weight(self, tenant_id: str) -> float:
         """Return the tenant's fair weight (1 when it has none set)."""
@@ -385,13 +418,11 @@ def _refusal(
     """Return why ``want`` more of ``resource`` does not fit: beyond the tenant's own limit,
     or more than some level of its path can lend now (None when it fits)."""
     after = used + want
-    _, word = _UNITS[resource]
-    head = (f"needs {_amount(resource, want)}{word}; {tenant_id} uses "
-            f"{_amount(resource, used)} of {_amount(resource, nominal)} nominal")
     if lim is not None and after > lim:
         return NoPlacement(
             Reason.QUOTA_EXCEEDED,
-            f"{head} and may borrow at most {_amount(resource, lim - nominal)}",
+            f"{_needs(tenant_id, resource, want, nominal, used)} and may borrow at most "
+            f"{_amount(resource, lim - nominal)}",
             {}, None,
         )
     # ``more``: the borrowed part of the draw ``d`` on the next level up.
@@ -405,7 +436,8 @@ def _refusal(
             where = "its cohort" if first else f"cohort {cell[_ID]} on its path"
             return NoPlacement(
                 Reason.QUOTA_BORROW_UNAVAILABLE,
-                f"{head}, {where} can lend {_amount(resource, left)} now",
+                f"{_needs(tenant_id, resource, want, nominal, used)}, {where} can lend "
+                f"{_amount(resource, left)} now",
                 {}, None,
             )
         first = False
