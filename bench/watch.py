@@ -15,7 +15,9 @@ PostgreSQL started for the run):
 5. print ONE JSON line: submit → ``lease.granted`` seen by the runtime (``p50Ms``, ``p99Ms``,
    from the moment the submission was sent), ``eventsPerSec`` delivered to the watchers,
    ``serverCpuMsPerEvent`` (the API processes' CPU during the submissions, per delivered
-   event; they also serve the submissions, so this is an upper bound), the memory per idle
+   event; they also serve the submissions, so this is an upper bound), ``cpuMsPerSubmission``
+   (the CPU of each process of the run per accepted submission: the API, the reconciler,
+   PostgreSQL serving the run's database, and this process's clients), the memory per idle
    watcher, and ``apiWorkers``.
 
 The clients (submitter and watchers) run in this process with a minimal HTTP/1.1 client; on
@@ -40,8 +42,8 @@ import orjson
 import psutil
 
 from bench.api import _free_port, _fresh_database, _uvicorn
-from bench.database import SERVER_HELP, env_server_url
-from bench.workers import REPO_ROOT, python_env
+from bench.database import SERVER_HELP, database_name, env_server_url
+from bench.workers import REPO_ROOT, postgres_cpu_seconds, python_env
 
 __all__ = ["build_parser", "main"]
 
@@ -166,6 +168,28 @@ def _cpu(pid: int) -> float:
     return sum(float(t.user + t.system) for t in (p.cpu_times() for p in _processes(pid)))
 
 
+class CpuMeter:
+    """The CPU seconds each process of the run has used since the meter was made: the API
+    server (with its workers), the reconciler, PostgreSQL serving the database (None when
+    its processes are not on this machine) and this process (the clients)."""
+
+    def __init__(self, server_pid: int, reconciler_pid: int, database: str) -> None:
+        self._pids = {"api": server_pid, "reconciler": reconciler_pid}
+        self._database = database
+        self._start = {name: _cpu(pid) for name, pid in self._pids.items()}
+        self._clients = time.process_time()
+        self._postgres: dict[int, float] = postgres_cpu_seconds(database)
+
+    def used(self) -> dict[str, float | None]:
+        """Return the CPU seconds used so far, by process."""
+        used: dict[str, float | None] = {
+            name: _cpu(pid) - self._start[name] for name, pid in self._pids.items()}
+        used["database"] = (postgres_cpu_seconds(self._database, self._postgres)
+                            if self._postgres else None)
+        used["clients"] = time.process_time() - self._clients
+        return used
+
+
 def _workers_up(pid: int, workers: int) -> None:
     """Wait until every worker process serves (a single worker is the main process)."""
     if workers > 1:
@@ -194,8 +218,8 @@ async def _pools(host: str, port: int, admin: str, count: int) -> None:
             raise RuntimeError(f"putPoolCapacity answered {status}: {answer}")
 
 
-async def _run(base: str, pid: int, keys: dict[str, Any], args: argparse.Namespace
-               ) -> dict[str, Any]:
+async def _run(base: str, pid: int, keys: dict[str, Any], args: argparse.Namespace,
+               *, reconciler_pid: int, database: str) -> dict[str, Any]:
     parts = urlsplit(base)
     host, port = parts.hostname or "127.0.0.1", int(parts.port or 80)
     await _pools(host, port, keys["admin"], args.pools)
@@ -220,7 +244,7 @@ async def _run(base: str, pid: int, keys: dict[str, Any], args: argparse.Namespa
                 host, port, key, "after=now&types=lease", seen, granted, ready, progress)))
             await ready.wait()
         submitter = Submitter(host, port, keys["tenant"])
-        cpu0, t0 = _cpu(pid), time.perf_counter()
+        meter, t0 = CpuMeter(pid, reconciler_pid, database), time.perf_counter()
         sending = []
         for i in range(int(args.rate * args.seconds)):
             await asyncio.sleep(max(0.0, t0 + i / args.rate - time.perf_counter()))
@@ -233,13 +257,15 @@ async def _run(base: str, pid: int, keys: dict[str, Any], args: argparse.Namespa
                     progress.clear()
                     await progress.wait()
         elapsed = time.perf_counter() - t0
-        cpu = _cpu(pid) - cpu0
+        used = meter.used()
     finally:
         beats.cancel()
         for t in tasks:
             t.cancel()
     waits = sorted((seen[t] - s) * 1000 for t, s in submitter.sent.items() if t in seen)
     delivered = granted[0] + idle_count[0]
+    accepted = len(submitter.sent)
+    cpu = used["api"] or 0.0
     return {
         "apiWorkers": args.workers, "idleWatchers": args.idle, "runtimeWatchers": args.pools,
         "submitted": len(submitter.sent), "errors": submitter.errors,
@@ -249,6 +275,9 @@ async def _run(base: str, pid: int, keys: dict[str, Any], args: argparse.Namespa
         "p99Ms": round(waits[int(0.99 * (len(waits) - 1))], 1) if waits else None,
         "eventsPerSec": round(delivered / elapsed, 1),
         "serverCpuMsPerEvent": round(1000 * cpu / delivered, 3) if delivered else None,
+        "cpuMsPerSubmission": {
+            name: round(1000 * seconds / accepted, 3) if accepted and seconds is not None
+            else None for name, seconds in used.items()},
         "memoryPerWatcherKiB": round(per_watcher, 1),
         "loadAverage": round(os.getloadavg()[0], 1),
         "cpus": os.cpu_count(),
@@ -294,7 +323,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             with _uvicorn(url, _free_port(), 16, args.workers) as (base, pid):
                 _workers_up(pid, args.workers)
-                result = asyncio.run(_run(base, pid, keys, args))
+                result = asyncio.run(_run(base, pid, keys, args, reconciler_pid=reconciler.pid,
+                                          database=database_name(url)))
         finally:
             reconciler.terminate()
             reconciler.wait(timeout=20)

@@ -116,10 +116,13 @@ _INSERT = f"""
     ORDER BY f.idx
 """
 
-#: The batch without keys: ($5 specs, one per line; $6 id prefix). The first ``room`` items
-#: are inserted, in request order; one row answers: how many were, and every item's id in
-#: request order. (One text instead of an array of 1,000: less to encode and to decode.)
-_INSERT_UNKEYED = f"""
+def _insert_unkeyed(wake: bool) -> str:
+    """Return the statement of a batch without keys: ($5 specs, one per line; $6 id prefix).
+    The first ``room`` items are inserted, in request order; one row answers: every item's id
+    in request order and the seq of each inserted one (the first ones). With ``wake`` the
+    statement notifies the reconcilers itself. (One text instead of an array of 1,000: less
+    to encode and to decode.)"""
+    return f"""
     WITH input AS MATERIALIZED (
         SELECT i.idx, {_id('$6')} AS id, i.spec::json AS spec
         FROM string_to_table($5::text, E'\\n') WITH ORDINALITY AS i(spec, idx)
@@ -130,11 +133,15 @@ _INSERT_UNKEYED = f"""
         FROM input n CROSS JOIN LATERAL {_fields('n.spec')}, gate
         WHERE gate.room IS NULL OR n.idx <= gate.room
         ORDER BY n.idx
-        RETURNING id
+        RETURNING id, seq
     ), {_EVENTS}
-    SELECT (SELECT count(*) FROM ins), (SELECT array_agg(id::text ORDER BY idx) FROM input),
-           {_WAKE}
+    SELECT (SELECT array_agg(id::text ORDER BY idx) FROM input),
+           (SELECT coalesce(array_agg(ins.seq ORDER BY n.idx), '{{}}')
+              FROM ins JOIN input n ON n.id = ins.id){", " + _WAKE if wake else ""}
 """
+
+
+_INSERT_UNKEYED = {wake: _insert_unkeyed(wake) for wake in (True, False)}
 
 _BY_KEYS = f"""
     SELECT {_COLUMNS}, t.request_hash, t.idempotency_key FROM tasks t
@@ -190,18 +197,20 @@ async def task_batch_insert_unkeyed(
     specs: str,
     now: datetime,
     max_queued: int = 0,
-) -> tuple[list[str], int]:
+    wake: bool = True,
+) -> tuple[list[str], list[int]]:
     """Store validated specs (camelCase JSON, compact: one per line of ``specs``, at most
     :data:`ITEMS_MAX`) without idempotency keys as ADMITTED tasks in their order, in one
-    statement, and notify reconcilers.
+    statement, and notify reconcilers (unless not ``wake``: the caller wakes them after the
+    commit).
 
-    Return every item's task id in order and how many were stored: the first ones; with
+    Return every item's task id in order and the seqs of those stored: the first ones; with
     ``max_queued`` (0: no cap), those past the tenant's room are refused (not stored).
     """
     row = await conn.fetchrow(
-        _INSERT_UNKEYED, tenant_id, shard, now, max_queued, specs, uuid7_prefix(now),
+        _INSERT_UNKEYED[wake], tenant_id, shard, now, max_queued, specs, uuid7_prefix(now),
     )
-    return row[1], row[0]
+    return row[0], row[1]
 
 
 async def tasks_by_key(

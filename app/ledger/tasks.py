@@ -97,6 +97,18 @@ class TenantQueueFull(BerthError):
     type_slug = "tenant-queue-full"
 
 
+def tenant_queue_full(tenant_id: str, max_queued: int) -> TenantQueueFull:
+    """Return the 429 (with ``Retry-After``) of a submission past the tenant's cap."""
+    return TenantQueueFull(
+        f"tenant {tenant_id!r} has {max_queued} queued tasks, the most "
+        f"BERTH_MAX_QUEUED_TASKS_PER_TENANT allows; retry when some have started",
+        extra={
+            "maxQueuedTasks": max_queued,
+            "headers": {"Retry-After": str(QUEUE_FULL_RETRY_AFTER_SECONDS)},
+        },
+    )
+
+
 class SpecHasNul(Unprocessable):
     """The spec contains a NUL character (\\u0000), which no stored string may hold."""
 
@@ -338,14 +350,7 @@ async def task_submit(
     if idempotency_key is not None:
         existing = await conn.fetchrow(_BY_KEY, tenant_id, idempotency_key)
     if existing is None and max_queued > 0:
-        raise TenantQueueFull(
-            f"tenant {tenant_id!r} has {max_queued} queued tasks, the most "
-            f"BERTH_MAX_QUEUED_TASKS_PER_TENANT allows; retry when some have started",
-            extra={
-                "maxQueuedTasks": max_queued,
-                "headers": {"Retry-After": str(QUEUE_FULL_RETRY_AFTER_SECONDS)},
-            },
-        )
+        raise tenant_queue_full(tenant_id, max_queued)
     if existing is None:  # pragma: no cover - the unique index guarantees a winner exists
         raise IdempotencyKeyReused("the Idempotency-Key is in use by a concurrent request")
     if existing["request_hash"] != digest:

@@ -45,7 +45,7 @@ from app.services.idempotency import request_hash
 from app.services.tenancy import tenant_acting
 from app.shards import shard_of
 
-__all__ = ["Admitted", "BatchEntry", "BatchOutcome", "task_batch_submit"]
+__all__ = ["Admitted", "BatchEntry", "BatchOutcome", "task_batch_submit", "tasks_store_unkeyed"]
 
 #: An escaped NUL in JSON text (``\u0000`` not itself escaped); checked only when the
 #: cheap substring test finds one.
@@ -72,6 +72,8 @@ class Admitted:
     priority: int
     max_attempts: int
     created_at: datetime
+    #: Its position in admission order (known for a task stored by a batch without keys).
+    seq: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +119,9 @@ def _storable(
 
 
 def _admitted(entry: BatchEntry, task_id: str, tenant_id: str, spec_json: str,
-              now: datetime) -> Admitted:
+              now: datetime, seq: int | None = None) -> Admitted:
     return Admitted(task_id, tenant_id, spec_json, entry.spec.priority,
-                    entry.spec.max_attempts, now)
+                    entry.spec.max_attempts, now, seq)
 
 
 def _key_reused() -> IdempotencyKeyReused:
@@ -169,7 +171,8 @@ async def task_batch_submit(
     outcome by index (see the module docstring for the statuses)."""
     tenant_id = tenant_acting(principal, tenant)
     if all(entry.idempotency_key is None for entry in entries):
-        return await _unkeyed_submit(db, tenant_id, entries, max_queued)
+        return await tasks_store_unkeyed(db, tenant_id=tenant_id, entries=entries,
+                                         max_queued=max_queued)
     outcomes: dict[int, BatchOutcome] = {}
     owners: dict[str, _Prepared] = {}  # key -> its first valid occurrence
     repeats: list[_Prepared] = []
@@ -242,24 +245,32 @@ async def task_batch_submit(
     return outcomes
 
 
-async def _unkeyed_submit(
-    db: Database, tenant_id: str, entries: Sequence[BatchEntry], max_queued: int
+async def tasks_store_unkeyed(
+    db: Database,
+    *,
+    tenant_id: str,
+    entries: Sequence[BatchEntry],
+    max_queued: int,
+    wake: bool = True,
 ) -> dict[int, BatchOutcome]:
-    """Store a batch none of whose items has a key (see :func:`task_batch_submit`)."""
+    """Store items none of which has a key for ``tenant_id``, in one statement; return each
+    one's outcome by index (201, 429 past the cap, 422 for a NUL). Without ``wake`` the
+    statement does not notify the reconcilers: the caller wakes them after the commit."""
     outcomes: dict[int, BatchOutcome] = {}
     kept, lines = _storable(entries, outcomes)
     if not kept:
         return outcomes
     now = datetime.now(UTC)
     async with db.connection() as conn:
-        ids, stored = await ledger.task_batch_insert_unkeyed(
+        ids, seqs = await ledger.task_batch_insert_unkeyed(
             conn, tenant_id=tenant_id, shard=shard_of(tenant_id), specs=lines, now=now,
-            max_queued=max_queued,
+            max_queued=max_queued, wake=wake,
         )
     assert len(ids) == len(kept)  # one line per spec
-    for (entry, spec_json), task_id in zip(kept[:stored], ids, strict=False):
+    stored = len(seqs)
+    for (entry, spec_json), task_id, seq in zip(kept[:stored], ids, seqs, strict=False):
         outcomes[entry.index] = BatchOutcome(
-            201, _admitted(entry, task_id, tenant_id, spec_json, now))
+            201, _admitted(entry, task_id, tenant_id, spec_json, now, seq))
     if stored < len(kept):
         refused = BatchOutcome(429, error=_queue_full(tenant_id, max_queued))
         for entry, _ in kept[stored:]:

@@ -1,8 +1,10 @@
 """Tasks: submit, read, list, history and cancel, for the tenants a key acts for.
 
 Submission is one statement on an autocommit connection (the insert and its event are one
-atomic round trip), so it is committed when :func:`task_submit` returns; reconcilers are
-woken after that commit, coalesced (:mod:`app.services.wakeups`).
+atomic round trip), so it is committed when :func:`task_submit` returns; a tenant's
+concurrent submissions without an Idempotency-Key share that statement
+(:mod:`app.services.submissions`). Reconcilers are woken after the commit, coalesced
+(:mod:`app.services.wakeups`).
 Cancel locks, changes and releases in one transaction that commits before
 :func:`task_cancel` returns. Reads use an autocommit connection.
 """
@@ -22,6 +24,7 @@ from app.scheduling.spec import TaskSpec
 from app.services.idempotency import request_hash
 from app.services.offload import Offload
 from app.services.queue import QueueCache, TaskQueue, queue_eta_fill, task_queue_read
+from app.services.submissions import task_store
 from app.services.tenancy import tenant_acting, tenants_reading
 from app.services.wakeups import submitted
 
@@ -44,9 +47,10 @@ async def task_submit(
     """
     tenant_id = tenant_acting(principal, tenant)
     payload = spec.model_dump(mode="json", by_alias=True)
-    digest = None
-    if idempotency_key is not None:
-        digest = request_hash({"tenantId": tenant_id, "spec": payload})
+    if idempotency_key is None:
+        return await task_store(db, tenant_id=tenant_id, spec=spec, payload=payload,
+                                max_queued=max_queued)
+    digest = request_hash({"tenantId": tenant_id, "spec": payload})
     async with db.connection() as conn:
         row = await ledger.task_submit(
             conn,
