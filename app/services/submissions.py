@@ -10,6 +10,12 @@ tenant in flight is stored at once (with those that arrive in the same turn of t
 loop), so coalescing never adds a wait of its own; under load the statements grow instead
 of queueing for connections.
 
+A submission waits for its turn no longer than a request waits for a busy pool's connection
+(``pool_wait_seconds``, else the connect timeout): one still waiting then is refused like
+one that found every connection busy (503 with ``Retry-After``; nothing stored), so a
+statement that hangs (a synchronous standby gone, say) holds one connection and one
+request, never a growing queue. One already in a statement waits for that statement.
+
 Each submission gets the answer it would get alone: its task (committed), the 429 of the
 tenant's queue cap (the first submissions of a statement fill the room left), the 422 of a
 spec PostgreSQL cannot hold, or the database fault of its statement (503 for every
@@ -25,7 +31,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from app.db import Database
+from app.db import Database, PoolBusy
 from app.ledger.batches import ITEMS_MAX
 from app.ledger.tasks import TaskRow, tenant_queue_full
 from app.scheduling.spec import TaskSpec
@@ -64,6 +70,16 @@ class _Statements:
         if key not in self._flushing:
             self._flushing[key] = asyncio.get_running_loop().create_task(self._flush(key))
         return answer
+
+    def withdraw(self, key: _Key, answer: asyncio.Future[TaskRow]) -> bool:
+        """Take back a submission still waiting for a statement; return False when a
+        statement holds it already."""
+        waiting = self._waiting.get(key, [])
+        for i, w in enumerate(waiting):
+            if w.answer is answer:
+                del waiting[i]
+                return True
+        return False
 
     async def _flush(self, key: _Key) -> None:
         """Store the submissions waiting under ``key``, a statement at a time, until none
@@ -145,5 +161,12 @@ async def task_store(
     statements = _statements.get(db)
     if statements is None:
         statements = _statements[db] = _Statements(db)
+    key = (tenant_id, max_queued)
+    answer = statements.add(key, spec, payload)
+    bound = db.pool_wait_seconds or db.connect_timeout_seconds
     # Shielded: a request that goes away does not take its neighbours' statement with it.
-    return await asyncio.shield(statements.add((tenant_id, max_queued), spec, payload))
+    done, _ = await asyncio.wait({asyncio.shield(answer)}, timeout=bound)
+    if not done and statements.withdraw(key, answer):
+        answer.cancel()
+        raise PoolBusy(f"the tenant's earlier submissions held the database for {bound:g} s")
+    return await asyncio.shield(answer)

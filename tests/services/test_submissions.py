@@ -133,3 +133,38 @@ async def test_a_submission_that_goes_away_leaves_its_statement_to_the_others(
     # Its task was stored with its neighbours all the same, as a request's would be whose
     # client goes away after sending it.
     assert await count(db, "SELECT count(*) FROM tasks") == 6
+
+
+
+async def _lock_waited(conn: Any) -> None:
+    """Wait until a statement of another connection waits for a lock."""
+    for _ in range(200):
+        if await conn.fetchval("SELECT count(*) FROM pg_stat_activity "
+                               "WHERE wait_event_type = 'Lock' AND state = 'active'"):
+            return
+        await asyncio.sleep(0.025)
+    raise AssertionError("no statement waited for the lock")
+
+
+async def test_a_submission_waits_for_a_hung_statement_no_longer_than_for_a_connection(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(db, "pool_wait_seconds", 0.3)
+    blocker = await db.connect()
+    try:
+        tx = blocker.transaction()
+        await tx.start()
+        await blocker.execute("LOCK TABLE tasks IN SHARE ROW EXCLUSIVE MODE")
+        first = asyncio.ensure_future(submit(db, spec(1)))
+        await _lock_waited(blocker)
+        later = await asyncio.gather(*(submit(db, spec(2)) for _ in range(3)),
+                                     return_exceptions=True)
+        # Refused like a caller that found every connection busy; the first still waits.
+        assert all(isinstance(r, PoolBusy) for r in later), later
+        assert not first.done()
+        await tx.rollback()
+    finally:
+        await blocker.close()
+    row = await first
+    assert row.created
+    assert await count(db, "SELECT count(*) FROM tasks") == 1
