@@ -235,7 +235,7 @@ class _Planning:
         #: so an id is never reused), with how many tasks had each.
         self.counts_seen: dict[int, list] = {}
         settings = inputs.settings
-        self.nominate = Nominate(inputs, self.assumed)
+        self.nominate = Nominate(inputs, self.assumed, quota=self.book, pending=self._pending)
         self.reclaim = Reclaim(
             inputs.reclaim, inputs.quota_rows, self._trees(), now=inputs.now,
             grace_seconds=settings.preemption_grace_seconds, quota=self.book,
@@ -355,12 +355,16 @@ class _Planning:
             self.shares.placed(spec.tenant_id, spec.runtime_class, spec.total_requests)
         self.placed.append(Placed(task, spec, outcome, tuple(members)))
 
-    def _fits_nowhere(self, step: Step) -> None:
-        inputs = self.inputs
+    def _pending(self, step: Step) -> Unclaim:
+        """Return the parking hand-back of a task pending for the step's reason."""
         reason = step.reason
-        pending = pending_unclaim(
+        return pending_unclaim(
             step.task, str(reason.code), no_placement_document(reason),
-            wake_keys(step.spec, reason), now=inputs.now, settings=inputs.settings)
+            wake_keys(step.spec, reason), now=self.inputs.now, settings=self.inputs.settings)
+
+    def _fits_nowhere(self, step: Step) -> None:
+        reason = step.reason
+        pending = self._pending(step)
         nominee = self.nominate.nominee(step, pending)
         if nominee is not None:
             self.unclaims.append(nominee)

@@ -128,3 +128,34 @@ def test_a_nominee_its_quota_refuses_never_keeps_its_holds(world):
     # Its nomination ends; one whose task is no longer admitted is recovery's to remove.
     assert plan.nominations_ended.get(nominee.id) == (
         "stale" if world[5] == "ADMITTED" else None)
+
+
+def test_a_nominee_refused_by_work_placed_later_in_its_pass_gives_back_its_holds():
+    """A nominee decided first (it fits nowhere, and its quota admits it then) whose tenant's
+    later task of the same pass borrows what the cohort could lend it: once that task is
+    placed the nominee's quota refuses it, so its nomination ends and its holds go back in
+    this pass, not the next."""
+    nominee = _task(1, "a", 3000, pending=NOMINATED)
+    later = _task(2, "a", 2000, pending=None)
+    compiled, invalid = StoredSpecs().compile_all([nominee, later])
+    assert not invalid
+    pools = [pool("q0", tenant_ids=frozenset({"a"}), capacity=(4000, 8192, 0),
+                  reserved=(3000, 0, 0)),  # 2000m of other work, 1000m held for the nominee
+             pool("q1", tenant_ids=frozenset({"a"}), capacity=(2000, 8192, 0))]
+    rows = (_row("a", "ca", 0, 0), _row("lender", "ca", 4000, 0))
+    inputs = PassInputs(
+        now=NOW, settings=SETTINGS_PASS, profile=profile("spread"),
+        snapshot=snapshot(pools), tasks=tuple(compiled), quota_rows=rows,
+        cohorts={"a": "ca", "lender": "ca"}, holds={nominee.id: {"q0": (1000, 0, 0)}},
+        nomination=NominationInputs(
+            (Nomination("q0", nominee.id, "py", 1, (3000, 0, 0), NOW - timedelta(minutes=5),
+                        0, 1, "ADMITTED"),),
+            {"py": ((nominee.id, 0, 1), (later.id, 0, 2))}, {}),
+    )
+    plan = plan_pass(inputs)
+    assert [(p.task.id, p.members) for p in plan.placed] == [(later.id, (("q1", 1),))]
+    assert plan.nominations_ended == {nominee.id: "stale"}
+    assert nominee.id not in plan.holds.kept
+    assert plan.holds.given_back([later.id], plan.unclaims) == (nominee.id,)
+    (handed,) = [u for u in plan.unclaims if u.task_id == nominee.id]
+    assert handed.reason == "quota_borrow_unavailable"
