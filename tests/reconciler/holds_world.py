@@ -63,8 +63,8 @@ class Holder:
     held: dict[str, int]
     #: Pools its nominations name, with the cpu they need there (nominees).
     nominated: dict[str, int] = field(default_factory=dict)
-    #: Its victims still revoking: (pool, cpu reserved, revoke_by).
-    victims: list[tuple[str, int, datetime]] = field(default_factory=list)
+    #: Its victims still revoking: (pool, cpu reserved, revoke_by, the victim's tenant).
+    victims: list[tuple[str, int, datetime, str]] = field(default_factory=list)
 
 
 class World:
@@ -249,7 +249,8 @@ _HOLDS = (
     "FROM reservations r JOIN tasks t ON t.id = r.task_id WHERE r.hold ORDER BY 1, 2"
 )
 _VICTIMS = (
-    "SELECT l.preempted_by, l.pool_id, coalesce(r.cpu, 0), l.revoke_by FROM leases l "
+    "SELECT l.preempted_by, l.pool_id, coalesce(r.cpu, 0), l.revoke_by, t.tenant_id "
+    "FROM leases l JOIN tasks t ON t.id = l.task_id "
     "LEFT JOIN reservations r ON r.task_id = l.task_id AND r.pool_id = l.pool_id "
     "WHERE l.state = 'REVOKING' AND l.preempted_by = ANY($1::uuid[])"
 )
@@ -264,8 +265,8 @@ async def holders_read(conn: Connection) -> dict[uuid.UUID, Holder]:
         h = holders.setdefault(task_id, Holder(task_id, tenant, code, (int(need), 0, 0), {}))
         h.held[pool] = int(cpu)
     ids = list(holders)
-    for preemptor, pool, cpu, revoke_by in await conn.fetch(_VICTIMS, ids):
-        holders[preemptor].victims.append((pool, int(cpu), revoke_by))
+    for preemptor, pool, cpu, revoke_by, tenant in await conn.fetch(_VICTIMS, ids):
+        holders[preemptor].victims.append((pool, int(cpu), revoke_by, tenant))
     for task_id, pool, cpu in await conn.fetch(_NOMINATED, ids):
         holders[task_id].nominated[pool] = int(cpu)
     return holders
@@ -291,12 +292,12 @@ class Book:
         if own is not None:
             rows = [dataclasses.replace(r, used=r.used - own[2][RESOURCES.index(r.resource)])
                     if (r.tenant_id, r.runtime_class) == own[:2] else r for r in rows]
-        # A preemptor's victims are its tenant's work that stops for it.
-        gone = sum(cpu for _, cpu, _ in h.victims) if h.code == PREEMPTING else 0
-        if gone:
-            rows = [dataclasses.replace(r, used=r.used - gone)
-                    if (r.tenant_id, r.runtime_class, r.resource) == (h.tenant, RC, "cpuMillis")
-                    else r for r in rows]
+        # Its victims' leases stop for it: their usage is given back.
+        gone: dict[str, int] = {}
+        for _, cpu, _, tenant in h.victims:
+            gone[tenant] = gone.get(tenant, 0) + cpu
+        rows = [dataclasses.replace(r, used=r.used - gone[r.tenant_id])
+                if r.tenant_id in gone and r.resource == "cpuMillis" else r for r in rows]
         tree = cohort_rows_drawn(self.tree, self.rows, rows)
         return QuotaBook(rows, self.cohorts, tree).refuse(h.tenant, RC, h.need)
 

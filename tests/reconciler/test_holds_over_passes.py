@@ -20,8 +20,8 @@ After every pass, from the database:
   reclaimer's, a nominee's) belongs to a task that is ADMITTED and pending as a holder
   (``preempting``, ``reclaiming`` or ``nominated``); whose quota admits it in the book a
   pass plans with (the waiting reclaimers' needs counted as their tenants' usage, the whole
-  cohort tree drawn; the holder's own counted need, and a preemptor's revoking victims,
-  left out); a nominee's held pools are among its nominated pools, each ACTIVE with a total
+  cohort tree drawn; the holder's own counted need left out, and the usage of the leases
+  revoking for it given back); a nominee's held pools are among its nominated pools, each ACTIVE with a total
   that still covers what it needs there; a preemptor or reclaimer still has victims
   revoking;
 * no hold survives two passes without progress. A holder that held after the previous pass
@@ -39,7 +39,7 @@ import itertools
 import uuid
 from unittest import mock
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from app.db import Database
@@ -139,6 +139,7 @@ async def test_holds_are_never_orphaned_over_many_passes(
         try:
             await world.build()
             for change, seconds in script:
+                note(f"pass {world.passes + 1}: {change}, then {seconds:g} s")
                 await step_apply(world, change)
                 # A silent runtime's leases expire: it says nothing for longer than their TTL.
                 await world.tick(LEASE_TTL + 5 if change[0] == "silent" else seconds)
