@@ -21,9 +21,9 @@ After every pass, from the database:
   (``preempting``, ``reclaiming`` or ``nominated``); whose quota admits it in the book a
   pass plans with (the waiting reclaimers' needs counted as their tenants' usage, the whole
   cohort tree drawn; the holder's own counted need left out, and the usage of the leases
-  revoking for it given back); a nominee's held pools are among its nominated pools, each ACTIVE with a total
-  that still covers what it needs there; a preemptor or reclaimer still has victims
-  revoking;
+  revoking for it given back); a nominee's held pools are among its nominated pools, each
+  ACTIVE with a total that still covers what it needs there; a preemptor or reclaimer
+  still has victims revoking;
 * no hold survives two passes without progress. A holder that held after the previous pass
   and holds after this one made progress when its held total grew (its outstanding need
   shrank); else a preemptor or reclaimer must have no victim past its ``revokeBy`` by more
