@@ -262,10 +262,10 @@ class _Planning:
         if holds.waiting:
             waiting = holds.wait(task)
             if waiting is not None:
-                if not self._reclaimer_refused(task, spec):
+                if not self._holder_refused(task, spec):
                     self.unclaims.append(waiting)
                 return
-        if task.pending_code == RECLAIMING and self._reclaimer_refused(task, spec):
+        if task.pending_code == RECLAIMING and self._holder_refused(task, spec):
             return
         # A task holding capacity is not like the others of its fingerprint.
         held = holds.of(task.id) if holds.held else None
@@ -286,11 +286,12 @@ class _Planning:
                 self.unsatisfiable = True
         self._fits_nowhere(Step(len(self.unclaims), task, spec, reason, held))
 
-    def _reclaimer_refused(self, task: ClaimedTask, spec: CompiledSpec) -> bool:
-        """Hand back a reclaimer its quota no longer admits (its quota changed since it
-        started): its holds go back in this pass and it waits for its quota (its need stays
-        counted in the book until the next pass). Return whether it was handed back."""
-        if self.reclaim is None or task.pending_code != RECLAIMING:
+    def _holder_refused(self, task: ClaimedTask, spec: CompiledSpec) -> bool:
+        """Hand back a reclaimer or a waiting preemptor its quota no longer admits (its quota
+        changed since it started): its holds go back in this pass and it waits for its quota
+        (a reclaimer's need stays counted in the book until the next pass). Return whether
+        it was handed back."""
+        if self.reclaim is None or task.pending_code not in (PREEMPTING, RECLAIMING):
             return False
         refused = self.reclaim.refused(task.id, spec, self._book_of)
         if refused is None:

@@ -18,11 +18,11 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.scheduling.inputs import NominationInputs, PassInputs, PassSettings
+from app.scheduling.inputs import NominationInputs, PassInputs, PassSettings, ReclaimInputs
 from app.scheduling.planner import plan_pass
 from app.scheduling.plugins.quota import QuotaBook, QuotaRow
 from app.scheduling.plugins.registry import profile
-from app.scheduling.records import NOMINATED, ClaimedTask, Nomination
+from app.scheduling.records import NOMINATED, PREEMPTING, ClaimedTask, Nomination
 from app.scheduling.spec import StoredSpecs
 from tests.scheduling.factories import pool, snapshot
 from tests.scheduling.test_properties import SETTINGS
@@ -159,3 +159,39 @@ def test_a_nominee_refused_by_work_placed_later_in_its_pass_gives_back_its_holds
     assert plan.holds.given_back([later.id], plan.unclaims) == (nominee.id,)
     (handed,) = [u for u in plan.unclaims if u.task_id == nominee.id]
     assert handed.reason == "quota_borrow_unavailable"
+
+
+def _waiting_preemptor(need: int) -> tuple[PassInputs, ClaimedTask]:
+    """A preemptor of tenant a needing ``need`` waits for one victim of 1000m (still
+    revoking, counted in a's 4000m of usage); a's nominal is 4000m, nothing to borrow."""
+    task = _task(1, "a", need, pending=PREEMPTING)
+    compiled, invalid = StoredSpecs().compile_all([task])
+    assert not invalid
+    inputs = PassInputs(
+        now=NOW, settings=SETTINGS_PASS, profile=profile("spread"),
+        snapshot=snapshot([pool("q0", tenant_ids=frozenset({"a"}), capacity=(4000, 8192, 0),
+                                reserved=(4000, 0, 0))]),
+        tasks=tuple(compiled), quota_rows=(_row("a", "ca", 4000, 4000),),
+        cohorts={"a": "ca"}, holds={task.id: {"q0": (0, 0, 0)}},
+        waiting={task.id: (1, NOW + timedelta(seconds=30))},
+        reclaim=ReclaimInputs(revoking={("a", "py"): (1000, 0, 0)}),
+    )
+    return inputs, task
+
+
+def test_a_waiting_preemptor_its_quota_refuses_gives_back_its_holds():
+    """Its quota lowered since it started (3000m more than a's 3000m once its victim stops
+    is past the nominal): its holds go back in this pass and it waits for its quota."""
+    inputs, task = _waiting_preemptor(3000)
+    plan = plan_pass(inputs)
+    assert task.id in plan.holds.released
+    assert [(u.task_id, u.reason) for u in plan.unclaims] == [(task.id, "quota_borrow_unavailable")]
+
+
+def test_a_waiting_preemptor_is_judged_with_its_victims_stopped():
+    """1000m more than a's 3000m once its victim stops fits a's nominal: it keeps waiting,
+    though with its victim still running a would be over its nominal."""
+    inputs, task = _waiting_preemptor(1000)
+    plan = plan_pass(inputs)
+    assert task.id not in plan.holds.released
+    assert [(u.task_id, u.reason) for u in plan.unclaims] == [(task.id, PREEMPTING)]
