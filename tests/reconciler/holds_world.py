@@ -232,7 +232,7 @@ class World:
             holders = await holders_read(conn)
             book = await _book_read(conn)
         for h in holders.values():
-            orphaned(h, book, now=self.now)
+            orphaned(h, book)
         for h in holders.values():
             was = self.before.get(h.task_id)
             if was is not None:
@@ -275,7 +275,7 @@ async def holders_read(conn: Connection) -> dict[uuid.UUID, Holder]:
 @dataclass(frozen=True)
 class Book:
     """The quota book a pass plans with (the waiting reclaimers' needs counted as their
-    tenants' usage, the whole tree drawn), as the ledger holds it now."""
+    tenants' usage, the whole tree drawn), as the ledger holds it now, and the pools."""
 
     rows: list
     tree: list
@@ -285,10 +285,10 @@ class Book:
     pools: dict[str, tuple[int, int, str]]
 
     def refuse(self, h: Holder) -> object:
-        """Return why the holder's quota refuses it now (its own need not counted), else
-        None."""
+        """Return why the holder's quota refuses it now, else None: its own counted need
+        left out, and the usage of the leases revoking for it given back."""
         own = self.waiting.get(h.task_id)
-        rows = [r for r in self.rows]
+        rows = list(self.rows)
         if own is not None:
             rows = [dataclasses.replace(r, used=r.used - own[2][RESOURCES.index(r.resource)])
                     if (r.tenant_id, r.runtime_class) == own[:2] else r for r in rows]
@@ -325,7 +325,7 @@ async def _book_read(conn: Connection) -> Book:
 
 # --- the checks ----------------------------------------------------------------------------
 
-def orphaned(h: Holder, book: Book, *, now: datetime) -> None:
+def orphaned(h: Holder, book: Book) -> None:
     """Fail unless every unit ``h`` holds is of use to it: it waits as a displacement or a
     nomination, its quota admits it, and its plan still uses each pool it holds on."""
     assert h.code in (NOMINATED, *DISPLACING), (
