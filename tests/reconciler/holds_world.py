@@ -283,21 +283,24 @@ class Book:
     waiting: dict[uuid.UUID, tuple[str, str, tuple[int, int, int]]]
     #: Per pool: total cpu, cpu reserved by live leases, the pool's status.
     pools: dict[str, tuple[int, int, str]]
+    #: Per tenant, the cpu of its leases being revoked.
+    revoking: dict[str, int]
 
     def refuse(self, h: Holder) -> object:
         """Return why the holder's quota refuses it now, else None: its own counted need
-        left out, and the usage of the leases revoking for it given back."""
+        left out, and for a preemptor or reclaimer the usage of the leases being revoked
+        given back."""
         own = self.waiting.get(h.task_id)
         rows = list(self.rows)
         if own is not None:
             rows = [dataclasses.replace(r, used=r.used - own[2][RESOURCES.index(r.resource)])
                     if (r.tenant_id, r.runtime_class) == own[:2] else r for r in rows]
-        # Its victims' leases stop for it: their usage is given back.
-        gone: dict[str, int] = {}
-        for _, cpu, _, tenant in h.victims:
-            gone[tenant] = gone.get(tenant, 0) + cpu
-        rows = [dataclasses.replace(r, used=r.used - gone[r.tenant_id])
-                if r.tenant_id in gone and r.resource == "cpuMillis" else r for r in rows]
+        if h.code in DISPLACING:
+            # A displacement is judged as it was planned: with the leases being revoked
+            # stopped (each one's usage swapped for its reclaimer's counted need).
+            rows = [dataclasses.replace(r, used=max(r.used - self.revoking[r.tenant_id], 0))
+                    if r.tenant_id in self.revoking and r.resource == "cpuMillis" else r
+                    for r in rows]
         tree = cohort_rows_drawn(self.tree, self.rows, rows)
         return QuotaBook(rows, self.cohorts, tree).refuse(h.tenant, RC, h.need)
 
@@ -305,6 +308,13 @@ class Book:
 _POOLS = (
     "SELECT p.id, l.cpu_total, p.status, (SELECT coalesce(sum(r.cpu), 0) FROM reservations r "
     "WHERE r.pool_id = p.id AND NOT r.hold) FROM pools p JOIN ledgers l ON l.pool_id = p.id"
+)
+
+
+_REVOKING = (
+    "SELECT t.tenant_id, sum(r.cpu) FROM leases l JOIN tasks t ON t.id = l.task_id "
+    "JOIN reservations r ON r.task_id = l.task_id AND r.pool_id = l.pool_id AND NOT r.hold "
+    "WHERE l.state = 'REVOKING' AND l.revoke_by IS NOT NULL GROUP BY 1"
 )
 
 
@@ -319,8 +329,9 @@ async def _book_read(conn: Connection) -> Book:
     counted = [dataclasses.replace(r, used=r.used + more.get(
         (r.tenant_id, r.runtime_class, r.resource), 0)) for r in rows]
     pools = {r[0]: (int(r[1]), int(r[3]), r[2]) for r in await conn.fetch(_POOLS)}
+    revoking = {r[0]: int(r[1]) for r in await conn.fetch(_REVOKING)}
     return Book(counted, cohort_rows_drawn(tree, rows, counted), {**of, **cohorts},
-                dict(waiting), pools)
+                dict(waiting), pools, revoking)
 
 
 # --- the checks ----------------------------------------------------------------------------

@@ -20,8 +20,9 @@ After every pass, from the database:
   reclaimer's, a nominee's) belongs to a task that is ADMITTED and pending as a holder
   (``preempting``, ``reclaiming`` or ``nominated``); whose quota admits it in the book a
   pass plans with (the waiting reclaimers' needs counted as their tenants' usage, the whole
-  cohort tree drawn; the holder's own counted need left out, and the usage of the leases
-  revoking for it given back); a nominee's held pools are among its nominated pools, each
+  cohort tree drawn; the holder's own counted need left out and, for a preemptor or
+  reclaimer, the usage of the leases being revoked given back, as its displacement was
+  planned); a nominee's held pools are among its nominated pools, each
   ACTIVE with a total that still covers what it needs there; a preemptor or reclaimer
   still has victims revoking;
 * no hold survives two passes without progress. A holder that held after the previous pass
