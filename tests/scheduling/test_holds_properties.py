@@ -22,7 +22,8 @@ from app.scheduling.inputs import NominationInputs, PassInputs, PassSettings, Re
 from app.scheduling.planner import plan_pass
 from app.scheduling.plugins.quota import QuotaBook, QuotaRow
 from app.scheduling.plugins.registry import profile
-from app.scheduling.records import NOMINATED, PREEMPTING, ClaimedTask, Nomination
+from app.scheduling.preemption import Victim
+from app.scheduling.records import NOMINATED, PREEMPTING, ClaimedTask, Kind, Nomination
 from app.scheduling.spec import StoredSpecs
 from tests.scheduling.factories import pool, snapshot
 from tests.scheduling.test_properties import SETTINGS
@@ -195,3 +196,35 @@ def test_a_waiting_preemptor_is_judged_with_its_victims_stopped():
     plan = plan_pass(inputs)
     assert task.id not in plan.holds.released
     assert [(u.task_id, u.reason) for u in plan.unclaims] == [(task.id, PREEMPTING)]
+
+
+def test_a_nominee_refused_by_a_reclaim_of_its_pass_gives_back_its_holds():
+    """A nominee of b (4000m, b's whole nominal) decided first, then a task of b behind it
+    reclaims 1000m that c borrows: from the next pass on that need counts as b's usage, so
+    the nominee's quota refuses it (c lends nothing); its holds go back in this pass."""
+    nominee = _task(1, "b", 4000, pending=NOMINATED)
+    later = _task(2, "b", 1000, pending=None)
+    compiled, invalid = StoredSpecs().compile_all([nominee, later])
+    assert not invalid
+    pools = [pool("q0", tenant_ids=frozenset({"b", "c"}), capacity=(4000, 8192, 0),
+                  reserved=(4000, 0, 0)),  # 2000m of other work, 2000m held for the nominee
+             pool("q1", tenant_ids=frozenset({"b", "c"}), capacity=(3000, 8192, 0),
+                  reserved=(3000, 0, 0))]  # c's three borrowing leases
+    victims = tuple(Victim(f"00000000-0000-0000-0000-0000000000c{i}", "c", 0,
+                           (NOW - timedelta(hours=1)).timestamp(), (1000, 0, 0), (("q1", 1),))
+                    for i in range(3))
+    inputs = PassInputs(
+        now=NOW, settings=SETTINGS_PASS, profile=profile("spread"),
+        snapshot=snapshot(pools), tasks=tuple(compiled),
+        quota_rows=(_row("b", "k", 4000, 0), _row("c", "k", 1000, 3000)),
+        cohorts={"b": "k", "c": "k"}, holds={nominee.id: {"q0": (2000, 0, 0)}},
+        reclaim=ReclaimInputs(victims=victims, leased_before=NOW.timestamp()),
+        nomination=NominationInputs(
+            (Nomination("q0", nominee.id, "py", 1, (4000, 0, 0), NOW - timedelta(minutes=5),
+                        0, 1, "ADMITTED"),),
+            {"py": ((nominee.id, 0, 1), (later.id, 0, 2))}, {}),
+    )
+    plan = plan_pass(inputs)
+    assert [(g.task_id, g.kind) for g in plan.displaced] == [(later.id, Kind.RECLAIM)]
+    assert plan.nominations_ended == {nominee.id: "stale"}
+    assert plan.holds.given_back([], plan.unclaims) == (nominee.id,)

@@ -5,7 +5,8 @@ With ``nomination_seconds`` 0 it is inert. Otherwise:
 * a claimed **nominee** is decided with its holds (free for it only). Placed, its
   nomination ends (``placed``). Not placed, it is handed back parked with the pending code
   ``nominated`` and keeps its holds, unless its nomination is over: its tenant's quota
-  refuses it (when it is decided, or once the placements of the pass after it are charged)
+  refuses it (when it is decided, or once the placements and reclaims of the pass after it
+  are charged)
   or capacity released on its pools could no longer let it fit (``stale``), or a waiting
   task of its class ranks above it now (``not_first``); then it is handed back pending for
   its own reason and its holds go back in the same pass;
@@ -186,6 +187,7 @@ class Nominate:
         that their quota admits)."""
         if not self.on:
             return
+        self._reclaims_charge(state)
         placed = {t.id for t, _ in state.placed}
         for step, fallback in self._kept:
             task = step.task
@@ -210,6 +212,18 @@ class Nominate:
         """Return the nominees this pass passed that it did not claim (their holds go back
         once their rows are locked at commit)."""
         return sorted(t for t, o in self.ended.items() if o == "passed" and t not in self.claimed)
+
+    def _reclaims_charge(self, state: Settling) -> None:
+        """Charge the reclaims the pass planned to the quota book: from the next pass on
+        their needs count as their tenants' usage (nominate settles after every other
+        planner, so nothing else reads the book after this)."""
+        if self._quota is None:
+            return
+        reclaims = {g.task_id for g in state.holds.grants.values()
+                    if g.kind in (Kind.RECLAIM, Kind.FAIR_SHARE)}
+        for task, spec in state.inputs.tasks if reclaims else ():
+            if task.id in reclaims:
+                self._quota.add(spec.tenant_id, spec.runtime_class, spec.total_requests)
 
     def _refused(self, step: Step) -> Unclaim | None:
         """Return the hand-back of a task its quota refuses after the pass's placements,
