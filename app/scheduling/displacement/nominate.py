@@ -6,10 +6,9 @@ With ``nomination_seconds`` 0 it is inert. Otherwise:
   nomination ends (``placed``). Not placed, it is handed back parked with the pending code
   ``nominated`` and keeps its holds, unless its nomination is over: its tenant's quota
   refuses it (when it is decided, or once the placements and reclaims of the pass after it
-  are charged)
-  or capacity released on its pools could no longer let it fit (``stale``), or a waiting
-  task of its class ranks above it now (``not_first``); then it is handed back pending for
-  its own reason and its holds go back in the same pass;
+  are charged) or capacity released on its pools could no longer let it fit (``stale``), or
+  a waiting task of its class ranks above it now (``not_first``); then it is handed back
+  pending for its own reason and its holds go back in the same pass;
 * a claimed task ranked above a nominee of its class (a higher priority under the priority
   policy, admitted before it otherwise) that fits nowhere while the nominee holds capacity
   it could use ends that nomination (``passed``): work ranked above a nominee is never held
@@ -133,7 +132,8 @@ class Nominate:
         """Return the hand-back of a claimed nominee that fits nowhere yet (None for another
         task): parked ``nominated``, keeping its holds, unless its nomination is over (then
         ``fallback``, and its holds go back). :meth:`settle` may still end it
-        (``not_first``, or ``stale`` when its quota refuses it after the pass's placements)."""
+        (``not_first``, or ``stale`` when its quota refuses it once the pass's placements and
+        reclaims are charged)."""
         task, reason = step.task, step.reason
         ns = self.of.get(task.id) if self.on else None
         if ns is None:
@@ -226,8 +226,9 @@ class Nominate:
                 self._quota.add(spec.tenant_id, spec.runtime_class, spec.total_requests)
 
     def _refused(self, step: Step) -> Unclaim | None:
-        """Return the hand-back of a task its quota refuses after the pass's placements,
-        pending for that reason; None while it admits it."""
+        """Return the hand-back of a task its quota refuses in the pass's book (its
+        placements, and at settling its reclaims, charged), pending for that reason; None
+        while it admits it."""
         if self._quota is None or self._pending is None:
             return None
         spec = step.spec
