@@ -132,6 +132,15 @@ async def step_apply(world: World, change: tuple) -> None:
 @example(script=[(("end", -1, "succeeded"), 5.0), (("end", -1, "succeeded"), 5.0),
                  (("cohort", "c1", 0), 5.0), (("submit", "a", 3000, 1, True, None, 1), 5.0),
                  (("quota", "a", "c1", 0, None), 5.0)])
+# Found by this test: b's nominal reclaim and, after it in the same pass, a fair-share
+# reclaim of b that its quota refused once the first was charged; each then refused the
+# other from the next pass on.
+@example(script=[*[(("end", -1, "succeeded"), 5.0)] * 3, (("end", -1, "released"), 5.0),
+                 (("submit", "a", 2000, 0, False, None, 1), 5.0),
+                 *[(("end", -1, "succeeded"), 5.0)] * 2, (("capacity", "p0", 6000), 5.0),
+                 *[(("submit", "a", 1000, 0, False, None, 1), 5.0)] * 5,
+                 (("submit", "b", 1000, 0, False, None, 2), 5.0),
+                 (("submit", "b", 1000, 0, False, None, 3), 5.0)])
 async def test_holds_are_never_orphaned_over_many_passes(
     database: Database, script: list[tuple[tuple, float]],
 ) -> None:

@@ -187,7 +187,6 @@ class Nominate:
         that their quota admits)."""
         if not self.on:
             return
-        self._reclaims_charge(state)
         placed = {t.id for t, _ in state.placed}
         for step, fallback in self._kept:
             task = step.task
@@ -213,22 +212,10 @@ class Nominate:
         once their rows are locked at commit)."""
         return sorted(t for t, o in self.ended.items() if o == "passed" and t not in self.claimed)
 
-    def _reclaims_charge(self, state: Settling) -> None:
-        """Charge the reclaims the pass planned to the quota book: from the next pass on
-        their needs count as their tenants' usage (nominate settles after every other
-        planner, so nothing else reads the book after this)."""
-        if self._quota is None:
-            return
-        reclaims = {g.task_id for g in state.holds.grants.values()
-                    if g.kind in (Kind.RECLAIM, Kind.FAIR_SHARE)}
-        for task, spec in state.inputs.tasks if reclaims else ():
-            if task.id in reclaims:
-                self._quota.add(spec.tenant_id, spec.runtime_class, spec.total_requests)
-
     def _refused(self, step: Step) -> Unclaim | None:
         """Return the hand-back of a task its quota refuses in the pass's book (its
-        placements, and at settling its reclaims, charged), pending for that reason; None
-        while it admits it."""
+        placements and reclaims charged), pending for that reason; None while it admits
+        it."""
         if self._quota is None or self._pending is None:
             return None
         spec = step.spec

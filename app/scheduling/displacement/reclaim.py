@@ -65,6 +65,11 @@ class Reclaim:
         #: Tasks that could not reclaim, by outcome.
         self.outcomes: Counter[str] = Counter()
 
+    @property
+    def quota(self) -> QuotaBook | None:
+        """Return the pass's quota book (its placements and reclaims charged so far)."""
+        return self._quota
+
     def counted(self, task_id: object) -> bool:
         """Return whether ``task_id`` is a waiting reclaimer (its need counted already)."""
         return task_id in self._inputs.waiting
@@ -150,6 +155,10 @@ class Reclaim:
         if planned is None:
             return None
         book_reclaimed(book, spec, planned)
+        if self._quota is not None:
+            # From the next pass on its need counts as its tenant's usage: later reclaims
+            # and nominations of this pass are judged with it.
+            self._quota.add(spec.tenant_id, spec.runtime_class, spec.total_requests)
         victims = tuple(v.task_id for v in planned.victims)
         state.holds.grant(kind or self.kind, step.task.id, victims=victims,
                           holds=planned.holds, revoke_by=self._revoke_by,
