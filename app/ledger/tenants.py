@@ -139,7 +139,8 @@ _COHORT_OF = "SELECT cohort FROM tenants WHERE id = $1"
 _QUOTA_PARKED_WAKE = (
     "WITH c AS (SELECT t.id FROM tasks t LEFT JOIN tenants n ON n.id = t.tenant_id "
     "WHERE t.state = 'ADMITTED' AND t.parked AND t.runtime_class = ANY($3::text[]) "
-    "AND (t.pending_reason ->> 'code') IN ('quota_exceeded', 'quota_borrow_unavailable') "
+    "AND (t.pending_reason ->> 'code') IN ('quota_exceeded', 'quota_borrow_unavailable', "
+    "'preempting', 'reclaiming') "
     "AND (t.tenant_id = $1 OR coalesce(n.cohort, 'default') = ANY($2::text[])) "
     "ORDER BY t.id FOR UPDATE OF t SKIP LOCKED) "
     "UPDATE tasks t SET parked = false, updated_at = $4 FROM c WHERE t.id = c.id "
@@ -203,7 +204,9 @@ async def quota_parked_wake(
     runtime_classes: Collection[str], now: datetime,
 ) -> None:
     """Unpark the tasks parked by a quota reason in ``runtime_classes`` of ``tenant_id``
-    and of the members of ``cohorts``, and start a pass when there are any."""
+    and of the members of ``cohorts``, and the preemptors and reclaimers waiting for their
+    victims there (a pass gives back their holds when their quota refuses them now), and
+    start a pass when there are any."""
     classes = sorted(set(runtime_classes))
     if classes and await conn.fetch(
         _QUOTA_PARKED_WAKE, tenant_id, sorted(set(cohorts)), classes, now

@@ -8,8 +8,9 @@ In the pass's transaction, after the claim:
   pass's static part (:class:`~app.ledger.snapshot.SnapshotCache`), actual placements for
   tenants whose tasks carry affinity terms, tenant usage only under ``fair``;
 * the quota rows of the tasks' runtime classes, with the needs of reclaimers still waiting
-  counted as their tenants' usage, and, only when some tenant borrows, what revocations
-  give back and the leases a reclaim could take;
+  counted as their tenants' usage, what revocations give back (when some tenant borrows or
+  a claimed preemptor or reclaimer waits), and, only when some tenant borrows, the leases a
+  reclaim could take;
 * with quota rows, the fair weights of their tenants and the pass's, and with a usage
   half-life the pass's tenants' decayed usage (brought up to the pass's ``now``);
 * the holds of the tasks that may hold capacity (preemptors, reclaimers, nominees, possible
@@ -176,9 +177,15 @@ async def _reclaim_read(
     cutoff = now - timedelta(seconds=config.reclaim_min_runtime_seconds)
     lenders = {r.tenant_id for r in rows if r.used > r.nominal}
     classes = {r.runtime_class for r in rows}
-    if not lenders or not any(spec.runtime_class in classes for _, spec in compiled):
+    # A waiting preemptor or reclaimer is judged by its quota with its victims stopped.
+    waiting = any(t.pending_code in (PREEMPTING, RECLAIMING) and spec.runtime_class in classes
+                  for t, spec in compiled)
+    if not (lenders or waiting) or not any(spec.runtime_class in classes
+                                           for _, spec in compiled):
         return rows, ReclaimInputs(frozenset(waits), leased_before=cutoff.timestamp())
     revoking = await reclaim_revoking_read(conn, runtime_classes=classes)
+    if not lenders:
+        return rows, ReclaimInputs(frozenset(waits), revoking, leased_before=cutoff.timestamp())
     codes = {snapshot.rc_table[rc] for rc in classes if rc in snapshot.rc_table}
     pools = [p for i, p in enumerate(snapshot.ids) if int(snapshot.rc[i]) in codes]
     victims = await reclaim_victims_read(

@@ -235,7 +235,7 @@ class _Planning:
         #: so an id is never reused), with how many tasks had each.
         self.counts_seen: dict[int, list] = {}
         settings = inputs.settings
-        self.nominate = Nominate(inputs, self.assumed)
+        self.nominate = Nominate(inputs, self.assumed, quota=self.book, pending=self._pending)
         self.reclaim = Reclaim(
             inputs.reclaim, inputs.quota_rows, self._trees(), now=inputs.now,
             grace_seconds=settings.preemption_grace_seconds, quota=self.book,
@@ -262,10 +262,10 @@ class _Planning:
         if holds.waiting:
             waiting = holds.wait(task)
             if waiting is not None:
-                if not self._reclaimer_refused(task, spec):
+                if not self._holder_refused(task, spec):
                     self.unclaims.append(waiting)
                 return
-        if task.pending_code == RECLAIMING and self._reclaimer_refused(task, spec):
+        if task.pending_code == RECLAIMING and self._holder_refused(task, spec):
             return
         # A task holding capacity is not like the others of its fingerprint.
         held = holds.of(task.id) if holds.held else None
@@ -286,11 +286,12 @@ class _Planning:
                 self.unsatisfiable = True
         self._fits_nowhere(Step(len(self.unclaims), task, spec, reason, held))
 
-    def _reclaimer_refused(self, task: ClaimedTask, spec: CompiledSpec) -> bool:
-        """Hand back a reclaimer its quota no longer admits (its quota changed since it
-        started): its holds go back in this pass and it waits for its quota (its need stays
-        counted in the book until the next pass). Return whether it was handed back."""
-        if self.reclaim is None or task.pending_code != RECLAIMING:
+    def _holder_refused(self, task: ClaimedTask, spec: CompiledSpec) -> bool:
+        """Hand back a reclaimer or a waiting preemptor its quota no longer admits (its quota
+        changed since it started): its holds go back in this pass and it waits for its quota
+        (a reclaimer's need stays counted in the book until the next pass). Return whether
+        it was handed back."""
+        if self.reclaim is None or task.pending_code not in (PREEMPTING, RECLAIMING):
             return False
         refused = self.reclaim.refused(task.id, spec, self._book_of)
         if refused is None:
@@ -355,12 +356,16 @@ class _Planning:
             self.shares.placed(spec.tenant_id, spec.runtime_class, spec.total_requests)
         self.placed.append(Placed(task, spec, outcome, tuple(members)))
 
-    def _fits_nowhere(self, step: Step) -> None:
-        inputs = self.inputs
+    def _pending(self, step: Step) -> Unclaim:
+        """Return the parking hand-back of a task pending for the step's reason."""
         reason = step.reason
-        pending = pending_unclaim(
+        return pending_unclaim(
             step.task, str(reason.code), no_placement_document(reason),
-            wake_keys(step.spec, reason), now=inputs.now, settings=inputs.settings)
+            wake_keys(step.spec, reason), now=self.inputs.now, settings=self.inputs.settings)
+
+    def _fits_nowhere(self, step: Step) -> None:
+        reason = step.reason
+        pending = self._pending(step)
         nominee = self.nominate.nominee(step, pending)
         if nominee is not None:
             self.unclaims.append(nominee)

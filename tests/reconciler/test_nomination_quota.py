@@ -1,9 +1,10 @@
 """A nominee its own quota now refuses gives its holds back in the same pass.
 
 Tenant a's 3-core task is nominated on q1 (4000m); then a borrows on q2 up to what its
-cohort can lend, so the task's quota refuses it (``quota_borrow_unavailable``). The next
-pass that looks at it ends the nomination, hands it back pending for its quota, and gives
-back what it held on q1: another cohort's 1-core tasks place there in that same pass.
+cohort can lend, so the task's quota refuses it (``quota_borrow_unavailable``). The pass
+that places a's borrowing work (after the nominee, in the same pass) ends the nomination,
+hands it back pending for its quota, and gives back what it held on q1; another cohort's
+1-core tasks, decided in that pass while q1 was still held, place there in the next one.
 """
 
 from __future__ import annotations
@@ -88,11 +89,12 @@ async def test_a_nominee_its_quota_refuses_gives_back_its_holds_in_one_pass(
     waiting_b = await add(db, "b", on("one", 1000), count=2)
     await sweep_and_pass(db, rec, 410)
     assert [(await state(db, t))[0] for t in small_a] == ["LEASED", "LEASED"]
-    # Decided before a's small tasks were placed, the big task still held q1 in that pass.
-    assert await state(db, big) == ("ADMITTED", "nominated", 2000, 1)
+    # Decided before a's small tasks were placed, the big task is refused once they are:
+    # its nomination ends and its holds go back in that same pass.
+    assert await state(db, big) == ("ADMITTED", "quota_borrow_unavailable", 0, 0)
     assert [(await state(db, t))[0] for t in waiting_b] == ["ADMITTED", "ADMITTED"]
 
-    # One pass: the nomination ends, its holds go back, and b's tasks place on q1.
+    # b's tasks place on q1, freed.
     await sweep_and_pass(db, rec, 420)
     assert await state(db, big) == ("ADMITTED", "quota_borrow_unavailable", 0, 0)
     assert [(await state(db, t))[0] for t in waiting_b] == ["LEASED", "LEASED"]

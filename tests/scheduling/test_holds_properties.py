@@ -18,11 +18,12 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.scheduling.inputs import NominationInputs, PassInputs, PassSettings
+from app.scheduling.inputs import NominationInputs, PassInputs, PassSettings, ReclaimInputs
 from app.scheduling.planner import plan_pass
 from app.scheduling.plugins.quota import QuotaBook, QuotaRow
 from app.scheduling.plugins.registry import profile
-from app.scheduling.records import NOMINATED, ClaimedTask, Nomination
+from app.scheduling.preemption import Victim
+from app.scheduling.records import NOMINATED, PREEMPTING, ClaimedTask, Kind, Nomination
 from app.scheduling.spec import StoredSpecs
 from tests.scheduling.factories import pool, snapshot
 from tests.scheduling.test_properties import SETTINGS
@@ -128,3 +129,102 @@ def test_a_nominee_its_quota_refuses_never_keeps_its_holds(world):
     # Its nomination ends; one whose task is no longer admitted is recovery's to remove.
     assert plan.nominations_ended.get(nominee.id) == (
         "stale" if world[5] == "ADMITTED" else None)
+
+
+def test_a_nominee_refused_by_work_placed_later_in_its_pass_gives_back_its_holds():
+    """A nominee decided first (it fits nowhere, and its quota admits it then) whose tenant's
+    later task of the same pass borrows what the cohort could lend it: once that task is
+    placed the nominee's quota refuses it, so its nomination ends and its holds go back in
+    this pass, not the next."""
+    nominee = _task(1, "a", 3000, pending=NOMINATED)
+    later = _task(2, "a", 2000, pending=None)
+    compiled, invalid = StoredSpecs().compile_all([nominee, later])
+    assert not invalid
+    pools = [pool("q0", tenant_ids=frozenset({"a"}), capacity=(4000, 8192, 0),
+                  reserved=(3000, 0, 0)),  # 2000m of other work, 1000m held for the nominee
+             pool("q1", tenant_ids=frozenset({"a"}), capacity=(2000, 8192, 0))]
+    rows = (_row("a", "ca", 0, 0), _row("lender", "ca", 4000, 0))
+    inputs = PassInputs(
+        now=NOW, settings=SETTINGS_PASS, profile=profile("spread"),
+        snapshot=snapshot(pools), tasks=tuple(compiled), quota_rows=rows,
+        cohorts={"a": "ca", "lender": "ca"}, holds={nominee.id: {"q0": (1000, 0, 0)}},
+        nomination=NominationInputs(
+            (Nomination("q0", nominee.id, "py", 1, (3000, 0, 0), NOW - timedelta(minutes=5),
+                        0, 1, "ADMITTED"),),
+            {"py": ((nominee.id, 0, 1), (later.id, 0, 2))}, {}),
+    )
+    plan = plan_pass(inputs)
+    assert [(p.task.id, p.members) for p in plan.placed] == [(later.id, (("q1", 1),))]
+    assert plan.nominations_ended == {nominee.id: "stale"}
+    assert nominee.id not in plan.holds.kept
+    assert plan.holds.given_back([later.id], plan.unclaims) == (nominee.id,)
+    (handed,) = [u for u in plan.unclaims if u.task_id == nominee.id]
+    assert handed.reason == "quota_borrow_unavailable"
+
+
+def _waiting_preemptor(need: int) -> tuple[PassInputs, ClaimedTask]:
+    """A preemptor of tenant a needing ``need`` waits for one victim of 1000m (still
+    revoking, counted in a's 4000m of usage); a's nominal is 4000m, nothing to borrow."""
+    task = _task(1, "a", need, pending=PREEMPTING)
+    compiled, invalid = StoredSpecs().compile_all([task])
+    assert not invalid
+    inputs = PassInputs(
+        now=NOW, settings=SETTINGS_PASS, profile=profile("spread"),
+        snapshot=snapshot([pool("q0", tenant_ids=frozenset({"a"}), capacity=(4000, 8192, 0),
+                                reserved=(4000, 0, 0))]),
+        tasks=tuple(compiled), quota_rows=(_row("a", "ca", 4000, 4000),),
+        cohorts={"a": "ca"}, holds={task.id: {"q0": (0, 0, 0)}},
+        waiting={task.id: (1, NOW + timedelta(seconds=30))},
+        reclaim=ReclaimInputs(revoking={("a", "py"): (1000, 0, 0)}),
+    )
+    return inputs, task
+
+
+def test_a_waiting_preemptor_its_quota_refuses_gives_back_its_holds():
+    """Its quota lowered since it started (3000m more than a's 3000m once its victim stops
+    is past the nominal): its holds go back in this pass and it waits for its quota."""
+    inputs, task = _waiting_preemptor(3000)
+    plan = plan_pass(inputs)
+    assert task.id in plan.holds.released
+    assert [(u.task_id, u.reason) for u in plan.unclaims] == [(task.id, "quota_borrow_unavailable")]
+
+
+def test_a_waiting_preemptor_is_judged_with_its_victims_stopped():
+    """1000m more than a's 3000m once its victim stops fits a's nominal: it keeps waiting,
+    though with its victim still running a would be over its nominal."""
+    inputs, task = _waiting_preemptor(1000)
+    plan = plan_pass(inputs)
+    assert task.id not in plan.holds.released
+    assert [(u.task_id, u.reason) for u in plan.unclaims] == [(task.id, PREEMPTING)]
+
+
+def test_a_nominee_refused_by_a_reclaim_of_its_pass_gives_back_its_holds():
+    """A nominee of b (4000m, b's whole nominal) decided first, then a task of b behind it
+    reclaims 1000m that c borrows: from the next pass on that need counts as b's usage, so
+    the nominee's quota refuses it (c lends nothing); its holds go back in this pass."""
+    nominee = _task(1, "b", 4000, pending=NOMINATED)
+    later = _task(2, "b", 1000, pending=None)
+    compiled, invalid = StoredSpecs().compile_all([nominee, later])
+    assert not invalid
+    pools = [pool("q0", tenant_ids=frozenset({"b", "c"}), capacity=(4000, 8192, 0),
+                  reserved=(4000, 0, 0)),  # 2000m of other work, 2000m held for the nominee
+             pool("q1", tenant_ids=frozenset({"b", "c"}), capacity=(3000, 8192, 0),
+                  reserved=(3000, 0, 0))]  # c's three borrowing leases
+    victims = tuple(Victim(f"00000000-0000-0000-0000-0000000000c{i}", "c", 0,
+                           (NOW - timedelta(hours=1)).timestamp(), (1000, 0, 0), (("q1", 1),))
+                    for i in range(3))
+    inputs = PassInputs(
+        now=NOW, settings=SETTINGS_PASS, profile=profile("spread"),
+        snapshot=snapshot(pools), tasks=tuple(compiled),
+        quota_rows=(_row("b", "k", 4000, 0), _row("c", "k", 1000, 3000)),
+        cohorts={"b": "k", "c": "k"}, holds={nominee.id: {"q0": (2000, 0, 0)}},
+        reclaim=ReclaimInputs(victims=victims, leased_before=NOW.timestamp()),
+        nomination=NominationInputs(
+            (Nomination("q0", nominee.id, "py", 1, (4000, 0, 0), NOW - timedelta(minutes=5),
+                        0, 1, "ADMITTED"),),
+            {"py": ((nominee.id, 0, 1), (later.id, 0, 2))}, {}),
+    )
+    plan = plan_pass(inputs)
+    assert [(g.task_id, g.kind) for g in plan.displaced] == [(later.id, Kind.RECLAIM)]
+    assert plan.nominations_ended == {nominee.id: "stale"}
+    assert plan.holds.given_back([], plan.unclaims) == (nominee.id,)

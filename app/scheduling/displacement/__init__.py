@@ -116,9 +116,12 @@ class Holds:
         wait = self.waiting.get(task.id) if self.waiting else None
         if wait is None:
             return None
+        # Looked at again while it waits (its quota changed): nothing to log.
         if task.pending_code == RECLAIMING:
-            return Unclaim(task.id, RECLAIMING, reclaiming_document(*wait), parked=True)
-        return Unclaim(task.id, PREEMPTING, preempting_document(*wait), parked=True)
+            return Unclaim(task.id, RECLAIMING, reclaiming_document(*wait), parked=True,
+                           event=False)
+        return Unclaim(task.id, PREEMPTING, preempting_document(*wait), parked=True,
+                       event=task.pending_code != PREEMPTING)
 
     def grant(
         self, kind: Kind, task_id: uuid.UUID, *, victims: Sequence[str],

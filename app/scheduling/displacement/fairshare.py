@@ -15,6 +15,9 @@ pushed below their nominal, the minimum runtime, the grace period, the ``reclaim
 pending code while it waits. A task the test leaves without victims is handed back as it
 was, its message saying it waits for its fair share, with the shares.
 
+A task its quota refuses once the reclaims planned before it in the pass are charged (their
+needs count as their tenants' usage from the next pass on) is left as it was.
+
 Outcomes are counted apart from the nominal reclaims: ``unfair`` for a task no fair set
 of victims lets fit.
 """
@@ -64,6 +67,10 @@ class FairShareReclaim:
                 continue  # not a borrowing task: the nominal reclaim's
             if state.holds.grants.get(step.task.id) is not None:
                 continue
+            quota = self._reclaim.quota
+            if quota is not None and quota.refuse(
+                    spec.tenant_id, spec.runtime_class, spec.total_requests) is not None:
+                continue  # reclaims planned before it took what its quota could borrow
             test = fair_test(book, spec)
             if self._reclaim.plan(state, step, book, test, kind=self.kind) is None:
                 self.outcomes["unfair"] += 1

@@ -5,8 +5,9 @@ With ``nomination_seconds`` 0 it is inert. Otherwise:
 * a claimed **nominee** is decided with its holds (free for it only). Placed, its
   nomination ends (``placed``). Not placed, it is handed back parked with the pending code
   ``nominated`` and keeps its holds, unless its nomination is over: its tenant's quota
-  refuses it or capacity released on its pools could no longer let it fit (``stale``), or a
-  waiting task of its class ranks above it now (``not_first``); then it is handed back
+  refuses it (when it is decided, or once the placements and reclaims of the pass after it
+  are charged) or capacity released on its pools could no longer let it fit (``stale``), or
+  a waiting task of its class ranks above it now (``not_first``); then it is handed back
   pending for its own reason and its holds go back in the same pass;
 * a claimed task ranked above a nominee of its class (a higher priority under the priority
   policy, admitted before it otherwise) that fits nowhere while the nominee holds capacity
@@ -24,8 +25,9 @@ At most :data:`CANDIDATES_MAX` candidates are planned per pass.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -35,6 +37,7 @@ from app.scheduling.explain import nominated_document
 from app.scheduling.inputs import NominationInputs, PassInputs, QueueHead
 from app.scheduling.nomination import plan_nomination
 from app.scheduling.parking import pending_stage
+from app.scheduling.plugins.quota import QuotaBook
 from app.scheduling.reasons import Reason
 from app.scheduling.records import NOMINATED, ClaimedTask, Kind, Nomination, Unclaim, vector_sum
 
@@ -88,7 +91,10 @@ class Nominate:
 
     kind = Kind.NOMINATE
 
-    def __init__(self, inputs: PassInputs, assumed: Assumed) -> None:
+    def __init__(
+        self, inputs: PassInputs, assumed: Assumed, *, quota: QuotaBook | None = None,
+        pending: Callable[[Step], Unclaim] | None = None,
+    ) -> None:
         seconds = inputs.settings.nomination_seconds
         self.on = seconds > 0 and inputs.nomination is not None
         self._inputs = inputs.nomination or NominationInputs()
@@ -96,6 +102,10 @@ class Nominate:
         self._cutoff = inputs.now - timedelta(seconds=seconds)
         self._now = inputs.now
         self._assumed = assumed
+        #: The pass's quota book (its placements charged as they come), and the hand-back of
+        #: a task pending for a step's reason.
+        self._quota = quota
+        self._pending = pending
         #: Nominated pools by nominee, and the nominees by runtime class.
         self.of: dict[uuid.UUID, list[Nomination]] = {}
         self._by_class: dict[str, list[uuid.UUID]] = {}
@@ -104,8 +114,8 @@ class Nominate:
                 self.of.setdefault(n.task_id, []).append(n)
         for task_id, ns in self.of.items():
             self._by_class.setdefault(ns[0].runtime_class, []).append(task_id)
-        #: Claimed nominees not placed: (task, index in the hand-backs, fallback hand-back).
-        self._kept: list[tuple[ClaimedTask, int, Unclaim]] = []
+        #: Claimed nominees not placed, with their fallback hand-backs.
+        self._kept: list[tuple[Step, Unclaim]] = []
         self._candidates: list[Step] = []
         #: Nominations ended by this pass, with their outcome; nominations planned.
         self.ended: dict[uuid.UUID, str] = {}
@@ -122,7 +132,8 @@ class Nominate:
         """Return the hand-back of a claimed nominee that fits nowhere yet (None for another
         task): parked ``nominated``, keeping its holds, unless its nomination is over (then
         ``fallback``, and its holds go back). :meth:`settle` may still end it
-        (``not_first``)."""
+        (``not_first``, or ``stale`` when its quota refuses it once the pass's placements and
+        reclaims are charged)."""
         task, reason = step.task, step.reason
         ns = self.of.get(task.id) if self.on else None
         if ns is None:
@@ -138,7 +149,7 @@ class Nominate:
                 self._assumed.hold(f"{task.id}:released", [
                     (p, (-a[0], -a[1], -a[2])) for p, a in step.held.items()])
             return fallback
-        self._kept.append((task, step.at, fallback))
+        self._kept.append((step, fallback))
         held = step.held or {}
         doc = nominated_document(
             reason, pool_ids=pools, need=vector_sum(n.need for n in ns),
@@ -171,18 +182,27 @@ class Nominate:
         return None
 
     def settle(self, state: Settling) -> None:
-        """End the nominations of nominees no longer first, keep the others' holds, and
-        nominate the candidates that are first of their class."""
+        """End the nominations of nominees no longer first or their quota now refuses, keep
+        the others' holds, and nominate the candidates that are first of their class (and
+        that their quota admits)."""
         if not self.on:
             return
         placed = {t.id for t, _ in state.placed}
-        for task, at, fallback in self._kept:
+        for step, fallback in self._kept:
+            task = step.task
             n = self.of[task.id][0]
-            if task.id not in self.ended and self._head(n.runtime_class, task, placed):
+            if task.id in self.ended or not self._head(n.runtime_class, task, placed):
+                self.ended.setdefault(task.id, "not_first")
+                state.unclaims[step.at] = fallback
+                continue
+            # Work placed later in the pass may have taken what its quota needed: then its
+            # holds go back in this pass, and it waits for its quota.
+            refused = self._refused(step)
+            if refused is None:
                 state.holds.kept.add(task.id)
                 continue
-            self.ended.setdefault(task.id, "not_first")
-            state.unclaims[at] = fallback
+            self.ended[task.id] = "stale"
+            state.unclaims[step.at] = refused
         taken = {n.pool_id for ns in self.of.values() for n in ns}
         for step in self._candidates:
             self._nominate(step, state, taken, placed)
@@ -191,6 +211,16 @@ class Nominate:
         """Return the nominees this pass passed that it did not claim (their holds go back
         once their rows are locked at commit)."""
         return sorted(t for t, o in self.ended.items() if o == "passed" and t not in self.claimed)
+
+    def _refused(self, step: Step) -> Unclaim | None:
+        """Return the hand-back of a task its quota refuses in the pass's book (its
+        placements and reclaims charged), pending for that reason; None while it admits
+        it."""
+        if self._quota is None or self._pending is None:
+            return None
+        spec = step.spec
+        reason = self._quota.refuse(spec.tenant_id, spec.runtime_class, spec.total_requests)
+        return None if reason is None else self._pending(dataclasses.replace(step, reason=reason))
 
     def _head(self, runtime_class: str, task: ClaimedTask, placed: Collection[uuid.UUID]) -> bool:
         heads = self._inputs.heads.get(runtime_class, ())
@@ -201,7 +231,7 @@ class Nominate:
         task, spec, holds = step.task, step.spec, state.holds
         if task.id in self.of or task.id in holds.grants or holds.of(task.id):
             return  # nominated already, displacing already, or holding capacity of its own
-        if not self._head(spec.runtime_class, task, placed):
+        if not self._head(spec.runtime_class, task, placed) or self._refused(step) is not None:
             return
         plan = plan_nomination(spec, state.inputs.snapshot, lower=self._inputs.lower[task.id],
                                assumed=state.assumed, exclude=frozenset(taken),

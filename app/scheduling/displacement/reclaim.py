@@ -9,9 +9,10 @@ task is handed back parked with the pending code ``reclaiming``. Outcomes are co
 ``unavailable`` for a task that could not reclaim (over its nominal, nothing borrowed, no
 set of victims).
 
-A reclaimer still waiting for its victims keeps its holds only while its tenant's quota
-admits it (:meth:`Reclaim.refused`): one its quota now refuses gives them back in the pass
-that sees it, and waits for its quota like any task.
+A reclaimer (or a preemptor) still waiting for its victims keeps its holds only while its
+tenant's quota admits it once the leases being revoked have stopped
+(:meth:`Reclaim.refused`): one its quota now refuses gives them back in the pass that sees
+it, and waits for its quota like any task.
 """
 
 from __future__ import annotations
@@ -64,6 +65,11 @@ class Reclaim:
         #: Tasks that could not reclaim, by outcome.
         self.outcomes: Counter[str] = Counter()
 
+    @property
+    def quota(self) -> QuotaBook | None:
+        """Return the pass's quota book (its placements and reclaims charged so far)."""
+        return self._quota
+
     def counted(self, task_id: object) -> bool:
         """Return whether ``task_id`` is a waiting reclaimer (its need counted already)."""
         return task_id in self._inputs.waiting
@@ -78,21 +84,28 @@ class Reclaim:
 
     def refused(self, task_id: object, spec: CompiledSpec,
                 book: Callable[[list[QuotaRow]], QuotaBook]) -> NoPlacement | None:
-        """Return why the quota of a waiting reclaimer's tenant refuses it now (its quota
-        changed since it started), or None while it admits it.
+        """Return why the quota of a reclaimer's or a waiting preemptor's tenant refuses it
+        now (its quota changed since it started), or None while it admits it.
 
-        The need of a reclaimer holding capacity is counted in the rows as its tenant's
-        usage: it is judged on the rows without it, in the quota book ``book`` builds of
-        them (every level of the tree drawn without it too)."""
+        It is judged as its displacement was planned, once the leases being revoked have
+        stopped: their usage is given back (a preemptor's victims are its tenant's work, a
+        reclaimer's free what its cohort lends it). The need of a reclaimer holding capacity
+        is counted in the rows as its tenant's usage: it is judged on the rows without it,
+        in the quota book ``book`` builds of them (every level of the tree drawn without
+        it too)."""
         need = spec.total_requests
         tenant, rc = spec.tenant_id, spec.runtime_class
-        rows = list(self._rows)
-        if self.counted(task_id):
-            rows = [
-                dataclasses.replace(r, used=r.used - need[RESOURCES.index(r.resource)])
-                if r.tenant_id == tenant and r.runtime_class == rc else r
-                for r in rows
-            ]
+        own = self.counted(task_id)
+        revoking = self._inputs.revoking
+        rows = []
+        for r in self._rows:
+            k = RESOURCES.index(r.resource)
+            used = r.used - (need[k] if own and r.tenant_id == tenant and
+                             r.runtime_class == rc else 0)
+            given = revoking.get((r.tenant_id, r.runtime_class))
+            if given is not None:
+                used = max(used - given[k], 0)
+            rows.append(r if used == r.used else dataclasses.replace(r, used=used))
         return book(rows).refuse(tenant, rc, need)
 
     def consider(self, step: Step) -> Unclaim | None:
@@ -142,6 +155,10 @@ class Reclaim:
         if planned is None:
             return None
         book_reclaimed(book, spec, planned)
+        if self._quota is not None:
+            # From the next pass on its need counts as its tenant's usage: later reclaims
+            # and nominations of this pass are judged with it.
+            self._quota.add(spec.tenant_id, spec.runtime_class, spec.total_requests)
         victims = tuple(v.task_id for v in planned.victims)
         state.holds.grant(kind or self.kind, step.task.id, victims=victims,
                           holds=planned.holds, revoke_by=self._revoke_by,
