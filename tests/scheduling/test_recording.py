@@ -79,8 +79,9 @@ def pass_inputs(draw) -> PassInputs:
                  for t in TENANTS for r in ("cpuMillis", "memoryMiB", "llmSlots")
                  ) if draw(st.booleans()) else ()
     victims = tuple(
-        Victim(f"v{i}", draw(st.sampled_from(TENANTS)), draw(st.integers(0, 2)), 1000.0 + i,
-               (500, 0, 0), ((draw(st.sampled_from(ids)), 1),))
+        Victim(str(uuid.UUID(int=100 + i)), draw(st.sampled_from(TENANTS)),
+               draw(st.integers(0, 2)), 1000.0 + i, (500, 0, 0),
+               ((draw(st.sampled_from(ids)), 1),))
         for i in range(draw(st.integers(0, 3))))
     holder = compiled[0][0].id if compiled and draw(st.booleans()) else None
     nomination = NominationInputs(
