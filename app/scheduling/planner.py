@@ -26,6 +26,7 @@ without the commit.
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections import Counter
@@ -204,6 +205,14 @@ def _no_phase(_phase: str | None) -> None:
     """Mark nothing (a plan without a CPU counter)."""
 
 
+def _pending(step: Step, *, now: datetime, settings: PassSettings) -> Unclaim:
+    """Return the parking hand-back of a task pending for the step's reason."""
+    reason = step.reason
+    return pending_unclaim(
+        step.task, str(reason.code), no_placement_document(reason),
+        wake_keys(step.spec, reason), now=now, settings=settings)
+
+
 class _Planning:
     """The state of one plan: the assumed overlay, the cache, the book, the planners."""
 
@@ -235,7 +244,10 @@ class _Planning:
         #: so an id is never reused), with how many tasks had each.
         self.counts_seen: dict[int, list] = {}
         settings = inputs.settings
-        self.nominate = Nominate(inputs, self.assumed, quota=self.book, pending=self._pending)
+        # A function of the inputs, not a method: the pass's objects hold no cycle, so a
+        # pass's snapshot is freed by reference counting once the next one replaces it.
+        self.nominate = Nominate(inputs, self.assumed, quota=self.book, pending=functools.partial(
+            _pending, now=inputs.now, settings=settings))
         self.reclaim = Reclaim(
             inputs.reclaim, inputs.quota_rows, self._trees(), now=inputs.now,
             grace_seconds=settings.preemption_grace_seconds, quota=self.book,
@@ -356,16 +368,9 @@ class _Planning:
             self.shares.placed(spec.tenant_id, spec.runtime_class, spec.total_requests)
         self.placed.append(Placed(task, spec, outcome, tuple(members)))
 
-    def _pending(self, step: Step) -> Unclaim:
-        """Return the parking hand-back of a task pending for the step's reason."""
-        reason = step.reason
-        return pending_unclaim(
-            step.task, str(reason.code), no_placement_document(reason),
-            wake_keys(step.spec, reason), now=self.inputs.now, settings=self.inputs.settings)
-
     def _fits_nowhere(self, step: Step) -> None:
         reason = step.reason
-        pending = self._pending(step)
+        pending = _pending(step, now=self.inputs.now, settings=self.inputs.settings)
         nominee = self.nominate.nominee(step, pending)
         if nominee is not None:
             self.unclaims.append(nominee)
