@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from app.scheduling.inputs import PassInputs
-from app.scheduling.planner import Placed, plan_outcomes, queue_order, queued_task
+from app.scheduling.planner import Placed, ordered_tasks, plan_outcomes
 from app.scheduling.plugins.quota import RESOURCES, QuotaRow, cohort_rows_drawn
 from app.scheduling.records import ClaimedTask, LiveLease, Vector
 from app.scheduling.snapshot import Snapshot
@@ -49,20 +49,13 @@ class Forecast:
 def tasks_until(
     inputs: PassInputs, task_id: uuid.UUID
 ) -> tuple[tuple[ClaimedTask, CompiledSpec], ...]:
-    """Return the inputs' tasks in the pass's order up to ``task_id`` (included): the tasks
-    after it cannot change where it goes."""
-    by_id = {str(t.id): (t, spec) for t, spec in inputs.tasks}
-    ordered = queue_order(
-        inputs.settings,
-        [queued_task(key, t.tenant_id, t.priority, t.seq, t.admitted_at, spec)
-         for key, (t, spec) in by_id.items()],
-        snapshot=inputs.snapshot, usage=inputs.usage, now=inputs.now,
-        entitlements=inputs.entitlements,
-    )
+    """Return the inputs' tasks in the policy's order up to ``task_id`` (included): the
+    tasks after it cannot change where it goes (the plan itself interleaves them by fair
+    share, as a pass does)."""
     out = []
-    for q in ordered:
-        out.append(by_id[q.task_id])
-        if q.task_id == str(task_id):
+    for task, spec in ordered_tasks(inputs):
+        out.append((task, spec))
+        if task.id == task_id:
             break
     return tuple(out)
 

@@ -68,6 +68,7 @@ __all__ = [
     "SCHEDULER_ERROR",
     "PassPlan",
     "Placed",
+    "ordered_tasks",
     "pending_logged",
     "plan_outcomes",
     "plan_pass",
@@ -188,7 +189,7 @@ def queue_order(
     )
 
 
-def _ordered(inputs: PassInputs) -> list[tuple[ClaimedTask, CompiledSpec]]:
+def ordered_tasks(inputs: PassInputs) -> list[tuple[ClaimedTask, CompiledSpec]]:
     """Return the inputs' tasks in the configured policy's order."""
     by_id = {str(t.id): (t, spec) for t, spec in inputs.tasks}
     ordered = queue_order(
@@ -420,7 +421,7 @@ def plan_pass(inputs: PassInputs, *,
     ``"plan"`` as they end (a reconciler charges its CPU counters so; nothing is timed here).
     """
     planning = _Planning(inputs, phase)
-    for task, spec in fair_order(_ordered(inputs), planning.book, planning.shares):
+    for task, spec in fair_order(ordered_tasks(inputs), planning.book, planning.shares):
         planning.task(task, spec)
     return planning.plan()
 
