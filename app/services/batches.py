@@ -226,7 +226,18 @@ async def task_batch_submit(
         if unsettled:
             by_key.update(await ledger.tasks_by_key(conn, tenant_id=tenant_id, keys=unsettled))
 
-    for prepared in [owners[k] for k in unsettled] + repeats:
+    _keys_settle([owners[k] for k in unsettled] + repeats, owners, by_key, outcomes)
+    return outcomes
+
+
+def _keys_settle(
+    settling: list[_Prepared], owners: dict[str, _Prepared],
+    by_key: dict[str, tuple[TaskRow | Admitted, str | None]],
+    outcomes: dict[int, BatchOutcome],
+) -> None:
+    """Answer the keyed items the insert did not store (their key names a task already, or
+    they repeat an earlier item's key) from the task each key names, into ``outcomes``."""
+    for prepared in settling:
         index = prepared.entry.index
         key = prepared.entry.idempotency_key
         assert key is not None
@@ -242,7 +253,6 @@ async def task_batch_submit(
                                else BatchOutcome(200, row=task))
         else:
             outcomes[index] = BatchOutcome(409, error=_key_reused())
-    return outcomes
 
 
 async def tasks_store_unkeyed(

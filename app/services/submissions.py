@@ -164,9 +164,9 @@ async def task_store(
     key = (tenant_id, max_queued)
     answer = statements.add(key, spec, payload)
     bound = db.pool_wait_seconds or db.connect_timeout_seconds
-    # Shielded: a request that goes away does not take its neighbours' statement with it.
-    done, _ = await asyncio.wait({asyncio.shield(answer)}, timeout=bound)
+    done, _ = await asyncio.wait({answer}, timeout=bound)  # cancels nothing on its own
     if not done and statements.withdraw(key, answer):
         answer.cancel()
         raise PoolBusy(f"the tenant's earlier submissions held the database for {bound:g} s")
+    # Shielded: a request that goes away does not take its neighbours' statement with it.
     return await asyncio.shield(answer)
