@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -40,6 +41,7 @@ from bench.database import bench_connect
 
 __all__ = [
     "MIXES",
+    "Admission",
     "Dataset",
     "dataset_admit",
     "dataset_generate",
@@ -290,9 +292,19 @@ async def dataset_load(url: str, ds: Dataset, *, now: datetime) -> None:
         await conn.close()
 
 
-async def dataset_admit(url: str) -> float:
-    """Admit every staged task in one transaction (admitted_at = now()), notify, and return
-    the admission's duration in seconds."""
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """How long the admission transaction took (seconds, the server's clock) and when it
+    committed (``time.monotonic()`` of the benchmark's process)."""
+
+    seconds: float
+    committed: float
+
+
+async def dataset_admit(url: str) -> Admission:
+    """Admit every staged task in one transaction (admitted_at = now()), with the staging
+    table dropped and the tasks' statistics gathered before it commits, notify, and return
+    how long it took and when it committed."""
     conn = await bench_connect(url)
     try:
         started = await conn.fetchval("SELECT extract(epoch FROM clock_timestamp())")
@@ -309,11 +321,13 @@ async def dataset_admit(url: str) -> float:
                 f"""INSERT INTO task_events (task_id, at, from_state, to_state, reason)
                     SELECT id, now(), NULL, 'ADMITTED', 'submitted' FROM {STAGING}"""
             )
+            await conn.execute(f"DROP TABLE {STAGING}")
+            # ANALYZE in a transaction counts the transaction's own rows as live.
+            await conn.execute("ANALYZE tasks")
             await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, WakeSource.SUBMITTED.value)
+        committed = time.monotonic()
         ended = await conn.fetchval("SELECT extract(epoch FROM clock_timestamp())")
-        await conn.execute(f"DROP TABLE {STAGING}")
-        await conn.execute("ANALYZE tasks")
-        return float(ended - started)
+        return Admission(seconds=float(ended - started), committed=committed)
     finally:
         await conn.close()
 
