@@ -37,6 +37,7 @@ import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -443,74 +444,20 @@ class Reconciler:
         log.info("reconciler started",
                  extra={"owner": self.owner_id, "policy": cfg.policy,
                         "slots_owned": len(self.ownership.slots)})
-        clock = time.monotonic
-        next_tick = clock() + cfg.tick_seconds
-        next_sweep = clock() + sweep_delay(cfg.park_sweep_seconds, self._rng)
-        next_rebalance = clock() + cfg.rebalance_seconds
-        next_recovery = clock()
-        next_expiry = clock()
-        next_gauges = clock()
+        due = _Due.start(cfg, self._rng)
         stopper = asyncio.ensure_future(stop.wait())
         try:
             while not stop.is_set():
-                t = clock()
-                if t >= next_rebalance:
-                    before = self.ownership.slots
-                    if await listener.ensure():
-                        self._backlog.broad = True  # notifications may have been missed
-                    if await self.ownership.refresh() - before:
-                        self._backlog.broad = True  # taken-over slots may hold parked tasks
-                    next_rebalance = t + cfg.rebalance_seconds
-                if t >= next_tick:
-                    # A pass for what is claimable (expired claims); it unparks nothing.
-                    WAKEUPS.labels(source=WakeSource.TICK.value).inc()
-                    next_tick = t + cfg.tick_seconds
-                if t >= next_sweep:
-                    self.wakeup(Wakeup(WakeSource.SWEEP))
-                    next_sweep = t + sweep_delay(cfg.park_sweep_seconds, self._rng)
-                full = False
-                if t >= next_gauges:
-                    next_gauges = t + QUEUE_GAUGES_SECONDS
-                    try:
-                        await self.queue_gauges_refresh()
-                    except asyncio.CancelledError:
-                        raise
-                    except Exception:
-                        log.exception("queue gauges not refreshed", extra={"owner": self.owner_id})
-                if t >= next_recovery:
-                    next_recovery = t + cfg.recovery_seconds
-                    try:
-                        await self.recover_once()
-                    except asyncio.CancelledError:
-                        raise
-                    except Exception:
-                        log.exception("lease recovery failed; the next round tries again",
-                                      extra={"owner": self.owner_id})
-                if t >= next_expiry:
-                    next_expiry = t + cfg.sweep_seconds
-                    await self._sweeps_run()
-                try:
-                    # Clear first: a wakeup that arrives from here on triggers another pass.
-                    self._wake.clear()
-                    await self.wake_apply()
-                    result = await self.run_once()
-                    full = result.claimed >= cfg.batch_size or result.woken > 0
-                    if result.woken:
-                        WAKEUPS.labels(source=WakeSource.TASK_PLACED.value).inc()
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    log.exception("reconcile pass failed; its claims will expire",
-                                  extra={"owner": self.owner_id})
-                    await self._pause(stop, FAILURE_PAUSE_SECONDS)
+                await self._chores(due, listener)
+                full = await self._pass_guarded(stop)
+                if full is None:
                     # The database may have restarted: reconnect the LISTEN and ownership
                     # sessions now rather than at the next rebalance.
-                    next_rebalance = clock()
+                    due.rebalance = time.monotonic()
                     continue
                 if full or self._wake.is_set():
                     continue
-                wait = min(next_tick, next_rebalance, next_recovery, next_sweep,
-                           next_expiry, next_gauges) - clock()
+                wait = due.next() - time.monotonic()
                 if wait > 0:
                     waker = asyncio.ensure_future(self._wake.wait())
                     await asyncio.wait({waker, stopper}, timeout=wait,
@@ -522,8 +469,92 @@ class Reconciler:
             await self.ownership.stop()
             log.info("reconciler stopped", extra={"owner": self.owner_id})
 
+    async def _chores(self, due: _Due, listener: WakeupListener) -> None:
+        """Do what is due before a pass: rebalance slots, count a tick, wake a park sweep,
+        refresh the queue gauges, recover leases, run the retention sweeps."""
+        cfg = self.config
+        t = time.monotonic()
+        if t >= due.rebalance:
+            before = self.ownership.slots
+            if await listener.ensure():
+                self._backlog.broad = True  # notifications may have been missed
+            if await self.ownership.refresh() - before:
+                self._backlog.broad = True  # taken-over slots may hold parked tasks
+            due.rebalance = t + cfg.rebalance_seconds
+        if t >= due.tick:
+            # A pass for what is claimable (expired claims); it unparks nothing.
+            WAKEUPS.labels(source=WakeSource.TICK.value).inc()
+            due.tick = t + cfg.tick_seconds
+        if t >= due.sweep:
+            self.wakeup(Wakeup(WakeSource.SWEEP))
+            due.sweep = t + sweep_delay(cfg.park_sweep_seconds, self._rng)
+        if t >= due.gauges:
+            due.gauges = t + QUEUE_GAUGES_SECONDS
+            await self._logged(self.queue_gauges_refresh(), "queue gauges not refreshed")
+        if t >= due.recovery:
+            due.recovery = t + cfg.recovery_seconds
+            await self._logged(self.recover_once(),
+                               "lease recovery failed; the next round tries again")
+        if t >= due.expiry:
+            due.expiry = t + cfg.sweep_seconds
+            await self._sweeps_run()
+
+    async def _logged(self, work: Awaitable[object], message: str) -> None:
+        """Await ``work``; log its failure (the loop goes on) unless it was cancelled."""
+        try:
+            await work
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception(message, extra={"owner": self.owner_id})
+
+    async def _pass_guarded(self, stop: asyncio.Event) -> bool | None:
+        """Apply the wakeups received and run a pass; return whether it was full (another
+        pass should follow at once), or None when it failed (after a pause)."""
+        try:
+            # Clear first: a wakeup that arrives from here on triggers another pass.
+            self._wake.clear()
+            await self.wake_apply()
+            result = await self.run_once()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("reconcile pass failed; its claims will expire",
+                          extra={"owner": self.owner_id})
+            await self._pause(stop, FAILURE_PAUSE_SECONDS)
+            return None
+        if result.woken:
+            WAKEUPS.labels(source=WakeSource.TASK_PLACED.value).inc()
+        return result.claimed >= self.config.batch_size or result.woken > 0
+
     async def _pause(self, stop: asyncio.Event, seconds: float) -> None:
         try:
             await asyncio.wait_for(stop.wait(), timeout=seconds)
         except TimeoutError:
             pass
+
+
+@dataclass(slots=True)
+class _Due:
+    """When each of the loop's chores is next due (``time.monotonic()``)."""
+
+    tick: float
+    sweep: float
+    rebalance: float
+    recovery: float
+    expiry: float
+    gauges: float
+
+    @classmethod
+    def start(cls, cfg: ReconcilerConfig, rng: Callable[[], float]) -> _Due:
+        """Return the first due times: recovery, sweeps and gauges at once."""
+        now = time.monotonic()
+        return cls(tick=now + cfg.tick_seconds,
+                   sweep=now + sweep_delay(cfg.park_sweep_seconds, rng),
+                   rebalance=now + cfg.rebalance_seconds,
+                   recovery=now, expiry=now, gauges=now)
+
+    def next(self) -> float:
+        """Return when the first chore is due."""
+        return min(self.tick, self.rebalance, self.recovery, self.sweep, self.expiry,
+                   self.gauges)
