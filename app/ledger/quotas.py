@@ -338,6 +338,13 @@ _LEASED_LOCK = (
 )
 _USAGE_DELETE = "DELETE FROM quota_usage WHERE runtime_class = ANY($1::text[])"
 _COHORT_DELETE = "DELETE FROM cohort_usage WHERE runtime_class = ANY($1::text[])"
+# Fair sharing's decayed usage of what no quota row manages any more: left, it would come
+# back stale if the quota did.
+_FAIR_PRUNE = (
+    "DELETE FROM fair_usage f WHERE f.runtime_class = ANY($1::text[]) AND NOT EXISTS "
+    "(SELECT 1 FROM quota_usage q WHERE (q.tenant_id, q.runtime_class, q.resource) "
+    "= (f.tenant_id, f.runtime_class, f.resource))"
+)
 _USAGE_INSERT = (
     "WITH managed AS (SELECT runtime_class, resource FROM tenant_quotas "
     "WHERE runtime_class = ANY($1::text[]) UNION SELECT runtime_class, resource "
@@ -439,6 +446,7 @@ async def quota_usage_rebuild(conn: Connection, *, runtime_classes: Collection[s
     await conn.execute(_USAGE_DELETE, classes)
     await conn.execute(_COHORT_DELETE, classes)
     await conn.execute(_USAGE_INSERT, classes)
+    await conn.execute(_FAIR_PRUNE, classes)
     tenant_rows = [(r[0], r[1], r[2], int(r[3]), None if r[4] is None else int(r[4]),
                     int(r[5])) for r in await conn.fetch(_TENANT_ROWS, classes)]
     parents = {r[0]: r[1] for r in await conn.fetch(_TREE)}

@@ -44,6 +44,23 @@ async def test_decayed_usage_halves_the_distance_per_half_life(db: Database) -> 
         assert await _decay(conn, T0 + timedelta(seconds=4 * HALF)) == pytest.approx(4250.0)
 
 
+async def test_a_quota_removed_takes_its_decayed_usage_with_it(db: Database) -> None:
+    await _setup(db)
+    async with db.transaction() as conn:
+        await tenant_put(conn, tenant_id="b", cohort="c", fair_weight=1.0, now=T0,
+                         quotas={"standard": {"cpuMillis": Quota(2000)}})
+        await fair_usage_decay(conn, tenant_ids=["a", "b"], runtime_classes=["standard"],
+                               half_life_seconds=HALF, now=T0)
+        assert await conn.fetchval("SELECT count(*) FROM fair_usage") == 2
+        # a leaves quota management (its leases gone): its decayed usage goes with it, so a
+        # quota given back later starts from the usage of that moment, not a stale average.
+        await conn.execute("UPDATE quota_usage SET used = 0 WHERE tenant_id = 'a'")
+        await tenant_put(conn, tenant_id="a", cohort="c", fair_weight=2.5, now=T0,
+                         quotas={})
+        rows = await conn.fetch("SELECT tenant_id FROM fair_usage")
+        assert [r[0] for r in rows] == ["b"]
+
+
 async def test_a_row_being_updated_elsewhere_is_read_as_committed(db: Database) -> None:
     await _setup(db)
     async with db.transaction() as conn:
