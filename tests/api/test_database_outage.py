@@ -15,7 +15,7 @@ import contextlib
 import itertools
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import asyncpg
@@ -162,10 +162,15 @@ def assert_unavailable(response: httpx.Response) -> None:
     assert problem["type"] == "https://berth.dev/problems/unavailable", problem
 
 
+Answer = tuple[float, float, str, httpx.Response]
+
+
 async def _requests(
-    client: httpx.AsyncClient, keys: Keys, task_id: str, stop: asyncio.Event, n: int
-) -> list[tuple[float, float, str, httpx.Response]]:
-    """Send a mix of reads and writes until ``stop``; return (start, end, what, answer)."""
+    client: httpx.AsyncClient, keys: Keys, task_id: str, stop: asyncio.Event, n: int,
+    out: _Answers,
+) -> None:
+    """Send a mix of reads and writes until ``stop``; append (start, end, what, answer) to
+    ``out`` as each is answered."""
     loop = asyncio.get_running_loop()
     calls = itertools.cycle([
         ("POST", "/v1/tasks", keys.tenant_a, SPEC),
@@ -176,7 +181,6 @@ async def _requests(
          {"cpuMillis": 100_000 + n, "memoryMiB": 8192, "llmSlots": 4}),
         ("GET", "/v1/tasks", keys.tenant_a, None),
     ])
-    out = []
     for method, path, headers, body in itertools.islice(calls, n % 6, None):
         if stop.is_set():
             break
@@ -184,7 +188,26 @@ async def _requests(
         answer = await client.request(method, path, json=body, headers=headers)
         out.append((started, loop.time(), f"{method} {path}", answer))
         await asyncio.sleep(0.005)
-    return out
+
+
+class _Answers(list[Answer]):
+    """The answers so far, in the order they came; :meth:`until` waits for enough."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.grew = asyncio.Event()
+
+    def append(self, answer: Answer) -> None:
+        super().append(answer)
+        self.grew.set()
+
+    async def until(self, what: Callable[[], bool], seconds: float = 30.0) -> None:
+        """Wait until ``what()`` holds, and at least 0.5 s."""
+        await asyncio.sleep(0.5)
+        async with asyncio.timeout(seconds):
+            while not what():
+                self.grew.clear()
+                await self.grew.wait()
 
 
 @pytest.mark.parametrize("mode", ["refuse", "drop"])
@@ -200,18 +223,19 @@ async def test_an_outage_under_load_answers_503_with_retry_after_never_500(
         loop = asyncio.get_running_loop()
         async with client_of(app) as http:
             stop = asyncio.Event()
-            workers = [
-                asyncio.create_task(_requests(http, keys, task["id"], stop, n)) for n in range(12)
-            ]
-            await asyncio.sleep(0.8)
+            answers = _Answers()
+            workers = [asyncio.create_task(_requests(http, keys, task["id"], stop, n, answers))
+                       for n in range(12)]
+            # Enough answered before the cut and after the restore, however slow the machine.
+            await answers.until(lambda: sum(1 for a in answers if a[3].status_code < 300) > 20)
             cut_at = loop.time()
             await proxy.cut(mode)
             await asyncio.sleep(1.2)
             await proxy.restore()
             restored_at = loop.time()
-            await asyncio.sleep(1.5)
+            await answers.until(lambda: sum(1 for a in answers if a[0] > restored_at) > 20)
             stop.set()
-            answers = [a for w in workers for a in await w]
+            await asyncio.gather(*workers)
 
     statuses = Counter(a.status_code for _, _, _, a in answers)
     wrong = [(what, a.status_code, a.text[:300]) for _, _, what, a in answers
