@@ -14,7 +14,7 @@ def test_recorded_passes_plan_again_to_their_digests(
 ) -> None:
     saved = tmp_path / "records.json"
     status = plan.main(
-        ["--pools", "20", "--tasks", "300", "--reconcilers", "2", "--server-url", server_url,
+        ["--pools", "20", "--tasks", "200", "--reconcilers", "2", "--server-url", server_url,
          "--save", str(saved), "--passes", "100", "--repeat", "2", "--json"]
     )
     result = orjson.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -22,7 +22,7 @@ def test_recorded_passes_plan_again_to_their_digests(
     records, pools = plan.records_load(saved)
     assert result["passes"] == len(records) >= 2
     assert result["plansIdentical"] == result["passes"]
-    assert result["tasks"] >= 300 and result["cpuUsPerTask"] > 0
+    assert result["tasks"] >= 200 and result["cpuUsPerTask"] > 0
     assert {r.pools_digest for r in records} <= set(pools)
 
     # The same file again, decoding only: the same tasks, nothing planned.
