@@ -16,6 +16,8 @@ TARGETS = {
     "api": "HTTP throughput of task submission and reads over loopback",
     "hostile": "an authenticated client's latency under a flood of invalid keys and under "
                "slow bodies without a key, against berth serve",
+    "plan": "the planner alone, planning again the passes an e2e run recorded: CPU and "
+            "instructions per task",
     "watch": "the watch feed: submit-to-lease latency seen by runtime watchers, delivery "
              "rate, server CPU per event and memory per idle watcher",
 }

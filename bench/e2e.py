@@ -132,6 +132,8 @@ class E2EConfig:
     replay: bool = False
     #: Write the run's profile (:mod:`bench.profile`) into this directory.
     profile_out: str | None = None
+    #: Write the run's recorded passes to this file (:func:`bench.plan.records_save`).
+    records_out: str | None = None
 
 
 class BenchFailed(RuntimeError):
@@ -611,6 +613,10 @@ async def e2e_run(cfg: E2EConfig, progress: Progress | None = None) -> dict[str,
         logdir = _logdir(cfg.keep_logs or tmp)
         async with scratch_database(cfg.server_url, settings=dict(cfg.pg_settings)) as url:
             run = await _place_with_reconcilers(url, ds, cfg, logdir, progress)
+            if cfg.records_out:
+                from bench.plan import records_save
+
+                await records_save(url, Path(cfg.records_out))
             if cfg.replay:
                 progress.phase("replaying the recorded passes")
                 run["replay"] = await asyncio.to_thread(_replay, url, cfg)
@@ -818,6 +824,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "the reconcilers' CPU by phase of the pass, PostgreSQL's time per "
                    "statement (pg_stat_statements, preloaded by the embedded PostgreSQL), "
                    "index entries per placement")
+    p.add_argument("--records-out", metavar="FILE",
+                   help="write the run's recorded passes to FILE, for berth bench plan")
     p.add_argument("--sweep", nargs="+", metavar="KEY=V1,V2",
                    help="run every combination, e.g. pools=1000,5000 reconcilers=1,2,4 "
                         "quotas=0,1 (baselines skipped)")
@@ -942,6 +950,7 @@ def main(argv: list[str]) -> int:
             floor_batch=args.floor_batch, skip_peer=args.skip_peer,
             peer_clients=args.peer_clients, mix=args.mix, finished=args.finished,
             quotas=int(args.quotas), replay=args.replay, profile_out=args.profile_out,
+            records_out=args.records_out,
         )
         with Progress("berth bench e2e") as progress:
             if args.sweep:

@@ -76,8 +76,8 @@ class Assumed:
         self.version = 0
         self._entries: dict[str, _AssumedEntry] = {}
         self._by_tenant: dict[str, dict[str, _AssumedEntry]] = {}
-        # Per tenant and topology, the members of all its assumed placements per domain, kept
-        # up to date by add/remove once asked for (spreading reads them for every task).
+        # Per tenant and topology, the members of its actual and assumed placements per
+        # domain, kept up to date by add/remove once asked for (see ``domain_totals``).
         self._domains: dict[str, dict[str, np.ndarray]] = {}
         #: Capacity held (not placed) per task: a preemptor's share of the free capacity.
         self._holds: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -118,10 +118,11 @@ class Assumed:
             # and the tracked domain counts updated by item.
             (pool_id, count), = members
             i = self.snapshot.pos[pool_id]
+            row = self.used[i]  # a view: the pool's row, updated in place
             if count == 1:
-                self.used[i] += req
+                row += req
             else:
-                self.used[i] += req * count
+                row += req * count
             if count == 1:
                 entry = _AssumedEntry(tenant_id, spec.labels, _single(i), _ONE, req, i, 1)
             else:
@@ -192,20 +193,24 @@ class Assumed:
                 else:
                     np.add.at(per_domain, dom[entry.idx], sign * entry.counts)
 
-    def domain_counts(self, tenant_id: str, topology: str) -> np.ndarray | None:
-        """Return per ``topology`` domain the members of all the tenant's assumed placements
-        (indexed by ``Snapshot.domains`` codes), or None when there are none; read-only."""
-        if not self._by_tenant.get(tenant_id):
-            return None
+    def domain_totals(self, tenant_id: str, topology: str, actual: np.ndarray) -> np.ndarray:
+        """Return per ``topology`` domain (indexed by ``Snapshot.domains`` codes) ``actual``,
+        the members of the tenant's actual placements, plus those of its assumed placements.
+
+        Once asked for, the sum is kept up to date by add and remove (spreading reads it for
+        every task): read it at once, never keep it, and pass the same ``actual`` every time.
+        """
         tracked = self._domains.get(tenant_id)
         if tracked is None:
             tracked = self._domains[tenant_id] = {}
         per_domain = tracked.get(topology)
         if per_domain is None:
-            dom, nd = self.snapshot.domains(topology)
-            per_domain = np.zeros(nd, dtype=np.int64)
-            for e in self._by_tenant[tenant_id].values():
-                np.add.at(per_domain, dom[e.idx], e.counts)
+            per_domain = actual.copy()
+            entries = self._by_tenant.get(tenant_id)
+            if entries:
+                dom = self.snapshot.domains(topology)[0]
+                for e in entries.values():
+                    np.add.at(per_domain, dom[e.idx], e.counts)
             tracked[topology] = per_domain
         return per_domain
 

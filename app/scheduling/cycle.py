@@ -25,7 +25,7 @@ class Cycle:
 
     __slots__ = (
         "spec", "snapshot", "assumed", "req", "notes", "held", "class_pools", "_terms",
-        "_tenant_domains", "_rows", "_kept",
+        "_rows", "_kept", "_position",
     )
 
     def __init__(
@@ -56,11 +56,12 @@ class Cycle:
         #: PreScore memo, when the pipeline knows them (see :meth:`class_memo`).
         self.class_pools: tuple[np.ndarray, np.ndarray, dict] | None = None
         self._terms: dict[tuple, tuple[np.ndarray, np.ndarray | None, int]] = {}
-        self._tenant_domains: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         #: The pools last asked for by :meth:`capacity_and_need`, with the answer.
         self._rows: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         #: The pools left by the per-task filters and their positions among the class's.
         self._kept: tuple[np.ndarray, np.ndarray] | None = None
+        #: The last answer of :meth:`position`.
+        self._position: tuple[np.ndarray, int, int | None] | None = None
 
     def used(self, idx: np.ndarray) -> np.ndarray:
         """Return reserved plus assumed usage of the pools at ``idx`` (rows of 3 ints), less
@@ -132,6 +133,25 @@ class Cycle:
         elif self._kept is not None and self._kept[0] is idx:
             self._kept = (kept, self._kept[1][keep])
 
+    def position(self, idx: np.ndarray, pool: int) -> int | None:
+        """Return the position of the pool at snapshot index ``pool`` in ``idx`` (ascending
+        snapshot indexes), or None when it is not there. The last answer is kept (or the one
+        :meth:`describing` gave): the plugins describing one pool search once, if at all."""
+        last = self._position
+        if last is not None and last[0] is idx and last[1] == pool:
+            return last[2]
+        pos = int(idx.searchsorted(pool))
+        found = pos if pos < len(idx) and idx.item(pos) == pool else None
+        self._position = (idx, pool, found)
+        return found
+
+    def describing(self, idx: np.ndarray, at: int) -> int:
+        """Note that the pool at position ``at`` of the scored pools ``idx`` is described next
+        (:meth:`position` then needs no search) and return its snapshot index."""
+        pool = idx.item(at)
+        self._position = (idx, pool, at)
+        return pool
+
     def available(self, idx: np.ndarray) -> np.ndarray:
         """Return the capacity left on the pools at ``idx`` after actual and assumed usage."""
         cap, need = self.capacity_and_need(idx)
@@ -194,28 +214,23 @@ class Cycle:
 
     def tenant_domain_counts(self, topology: str) -> tuple[np.ndarray, np.ndarray]:
         """Return each pool's ``topology`` domain code and, per domain, the tenant's placed
-        members (actual and assumed): ``per_domain[codes[i]]`` is pool ``i``'s count."""
-        hit = self._tenant_domains.get(topology)
-        if hit is None:
-            hit = self._tenant_domains[topology] = tenant_domain_counts(
-                self.snapshot, self.assumed, self.spec.tenant_id, topology
-            )
-        return hit
+        members (actual and assumed): ``per_domain[codes[i]]`` is pool ``i``'s count. The
+        counts follow the pass's later placements: read them at once."""
+        return tenant_domain_counts(self.snapshot, self.assumed, self.spec.tenant_id, topology)
 
 
 def tenant_domain_counts(
     snapshot: Snapshot, assumed: Assumed | None, tenant_id: str, topology: str
 ) -> tuple[np.ndarray, np.ndarray]:
     """Return each pool's ``topology`` domain code and, per domain, the members of the
-    tenant's actual placements plus those assumed in ``assumed``."""
+    tenant's actual placements plus those assumed in ``assumed`` (which keeps the sum up to
+    date with its later placements: read it at once)."""
     dom = snapshot.domains(topology)[0]
     per_domain = snapshot.memoized(
         ("tdomd", tenant_id, topology), _tenant_domains, snapshot, tenant_id, topology
     )
     if assumed is not None:
-        extra = assumed.domain_counts(tenant_id, topology)
-        if extra is not None:
-            per_domain = per_domain + extra
+        per_domain = assumed.domain_totals(tenant_id, topology, per_domain)
     return dom, per_domain
 
 

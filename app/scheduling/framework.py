@@ -158,6 +158,7 @@ def _explained(
         i = int(pools[pos])
         comps: tuple[ScoreComponent, ...] = ()
         if detail:
+            cycle.describing(pools, pos)
             comps = tuple(
                 ScoreComponent(p.NAME, v.item(pos) * w, p.describe(cycle, i, v.item(pos)))
                 for p, w, v in applied
@@ -316,7 +317,7 @@ def _ranked(
     components as its plugins describe them."""
     ranked = best(total, top_k)
     head = ranked[0]
-    pool = pools.item(head)
+    pool = cycle.describing(pools, head)
     parts = []
     for plugin, weight, values in applied:
         value = values.item(head)

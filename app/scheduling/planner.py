@@ -238,13 +238,15 @@ class _Planning:
             for t, why in inputs.invalid
         ]
         self.placed: list[Placed] = []
-        self.explain = inputs.settings.explain
+        settings = inputs.settings
+        self.explain = settings.explain
+        self.top_k = settings.top_k
+        self.components = settings.explain_components
         self.explained: dict[uuid.UUID, Result] = {}
         self.unsatisfiable = False
         #: The rejection counts maps of the pass's outcomes, by identity (kept alive here,
         #: so an id is never reused), with how many tasks had each.
         self.counts_seen: dict[int, list] = {}
-        settings = inputs.settings
         # A function of the inputs, not a method: the pass's objects hold no cycle, so a
         # pass's snapshot is freed by reference counting once the next one replaces it.
         self.nominate = Nominate(inputs, self.assumed, quota=self.book, pending=functools.partial(
@@ -324,8 +326,8 @@ class _Planning:
                 held: Mapping[str, Vector] | None, counted: bool) -> Result | Ranked | None:
         try:
             outcome = decide(spec, self.inputs.snapshot, assumed=self.assumed,
-                             top_k=self.inputs.settings.top_k, explain=self.explain,
-                             components=self.inputs.settings.explain_components,
+                             top_k=self.top_k, explain=self.explain,
+                             components=self.components,
                              holds=dict(held) if held is not None else None,
                              quotas=None if counted else self.book,
                              profile=self.inputs.profile)

@@ -203,8 +203,12 @@ def test_assumed_domain_counts_follow_adds_and_removes(ops):
     ]
     snap = Snapshot.build(pools)
     assumed = Assumed(snap)
+    # Each tenant's actual members per domain, as the snapshot counts them.
+    actual = {(t, topology): np.arange(snap.domains(topology)[1], dtype=np.int64) + k
+              for k, t in enumerate("ab") for topology in ("failureDomain", "region", "pool")}
     # Ask before any placement too: tracking starts at the first question.
-    assert assumed.domain_counts("a", "failureDomain") is None
+    assert assumed.domain_totals("a", "failureDomain", actual["a", "failureDomain"]).tolist() \
+        == actual["a", "failureDomain"].tolist()
     for k, (tenant, where, count, undo) in enumerate(ops):
         s = compile_spec(
             TaskSpec.model_validate({"runtimeClass": "py", "requests": {"cpuMillis": 10}}),
@@ -215,9 +219,9 @@ def test_assumed_domain_counts_follow_adds_and_removes(ops):
             assumed.remove(f"t{k - 1}" if k else "t0")
         for t in ("a", "b"):
             for topology in ("failureDomain", "region", "pool"):
-                got = assumed.domain_counts(t, topology)
+                got = assumed.domain_totals(t, topology, actual[t, topology])
                 want = _recount(assumed, t, topology)
-                assert (got.tolist() if got is not None else [0] * len(want)) == want
+                assert (got - actual[t, topology]).tolist() == want
     used = snap.reserved + assumed.usage
     assert assumed.used.tolist() == used.tolist()
 

@@ -121,7 +121,7 @@ class Nominate:
         self.ended: dict[uuid.UUID, str] = {}
         self.created: list[NewNomination] = []
         #: The nominees the pass claimed (their holds are given back by the pass itself).
-        self.claimed = {t.id for t, _ in inputs.tasks if t.id in self.of}
+        self.claimed = {t.id for t, _ in inputs.tasks if t.id in self.of} if self.of else set()
 
     def placed(self, task: ClaimedTask) -> None:
         """Note a claimed task placed by the pass (a nominee's nomination ends)."""

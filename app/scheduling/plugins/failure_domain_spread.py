@@ -28,14 +28,23 @@ class FailureDomainSpread(ScorePlugin):
         integers)."""
         dom, per_domain = cycle.tenant_domain_counts(_TOPOLOGY)
         codes = cycle.class_memo(idx, NAME, dom.take, idx, narrow=np.ndarray.take)
-        return per_domain.take(codes)
+        raw = per_domain.take(codes)
+        cycle.notes[NAME] = (idx, raw)
+        return raw
 
     def normalize(self, cycle: Cycle, raw: np.ndarray) -> np.ndarray:
         """Map the emptiest domain to 100 and the fullest to 0."""
         return minmax(raw, higher_is_better=False)
 
     def describe(self, cycle: Cycle, pool: int, value: float) -> str:
-        """Return how many of the tenant's members share the pool's failure domain."""
+        """Return how many of the tenant's members share the pool's failure domain (as this
+        cycle's scoring counted them)."""
+        note = cycle.notes.get(NAME)
+        if note is not None:
+            idx, raw = note
+            pos = cycle.position(idx, pool)
+            if pos is not None:
+                return self.reason(raw.item(pos))
         dom, per_domain = cycle.tenant_domain_counts(_TOPOLOGY)
         return self.reason(per_domain.item(dom.item(pool)))
 

@@ -117,8 +117,8 @@ def projected_utilization_at(cycle: Cycle, pool: int) -> tuple[float, float]:
     note = cycle.notes.get(NAME)
     if note is not None:
         idx, dominant, mean = note
-        pos = int(idx.searchsorted(pool))
-        if pos < len(idx) and idx.item(pos) == pool:
+        pos = cycle.position(idx, pool)
+        if pos is not None:
             return dominant.item(pos), mean.item(pos)
     dominant, mean = projected_utilization(cycle, np.array([pool], dtype=np.intp))
     return dominant.item(0), mean.item(0)

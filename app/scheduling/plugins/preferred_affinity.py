@@ -45,8 +45,8 @@ class PreferredAffinity(ScorePlugin):
         note = cycle.notes.get(NAME)
         if note is not None:
             idx, raw = note
-            pos = int(idx.searchsorted(pool))
-            if pos < len(idx) and idx.item(pos) == pool:
+            pos = cycle.position(idx, pool)
+            if pos is not None:
                 return self.reason(raw.item(pos))
         return self.reason(self.score_many(cycle, np.array([pool], dtype=np.intp)).item(0))
 
