@@ -220,16 +220,23 @@ class Offload:
             self._executor.submit(_warm)
 
     def close(self) -> None:
-        """Stop the workers, dropping computations that have not started (the thread, which
-        runs in this process, finishes them and closes its connection first)."""
-        if self._executor is None:
+        """Stop the workers and wait, at most ``timeout_seconds``, until they are gone,
+        dropping computations that have not started (the thread of ``workers=0`` runs them,
+        then closes its connection). The pool's queues are released here: under uvicorn the
+        process then ends by the signal that stopped it, raised again, which runs no exit
+        handler, and queues still held would be reported as leaked semaphores."""
+        executor = self._executor
+        if executor is None:
             return
-        if self.workers == 0:
-            self._executor.submit(_thread_stop)
-            self._executor.shutdown(wait=True)
-        else:
-            self._executor.shutdown(wait=False, cancel_futures=True)
         self._executor = None
+        if self.workers == 0:
+            executor.submit(_thread_stop)
+        stopping = threading.Thread(
+            target=executor.shutdown, kwargs={"wait": True, "cancel_futures": self.workers > 0},
+            name="berth-compute-stop", daemon=True,
+        )
+        stopping.start()
+        stopping.join(self.timeout_seconds)
 
     async def run(self, fn: Callable[..., T], /, *args: Any) -> T:
         """Return ``fn(*args)`` computed by a worker; 429 past the bound, 503 past the

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -75,3 +78,29 @@ async def test_a_computation_past_the_timeout_is_503_and_keeps_its_slot_until_do
     finally:
         release.set()
         offload.close()
+
+
+def test_a_process_stopped_by_a_signal_after_closing_leaves_no_semaphore_behind() -> None:
+    """Under uvicorn the API process ends by the signal that stopped it, raised again after
+    shutdown, which runs no exit handler: the pool's queues must be released by
+    ``close()`` itself, or the resource tracker reports them leaked."""
+    script = textwrap.dedent("""
+        import asyncio, os, signal
+        from app.services.offload import Offload
+
+        async def main():
+            offload = Offload(workers=1, max_concurrent=1, timeout_seconds=30)
+            offload.start()
+            assert await offload.run(os.getpid) != os.getpid()
+            offload.close()
+
+        if __name__ == "__main__":
+            asyncio.run(main())
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.raise_signal(signal.SIGTERM)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, cwd=os.getcwd())
+    assert done.returncode == -15, done.stderr
+    assert "leaked" not in done.stderr, done.stderr
+
