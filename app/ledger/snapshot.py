@@ -238,7 +238,8 @@ class SnapshotCache:
         #: The snapshot's rows of each runtime instance's pools.
         self.instance_pools: dict[str, list[int]] = {}
         #: How many reads read only the rows changed since the previous one, and how many
-        #: rows (pools, ledgers and runtime instances) those reads returned in all.
+        #: rows all reads returned: the pools, ledgers and runtime instances written since
+        #: the previous read, or every pool when read whole.
         self.deltas = 0
         self.rows_read = 0
 
@@ -319,6 +320,7 @@ async def snapshot_read(
         tasks = await placed()
         cache.rebuilds += 1
         snapshot = Snapshot.build(states, tasks, strategy=strategy)
+    cache.rows_read += n
     cache.versions = versions
     cache.snapshot = snapshot
     seen, own, ledgers, instances, ids, beats = hb

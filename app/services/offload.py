@@ -43,7 +43,7 @@ from asyncpg.exceptions import InternalClientError
 from app.db import Connection, Database
 from app.errors import BerthError
 from app.ledger.snapshot import SnapshotCache
-from app.metrics import LOOP_LAG, REQUESTS_SHED
+from app.metrics import LOOP_LAG, PREVIEW_ROWS_READ, REQUESTS_SHED
 
 __all__ = [
     "ORPHAN_CHECK_SECONDS",
@@ -117,6 +117,10 @@ class WorkerState:
             cache = self.snapshots[strategy] = SnapshotCache()
         return cache
 
+    def rows_read(self) -> int:
+        """Return how many rows the refreshes of this worker's snapshots have read."""
+        return sum(cache.rows_read for cache in self.snapshots.values())
+
     def close(self) -> None:
         """Close the connection and the loop."""
         if self.db is not None:
@@ -182,6 +186,14 @@ def _thread_stop() -> None:
 
 def _warm() -> int:
     return os.getpid()
+
+
+def _counted(fn: Callable[..., T], /, *args: Any) -> tuple[T, int]:
+    """Return ``fn(*args)`` and the rows its snapshot refreshes read, in a worker."""
+    state: WorkerState = _LOCAL.state
+    before = state.rows_read()
+    value = fn(*args)
+    return value, state.rows_read() - before
 
 
 class Offload:
@@ -251,11 +263,11 @@ class Offload:
         self.start()
         assert self._executor is not None
         self.in_use += 1
-        future: Future[T] = self._executor.submit(fn, *args)
+        future: Future[tuple[T, int]] = self._executor.submit(_counted, fn, *args)
         loop = asyncio.get_running_loop()
         future.add_done_callback(lambda _: self._release(loop))
         try:
-            return await asyncio.wait_for(
+            value, rows = await asyncio.wait_for(
                 asyncio.shield(asyncio.wrap_future(future)), self.timeout_seconds
             )
         except TimeoutError:
@@ -265,6 +277,8 @@ class Offload:
                 "(BERTH_PREVIEW_TIMEOUT_SECONDS); retry later",
                 extra={"headers": {"Retry-After": str(max(1, round(self.timeout_seconds)))}},
             ) from None
+        PREVIEW_ROWS_READ.observe(rows)
+        return value
 
     def _release(self, loop: asyncio.AbstractEventLoop) -> None:
         """Free the slot of a finished computation, on the event loop (this is called in
