@@ -178,6 +178,12 @@ for _reason in SHED_REASONS:
 #: How late the API process's event loop ran a timer: how long something else held the loop
 #: (or the machine left the process waiting for a core). Sampled by
 #: :func:`app.services.offload.loop_lag_watch`.
+PREVIEW_ROWS_READ = Histogram(
+    "berth_preview_rows_read",
+    "Rows a preview's snapshot refresh read: the pool, ledger and runtime instance rows "
+    "written since its worker's previous read, or every pool when read whole.",
+    buckets=(0, 10, 100, 1000, 10_000, 100_000),
+)
 LOOP_LAG = Histogram(
     "berth_event_loop_lag_seconds",
     "How late the API process's event loop woke a timer due now (sampled every 25 ms).",

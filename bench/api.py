@@ -10,7 +10,9 @@ over the created tasks, then a few clients drive ``POST /v1/task-batches`` with 
 size`` specs each (tasks accepted per second and server CPU per task; ``--batch-size 0``
 skips it), then — with its own server — loads ``--preview-pools`` pools (10,000) the tenant
 sees and times ``--previews`` placement previews one at a time, their default page: p50,
-p99 and the largest answer in bytes (``--preview-pools 0`` skips it). The clients run in a
+p99, the largest answer in bytes and the rows each preview's snapshot refresh read
+(``--preview-pools 0`` skips it; ``--preview-writes`` and ``--preview-hold`` write to the
+pools meanwhile, as reconcilers do). The clients run in a
 separate process with a minimal HTTP/1.1 client so that they
 cost the server as little CPU as possible; on a small machine client, server and PostgreSQL
 still share the cores, which the output reports.
@@ -22,7 +24,8 @@ with ``--json``, ONE JSON line instead::
      "batches": {..., "tasksAccepted", "batchSize"}, "batchTasksPerSec",
      "batchDatabaseCpuMsPerTask",
      "batchServerCpuMsPerTask", "previews": {"pools", "count", "p50Ms", "p99Ms", "bytesMax",
-     "apiProcessCpuMsPerRequest", "workersCpuMsPerRequest"}, "clients": N, "cpus": 2,
+     "apiProcessCpuMsPerRequest", "workersCpuMsPerRequest", "rowsReadPerPreview",
+     "writer": {"passesPerSecond", "ledgerRowsPerSecond", "held"}}, "clients": N, "cpus": 2,
      "server": "...", ...}
 """
 
@@ -55,7 +58,7 @@ from bench.database import (
     env_server_url,
     postgres_server,
 )
-from bench.preview_pools import preview_pools_load
+from bench.preview_pools import PoolsWriter, preview_pools_load
 from bench.report import Progress, json_option, result_print
 from bench.workers import REPO_ROOT, postgres_cpu_seconds, python_env
 
@@ -354,6 +357,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "(10000; 0 skips the phase)")
     p.add_argument("--previews", type=int, default=50,
                    help="placement previews of the preview phase, one at a time (50)")
+    p.add_argument("--preview-writes", type=float, default=0.0,
+                   help="passes a second a writer commits while the previews run, each "
+                   "reserving on --preview-write-pools pools and releasing the previous "
+                   "pass's, as reconcilers do (0: none, the default)")
+    p.add_argument("--preview-write-pools", type=int, default=20,
+                   help="pools each pass of the writer reserves on (20)")
+    p.add_argument("--preview-hold", action="store_true",
+                   help="keep a transaction that has an id open while the previews run, as a "
+                   "long pass or batch does")
     return p
 
 
@@ -453,20 +465,47 @@ def _measure(
     return out
 
 
+def _rows_read(url: str) -> tuple[float, float] | None:
+    """Return the sum and count of ``berth_preview_rows_read`` on the server's /metrics
+    (None: it does not export them)."""
+    import httpx
+
+    found: dict[str, float] = {}
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("berth_preview_rows_read_sum", "berth_preview_rows_read_count"):
+            found[name] = float(value)
+    if len(found) < 2:
+        return None
+    return found["berth_preview_rows_read_sum"], found["berth_preview_rows_read_count"]
+
+
 def _previews(
     database: str, url: str, key: str, args: argparse.Namespace, server_pid: int
 ) -> dict[str, Any]:
     """Load ``--preview-pools`` pools for the tenant of ``key``, then time ``--previews``
-    placement previews of the benchmark's spec with their default page, one at a time."""
+    placement previews of the benchmark's spec with their default page, one at a time
+    (with ``--preview-writes``, while a writer reserves on the pools)."""
     asyncio.run(preview_pools_load(database, pools=args.preview_pools, tenant="bench-tenant"))
-    with ProcessPoolExecutor(max_workers=1) as pool:
-        # Warm-up: the first previews read the new pools and start the preview workers.
-        pool.submit(drive, url, key, phase="preview", clients=1, count=3,
-                    seconds=args.seconds).result()
-        cpu0, workers0 = _cpu_seconds(server_pid), _children_cpu_seconds(server_pid)
-        done = pool.submit(drive, url, key, phase="preview", clients=1, count=args.previews,
-                           seconds=args.seconds).result()
-        cpu1, workers1 = _cpu_seconds(server_pid), _children_cpu_seconds(server_pid)
+    writer = None
+    if args.preview_writes > 0 or args.preview_hold:
+        writer = PoolsWriter(database, pools=args.preview_pools, rate=args.preview_writes,
+                             per_pass=args.preview_write_pools if args.preview_writes else 0,
+                             hold=args.preview_hold)
+        writer.start()
+    try:
+        with ProcessPoolExecutor(max_workers=1) as pool:
+            # Warm-up: the first previews read the new pools and start the preview workers.
+            pool.submit(drive, url, key, phase="preview", clients=1, count=3,
+                        seconds=args.seconds).result()
+            rows0 = _rows_read(url)
+            cpu0, workers0 = _cpu_seconds(server_pid), _children_cpu_seconds(server_pid)
+            done = pool.submit(drive, url, key, phase="preview", clients=1,
+                               count=args.previews, seconds=args.seconds).result()
+            cpu1, workers1 = _cpu_seconds(server_pid), _children_cpu_seconds(server_pid)
+            rows1 = _rows_read(url)
+    finally:
+        written = writer.stop() if writer is not None else None
     summary = _summary(done)
     summary["pools"] = args.preview_pools
     if done.sizes:
@@ -474,6 +513,16 @@ def _previews(
         summary["apiProcessCpuMsPerRequest"] = round((cpu1 - cpu0) / len(done.sizes) * 1000, 2)
         summary["workersCpuMsPerRequest"] = round(
             (workers1 - workers0) / len(done.sizes) * 1000, 2)
+    if rows0 is not None and rows1 is not None and rows1[1] > rows0[1]:
+        summary["rowsReadPerPreview"] = round((rows1[0] - rows0[0]) / (rows1[1] - rows0[1]), 1)
+    if written is not None:
+        summary["writer"] = {
+            "passesPerSecond": round(written.passes / written.seconds, 1)
+            if written.seconds else 0.0,
+            "ledgerRowsPerSecond": round(written.rows / written.seconds, 1)
+            if written.seconds else 0.0,
+            "held": args.preview_hold,
+        }
     return summary
 
 
@@ -484,9 +533,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("berth bench api: --clients, --count and --seconds must be positive",
               file=sys.stderr)
         return 2
-    if args.preview_pools < 0 or args.previews < 1:
-        print("berth bench api: --preview-pools is 0 or more, --previews positive",
-              file=sys.stderr)
+    if (args.preview_pools < 0 or args.previews < 1 or args.preview_writes < 0
+            or args.preview_write_pools < 1):
+        print("berth bench api: --preview-pools and --preview-writes are 0 or more, "
+              "--previews and --preview-write-pools positive", file=sys.stderr)
         return 2
     if not 0 <= args.batch_size <= 1000 or args.batches < 1 or args.batch_clients < 1:
         print("berth bench api: --batch-size is 0..1000, --batches and --batch-clients "
@@ -548,8 +598,15 @@ def _headline(r: dict[str, Any]) -> list[tuple[str, str]]:
                                          + (f", server CPU {cpu} ms/task" if cpu else "")))
     if "previews" in r:
         p = r["previews"]
+        read = p.get("rowsReadPerPreview")
+        w = p.get("writer")
         rows.append(("placement previews", f"{p['pools']:,} pools: p50 {p['p50Ms']} ms, "
-                                           f"p99 {p['p99Ms']} ms, {p.get('bytesMax', 0):,} bytes"))
+                                           f"p99 {p['p99Ms']} ms, {p.get('bytesMax', 0):,} bytes"
+                                           + (f", {read:,} rows read each" if read is not None
+                                              else "")
+                                           + (f"; writer {w['passesPerSecond']} passes/s"
+                                              + (", a transaction held open" if w["held"]
+                                                 else "") if w else "")))
     return rows
 
 

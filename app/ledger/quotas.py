@@ -37,6 +37,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from app.db import Connection
 from app.scheduling.plugins.quota import CohortRow, QuotaRow
@@ -45,10 +46,12 @@ __all__ = [
     "QUOTA_LOCK",
     "RETURN_CTES",
     "QuotaPlan",
+    "QuotaRead",
     "CohortRow",
     "QuotaRow",
     "cohort_rows_computed",
     "quota_charge",
+    "quota_read",
     "quota_rows_read",
     "quota_tree_read",
     "quota_uncharge",
@@ -105,14 +108,17 @@ _COHORTS_OF = (
 )
 
 
+def _quota_row(r: Any) -> QuotaRow:
+    return QuotaRow(r[0], r[1], r[2], r[3], int(r[4]), None if r[5] is None else int(r[5]),
+                    None if r[6] is None else int(r[6]), int(r[7]))
+
+
 async def quota_rows_read(
     conn: Connection, *, runtime_classes: Collection[str], tenant_ids: Collection[str]
 ) -> tuple[list[QuotaRow], dict[str, str]]:
     """Return the quota rows of ``runtime_classes`` (empty: none is managed) and, when some
     are, the cohort of each of ``tenant_ids``."""
-    rows = [QuotaRow(r[0], r[1], r[2], r[3], int(r[4]), None if r[5] is None else int(r[5]),
-                     None if r[6] is None else int(r[6]), int(r[7]))
-            for r in await conn.fetch(_ROWS, sorted(set(runtime_classes)))]
+    rows = [_quota_row(r) for r in await conn.fetch(_ROWS, sorted(set(runtime_classes)))]
     if not rows:
         return [], {}
     cohorts = {r[0]: r[1] for r in await conn.fetch(_COHORTS_OF, sorted(set(tenant_ids)))}
@@ -130,19 +136,49 @@ _TENANTS_OF = (
 )
 
 
+def _cohort_row(r: Any) -> CohortRow:
+    return CohortRow(r[0], r[1], r[2], r[3], int(r[4]), int(r[5]), int(r[6]),
+                     None if r[7] is None else int(r[7]), int(r[8]), float(r[9]))
+
+
 async def quota_tree_read(
     conn: Connection, *, runtime_classes: Collection[str], tenant_ids: Collection[str]
 ) -> tuple[list[CohortRow], dict[str, float], dict[str, str]]:
     """Return the cohorts' rows of ``runtime_classes`` (the quota tree; empty: no class is
     managed) and, when there are some, the fair weight and the cohort of each of
     ``tenant_ids``."""
-    rows = [CohortRow(r[0], r[1], r[2], r[3], int(r[4]), int(r[5]), int(r[6]),
-                      None if r[7] is None else int(r[7]), int(r[8]), float(r[9]))
-            for r in await conn.fetch(_COHORT_ROWS, sorted(set(runtime_classes)))]
+    rows = [_cohort_row(r) for r in await conn.fetch(_COHORT_ROWS, sorted(set(runtime_classes)))]
     if not rows:
         return [], {}, {}
     found = await conn.fetch(_TENANTS_OF, sorted(set(tenant_ids)))
     return rows, {r[0]: float(r[2]) for r in found}, {r[0]: r[1] for r in found}
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaRead:
+    """What a pass's planner checks quotas with: the quota rows and the quota tree of some
+    runtime classes, and each tenant's cohort and fair weight (empty when no class is
+    managed; the weights only when the classes have a tree)."""
+
+    rows: tuple[QuotaRow, ...] = ()
+    cohorts: Mapping[str, str] = field(default_factory=dict)
+    tree: tuple[CohortRow, ...] = ()
+    weights: Mapping[str, float] = field(default_factory=dict)
+
+
+async def quota_read(
+    conn: Connection, *, runtime_classes: Collection[str], tenant_ids: Collection[str]
+) -> QuotaRead:
+    """Return the quota rows and the quota tree of ``runtime_classes``, with the cohort and
+    fair weight of each of ``tenant_ids`` read once for both."""
+    classes = sorted(set(runtime_classes))
+    rows = tuple(_quota_row(r) for r in await conn.fetch(_ROWS, classes))
+    tree = tuple(_cohort_row(r) for r in await conn.fetch(_COHORT_ROWS, classes))
+    if not rows and not tree:
+        return QuotaRead()
+    found = await conn.fetch(_TENANTS_OF, sorted(set(tenant_ids)))
+    return QuotaRead(rows, {r[0]: r[1] for r in found}, tree,
+                     {r[0]: float(r[2]) for r in found} if tree else {})
 
 
 _QUOTA_USAGE = (

@@ -66,49 +66,63 @@ _USAGE_COLUMNS = 8
 _ARRAY_HEADER = np.dtype(">i4")
 _ARRAY_ELEMENT = np.dtype([("length", ">i4"), ("value", ">i8")])
 
-# What changed since an earlier read, without a row per pool: rows are versioned by the
-# transaction that wrote them (``xmin``), and a row written after a read whose snapshot's
-# oldest running transaction was ``$1`` carries a transaction id no older than ``$1`` (every
-# transaction running then or started since has one): ``age(xmin) <= age($1)``. A frozen
-# row's xmin reads as FrozenTransactionId, whose age is the largest there is: it is old.
-# Returned: this read's own horizon (``pg_current_snapshot()`` is the statement's snapshot),
-# ``age($1)`` (the caller refuses a window it cannot trust), then per table the row count and
-# the rows written since: pools (ids, and versions as an int8 array in binary form: a row
-# whose version is not the one the static part was built from rebuilds it; the same version
-# is a row the window holds only because an older transaction was still running at the
-# previous read), ledgers
-# (ids, and totals and reservations as an (n x 6) int8 array in binary form), runtime
-# instances (ids, and heartbeats as a timestamptz array in binary form: microseconds since
-# 2000-01-01, the same layout as int8). One scan of each table, no join, no sort: far less
-# server work than ``_USAGE``. No column is an array asyncpg decodes itself
-# other than ``text[]``: its codecs for ``int8[]`` and the like are looked up in the server's
-# catalogue (a query of some 7 ms of CPU) on each connection's first statement that has one.
+# What changed since an earlier read, without a row per pool. Rows are versioned by the
+# transaction that wrote them (``xmin``), and ``$1`` is the snapshot the earlier read saw
+# (``xmin:xmax:running``, the reader's own transaction counted as running). A row version
+# that read did not see was written by a transaction that had not finished then: one from
+# ``xmax`` on (one past the newest finished), one listed as running, or a subtransaction of
+# either. No snapshot lists subtransactions, but a subtransaction's id is newer than its
+# top-level transaction's, and its rows are visible only once that one has finished. So the
+# rows written since, and visible now, are those whose ``xmin`` is one of the transactions
+# then running, or no older than the oldest of them that has finished since (else than
+# ``xmax``): ``age(xmin) <= s.a``, the age of that bound. A transaction that stays open
+# (a pass, a long batch) thus widens no read while it runs; the read after it ends returns
+# the rows written while it ran, once. A row frozen long ago keeps its xmin: past 2^31
+# transactions it reads as new and is returned again, at the version the caller holds (a
+# row more, nothing missed).
+#
+# Returned: the snapshot of this read and the reader's own transaction (if it has an id),
+# ``s.a`` (the caller refuses a window it cannot trust), then per table the row count
+# and the rows written since: pools (ids, and versions as an int8 array in binary form: a
+# row whose version is not the one the static part was built from rebuilds it; the same
+# version is a row written by a transaction that finished after the static part's read
+# began), ledgers (ids, and totals and reservations as an (n x 6) int8 array in binary
+# form), runtime instances (ids, and heartbeats as a timestamptz array in binary form:
+# microseconds since 2000-01-01, the same layout as int8). One scan of each table, no join,
+# no sort: far less server work than ``_USAGE``. No column is an array asyncpg decodes
+# itself other than ``text[]``: its codecs for ``int8[]`` and the like are looked up in the
+# server's catalogue (a query of some 7 ms of CPU) on each connection's first statement that
+# has one.
+_WRITTEN = "(age(xmin) <= s.a OR xmin = ANY(s.running))"
 _CHANGED = (
-    "SELECT s.x::text, s.a, p.n, p.ids, p.vs, l.n, l.ids, array_send(l.v), r.n, r.ids, "
-    "array_send(r.hb) "
-    "FROM (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS x, age(xid($1::text::xid8)) AS a) s "
+    "SELECT c.now::text, pg_current_xact_id_if_assigned()::text, s.a, p.n, p.ids, p.vs, "
+    "l.n, l.ids, array_send(l.v), r.n, r.ids, array_send(r.hb) "
+    "FROM (SELECT pg_current_snapshot() AS now, $1::text::pg_snapshot AS seen) c "
+    "CROSS JOIN LATERAL (SELECT age(xid(coalesce(min(x) FILTER (WHERE "
+    "pg_visible_in_snapshot(x, c.now)), pg_snapshot_xmax(c.seen)))) AS a, "
+    "coalesce(array_agg(xid(x)), '{}') AS running FROM pg_snapshot_xip(c.seen) x) s "
     "CROSS JOIN LATERAL (SELECT count(*) AS n, "
-    "array_agg(id) FILTER (WHERE age(xmin) <= s.a) AS ids, "
-    "array_send(array_agg(xmin::text::bigint) FILTER (WHERE age(xmin) <= s.a)) AS vs "
+    f"array_agg(id) FILTER (WHERE {_WRITTEN}) AS ids, "
+    f"array_send(array_agg(xmin::text::bigint) FILTER (WHERE {_WRITTEN})) AS vs "
     "FROM pools) p "
     "CROSS JOIN LATERAL (SELECT count(*) AS n, "
-    "array_agg(pool_id) FILTER (WHERE age(xmin) <= s.a) AS ids, "
+    f"array_agg(pool_id) FILTER (WHERE {_WRITTEN}) AS ids, "
     "array_agg(ARRAY[cpu_total, memory_total, llm_total, cpu_reserved, memory_reserved, "
-    "llm_reserved]) FILTER (WHERE age(xmin) <= s.a) AS v FROM ledgers) l "
+    f"llm_reserved]) FILTER (WHERE {_WRITTEN}) AS v FROM ledgers) l "
     "CROSS JOIN LATERAL (SELECT count(*) AS n, "
-    "array_agg(id) FILTER (WHERE age(xmin) <= s.a) AS ids, "
-    "array_agg(last_heartbeat_at) FILTER (WHERE age(xmin) <= s.a) AS hb "
+    f"array_agg(id) FILTER (WHERE {_WRITTEN}) AS ids, "
+    f"array_agg(last_heartbeat_at) FILTER (WHERE {_WRITTEN}) AS hb "
     "FROM runtime_instances) r"
 )
-# The horizon, row counts and every heartbeat, read before a full ``_USAGE`` read: what the
-# next pass's ``_CHANGED`` starts from (a change after this statement is newer than its
-# horizon, so it is read again then).
+# The snapshot, row counts and every heartbeat, read before a full ``_USAGE`` read: what the
+# next pass's ``_CHANGED`` starts from (a change after this statement is not in its
+# snapshot, so it is read again then).
 _HEARTBEATS = (
-    "SELECT pg_snapshot_xmin(pg_current_snapshot())::text, "
+    "SELECT pg_current_snapshot()::text, pg_current_xact_id_if_assigned()::text, "
     "(SELECT count(*) FROM ledgers), count(*), array_agg(id), "
     "array_send(array_agg(last_heartbeat_at)) FROM runtime_instances"
 )
-#: Largest ``age`` of the previous horizon ``_CHANGED`` trusts (far from wraparound).
+#: Largest ``age`` of the start of the window ``_CHANGED`` trusts (far from wraparound).
 _AGE_MAX = 1 << 30
 #: Where PostgreSQL's timestamps count microseconds from.
 _PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
@@ -199,13 +213,15 @@ class SnapshotCache:
 
     Usage and health are read whole only when the static part is (re)built; other passes read
     the rows written since the previous read (``_CHANGED``) and apply them to the previous
-    snapshot's arrays: ``horizon`` is where that read starts, ``ledgers`` and ``instances``
-    the row counts it saw, ``heartbeats`` each known runtime instance's last heartbeat
-    (microseconds since 2000-01-01) and ``pool_heartbeats`` that of each pool's instance.
+    snapshot's arrays: ``seen`` is the database snapshot that read saw (``xmin:xmax:running``,
+    its reader's own transaction counted as running), ``ledgers`` and ``instances`` the row
+    counts it saw, ``heartbeats`` each known runtime instance's last heartbeat (microseconds
+    since 2000-01-01) and ``pool_heartbeats`` that of each pool's instance.
     """
 
-    __slots__ = ("versions", "snapshot", "pools", "rebuilds", "reuses", "horizon", "ledgers",
-                 "instances", "heartbeats", "pool_heartbeats", "instance_pools", "deltas")
+    __slots__ = ("versions", "snapshot", "pools", "rebuilds", "reuses", "seen", "ledgers",
+                 "instances", "heartbeats", "pool_heartbeats", "instance_pools", "deltas",
+                 "rows_read")
 
     def __init__(self) -> None:
         self.versions: np.ndarray | None = None
@@ -214,15 +230,28 @@ class SnapshotCache:
         #: How many reads rebuilt the static part, and how many reused it.
         self.rebuilds = 0
         self.reuses = 0
-        self.horizon: str | None = None
+        self.seen: str | None = None
         self.ledgers = 0
         self.instances = 0
         self.heartbeats: dict[str, int] = {}
         self.pool_heartbeats: np.ndarray | None = None
         #: The snapshot's rows of each runtime instance's pools.
         self.instance_pools: dict[str, list[int]] = {}
-        #: How many reads read only the rows changed since the previous one.
+        #: How many reads read only the rows changed since the previous one, and how many
+        #: rows all reads returned: the pools, ledgers and runtime instances written since
+        #: the previous read, or every pool when read whole.
         self.deltas = 0
+        self.rows_read = 0
+
+
+def _seen(snapshot: str, own: str | None) -> str:
+    """Return ``snapshot`` (``pg_snapshot`` text) with the reader's own transaction ``own``
+    (if it has an id) counted as running: what it writes after the read is not in it."""
+    xmin, xmax, running = snapshot.split(":")
+    if own is None or int(own) >= int(xmax):  # from xmax on, every id counts as running
+        return snapshot
+    ids = sorted({int(x) for x in running.split(",") if x} | {int(own)})
+    return f"{min(int(xmin), int(own))}:{xmax}:{','.join(map(str, ids))}"
 
 
 def _array_1d(data: bytes | None, n: int) -> np.ndarray:
@@ -263,7 +292,7 @@ async def snapshot_read(
     changed since it was built; ``placed`` reads the placements affinity needs."""
     cutoff = now - timedelta(seconds=freshness_seconds)
     previous = cache.snapshot
-    if previous is not None and previous.strategy == strategy and cache.horizon is not None:
+    if previous is not None and previous.strategy == strategy and cache.seen is not None:
         snapshot = await _changed_read(conn, cutoff=cutoff, placed=placed, cache=cache)
         if snapshot is not None:
             return snapshot
@@ -291,10 +320,11 @@ async def snapshot_read(
         tasks = await placed()
         cache.rebuilds += 1
         snapshot = Snapshot.build(states, tasks, strategy=strategy)
+    cache.rows_read += n
     cache.versions = versions
     cache.snapshot = snapshot
-    horizon, ledgers, instances, ids, beats = hb
-    cache.horizon = horizon
+    seen, own, ledgers, instances, ids, beats = hb
+    cache.seen = _seen(seen, own)
     cache.ledgers = ledgers
     cache.instances = instances
     cache.heartbeats = dict(zip(ids or (), _array_1d(beats, instances).tolist(), strict=True))
@@ -308,7 +338,7 @@ async def snapshot_read(
             dtype=np.int64, count=n,
         )
     else:
-        cache.horizon = None
+        cache.seen = None
     return snapshot
 
 
@@ -326,63 +356,92 @@ async def _changed_read(
     previous read can differ from it, and freshness is recomputed for every pool at
     ``cutoff`` from the heartbeats."""
     previous = cache.snapshot
-    pool_heartbeats = cache.pool_heartbeats
     assert previous is not None
-    row = await conn.fetchrow(_CHANGED, cache.horizon)
-    (horizon, age, pools, pool_ids, pool_versions, ledgers, ledger_ids, values, instances,
-     instance_ids, beats) = row
+    (seen, own, age, pools, pool_ids, pool_versions, ledgers, ledger_ids, values, instances,
+     instance_ids, beats) = await conn.fetchrow(_CHANGED, cache.seen)
     if (age is None or not 0 <= age <= _AGE_MAX or pools != previous.n
             or ledgers != cache.ledgers or instances != cache.instances
-            or pool_heartbeats is None or cache.versions is None):
+            or cache.pool_heartbeats is None or cache.versions is None):
         return None
-    pos = previous.pos
-    if pool_ids:
-        # A pool row in the window is unchanged only if it is the version the static part
-        # was built from (an older transaction held the previous read's horizon back).
-        versions = cache.versions
-        written = _array_1d(pool_versions, len(pool_ids)).tolist()
-        for pid, version in zip(pool_ids, written, strict=True):
-            row_of = pos.get(pid)
-            if row_of is None or versions[row_of] != version:
-                return None
-    has_ledger = previous.has_ledger
-    cap = previous.cap
-    reserved = previous.reserved
-    if ledger_ids:
-        rows = np.fromiter((pos.get(pid, -1) for pid in ledger_ids), dtype=np.intp,
-                           count=len(ledger_ids))
-        if (rows < 0).any() or not has_ledger[rows].all():
-            return None
-        v = _array_2d(values, len(ledger_ids), 6)
-        cap = cap.copy()
-        reserved = reserved.copy()
-        cap[rows] = v[:, 0:3]
-        reserved[rows] = v[:, 3:6]
-    if instance_ids:
-        known = cache.heartbeats
-        if any(i not in known for i in instance_ids):
-            return None
-        stamps = _array_1d(beats, len(instance_ids)).tolist()
-        changed = dict(zip(instance_ids, stamps, strict=True))
-        known.update(changed)
-        pools_of = cache.instance_pools
-        pool_heartbeats = pool_heartbeats.copy()
-        for instance, stamp in changed.items():
-            rows_of = pools_of.get(instance)
-            if rows_of is not None:
-                pool_heartbeats[rows_of] = stamp
+    cache.rows_read += len(pool_ids or ()) + len(ledger_ids or ()) + len(instance_ids or ())
+    if pool_ids and not _pools_unchanged(cache, pool_ids, pool_versions):
+        return None
+    usage = _ledgers_applied(previous, ledger_ids, values)
+    if usage is None:
+        return None
+    pool_heartbeats = _heartbeats_applied(cache, instance_ids, beats)
+    if pool_heartbeats is None:
+        return None
     limit = (cutoff - _PG_EPOCH) // timedelta(microseconds=1)
     tasks = await placed()
     cache.reuses += 1
     cache.deltas += 1
     snapshot = previous.with_arrays(
-        cap=cap, has_ledger=has_ledger, reserved=reserved,
+        cap=usage[0], has_ledger=previous.has_ledger, reserved=usage[1],
         fresh=pool_heartbeats > limit, placed=tasks,
     )
-    cache.horizon = horizon
+    cache.seen = _seen(seen, own)
     cache.pool_heartbeats = pool_heartbeats
     cache.snapshot = snapshot
     return snapshot
+
+
+def _pools_unchanged(cache: SnapshotCache, pool_ids: list[str], data: bytes | None) -> bool:
+    """Return whether every pool row of a ``_CHANGED`` read is the version the static part
+    was built from (a transaction that finished after that read began wrote it before)."""
+    assert cache.snapshot is not None and cache.versions is not None
+    pos, versions = cache.snapshot.pos, cache.versions
+    written = _array_1d(data, len(pool_ids)).tolist()
+    for pid, version in zip(pool_ids, written, strict=True):
+        row_of = pos.get(pid)
+        if row_of is None or versions[row_of] != version:
+            return False
+    return True
+
+
+def _ledgers_applied(
+    previous: Snapshot, ledger_ids: list[str] | None, data: bytes | None
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Return the snapshot's totals and reservations with the ledger rows of a ``_CHANGED``
+    read applied (copies, when there are any), or None for a ledger the snapshot lacks."""
+    if not ledger_ids:
+        return previous.cap, previous.reserved
+    pos = previous.pos
+    rows = np.fromiter((pos.get(pid, -1) for pid in ledger_ids), dtype=np.intp,
+                       count=len(ledger_ids))
+    if (rows < 0).any() or not previous.has_ledger[rows].all():
+        return None
+    v = _array_2d(data, len(ledger_ids), 6)
+    cap = previous.cap.copy()
+    reserved = previous.reserved.copy()
+    cap[rows] = v[:, 0:3]
+    reserved[rows] = v[:, 3:6]
+    return cap, reserved
+
+
+def _heartbeats_applied(
+    cache: SnapshotCache, instance_ids: list[str] | None, data: bytes | None
+) -> np.ndarray | None:
+    """Return each pool's instance's heartbeat with the runtime instance rows of a
+    ``_CHANGED`` read applied (a copy, when there are any; the known heartbeats are
+    updated), or None for an instance not known before."""
+    pool_heartbeats = cache.pool_heartbeats
+    assert pool_heartbeats is not None
+    if not instance_ids:
+        return pool_heartbeats
+    known = cache.heartbeats
+    if any(i not in known for i in instance_ids):
+        return None
+    stamps = _array_1d(data, len(instance_ids)).tolist()
+    changed = dict(zip(instance_ids, stamps, strict=True))
+    known.update(changed)
+    pools_of = cache.instance_pools
+    pool_heartbeats = pool_heartbeats.copy()
+    for instance, stamp in changed.items():
+        rows_of = pools_of.get(instance)
+        if rows_of is not None:
+            pool_heartbeats[rows_of] = stamp
+    return pool_heartbeats
 
 
 async def pools_read(

@@ -41,8 +41,7 @@ from app.ledger.quotas import (
     RESOURCES,
     CohortRow,
     QuotaRow,
-    quota_rows_read,
-    quota_tree_read,
+    quota_read,
 )
 from app.ledger.snapshot import (
     SnapshotCache,
@@ -167,8 +166,8 @@ async def drain_inputs_read(
     usage = await tenant_usage_read(conn, tenant_ids=tenants) if config.policy == "fair" else {}
     returned = await drain_usage_returned_read(conn, pool_id=pool_id)
     classes = {rc for _, rc in returned}
-    rows, cohorts = await quota_rows_read(conn, runtime_classes=classes, tenant_ids=tenants)
-    tree, weights, of = await quota_tree_read(conn, runtime_classes=classes, tenant_ids=tenants)
+    quota = await quota_read(conn, runtime_classes=classes, tenant_ids=tenants)
+    rows = list(quota.rows)
     given_back = _returned(rows, returned)
     entitlements = (
         await tenants_entitlements(conn, tenant_ids=tenants)
@@ -176,8 +175,8 @@ async def drain_inputs_read(
     )
     return DrainInputs(
         leases, _without(list(snapshot.pools), pool_id=pool_id, released=released), placed,
-        config, usage, now, given_back, {**of, **cohorts}, entitlements,
-        cohort_rows_drawn(tree, rows, given_back), weights,
+        config, usage, now, given_back, dict(quota.cohorts), entitlements,
+        cohort_rows_drawn(list(quota.tree), rows, given_back), dict(quota.weights),
     )
 
 

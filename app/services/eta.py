@@ -31,7 +31,7 @@ from app.ledger.queue import (
     queue_task_read,
     queue_tasks_ahead,
 )
-from app.ledger.quotas import quota_rows_read, quota_tree_read
+from app.ledger.quotas import quota_read
 from app.ledger.snapshot import (
     SnapshotCache,
     placements_grouped_read,
@@ -136,8 +136,7 @@ async def eta_inputs_read(
         placed=lambda: placements_grouped_read(conn, tenant_ids=affinity),
     )
     classes = {s.runtime_class for _, s in compiled}
-    rows, cohorts = await quota_rows_read(conn, runtime_classes=classes, tenant_ids=tenants)
-    tree, weights, of = await quota_tree_read(conn, runtime_classes=classes, tenant_ids=tenants)
+    quota = await quota_read(conn, runtime_classes=classes, tenant_ids=tenants)
     fair = config.policy == "fair"
     ids = [t.id for t, _ in compiled]
     nominations = tuple(await nominations_read(conn))
@@ -150,9 +149,9 @@ async def eta_inputs_read(
         snapshot=snapshot, tasks=tuple(compiled), invalid=tuple(invalid),
         usage=await tenant_usage_read(conn, tenant_ids=tenants) if fair else {},
         entitlements=await tenants_entitlements(conn, tenant_ids=tenants)
-        if fair and rows else None,
-        quota_rows=tuple(rows), cohorts={**of, **cohorts}, quota_cohorts=tuple(tree),
-        tenant_weights=weights, holds=holds,
+        if fair and quota.rows else None,
+        quota_rows=quota.rows, cohorts=quota.cohorts, quota_cohorts=quota.tree,
+        tenant_weights=quota.weights, holds=holds,
         waiting=await preemptors_waiting(conn, task_ids=ids) if ids else {},
         nomination=NominationInputs(nominations),
     )

@@ -43,7 +43,7 @@ from asyncpg.exceptions import InternalClientError
 from app.db import Connection, Database
 from app.errors import BerthError
 from app.ledger.snapshot import SnapshotCache
-from app.metrics import LOOP_LAG, REQUESTS_SHED
+from app.metrics import LOOP_LAG, PREVIEW_ROWS_READ, REQUESTS_SHED
 
 __all__ = [
     "ORPHAN_CHECK_SECONDS",
@@ -117,6 +117,10 @@ class WorkerState:
             cache = self.snapshots[strategy] = SnapshotCache()
         return cache
 
+    def rows_read(self) -> int:
+        """Return how many rows the refreshes of this worker's snapshots have read."""
+        return sum(cache.rows_read for cache in self.snapshots.values())
+
     def close(self) -> None:
         """Close the connection and the loop."""
         if self.db is not None:
@@ -184,6 +188,14 @@ def _warm() -> int:
     return os.getpid()
 
 
+def _counted(fn: Callable[..., T], /, *args: Any) -> tuple[T, int]:
+    """Return ``fn(*args)`` and the rows its snapshot refreshes read, in a worker."""
+    state: WorkerState = _LOCAL.state
+    before = state.rows_read()
+    value = fn(*args)
+    return value, state.rows_read() - before
+
+
 class Offload:
     """Run pure functions of requests in worker processes, at most ``max_concurrent`` at
     once (running or waiting), each answered within ``timeout_seconds``.
@@ -220,16 +232,23 @@ class Offload:
             self._executor.submit(_warm)
 
     def close(self) -> None:
-        """Stop the workers, dropping computations that have not started (the thread, which
-        runs in this process, finishes them and closes its connection first)."""
-        if self._executor is None:
+        """Stop the workers and wait, at most ``timeout_seconds``, until they are gone,
+        dropping computations that have not started (the thread of ``workers=0`` runs them,
+        then closes its connection). The pool's queues are released here: under uvicorn the
+        process then ends by the signal that stopped it, raised again, which runs no exit
+        handler, and queues still held would be reported as leaked semaphores."""
+        executor = self._executor
+        if executor is None:
             return
-        if self.workers == 0:
-            self._executor.submit(_thread_stop)
-            self._executor.shutdown(wait=True)
-        else:
-            self._executor.shutdown(wait=False, cancel_futures=True)
         self._executor = None
+        if self.workers == 0:
+            executor.submit(_thread_stop)
+        stopping = threading.Thread(
+            target=executor.shutdown, kwargs={"wait": True, "cancel_futures": self.workers > 0},
+            name="berth-compute-stop", daemon=True,
+        )
+        stopping.start()
+        stopping.join(self.timeout_seconds)
 
     async def run(self, fn: Callable[..., T], /, *args: Any) -> T:
         """Return ``fn(*args)`` computed by a worker; 429 past the bound, 503 past the
@@ -244,11 +263,11 @@ class Offload:
         self.start()
         assert self._executor is not None
         self.in_use += 1
-        future: Future[T] = self._executor.submit(fn, *args)
+        future: Future[tuple[T, int]] = self._executor.submit(_counted, fn, *args)
         loop = asyncio.get_running_loop()
         future.add_done_callback(lambda _: self._release(loop))
         try:
-            return await asyncio.wait_for(
+            value, rows = await asyncio.wait_for(
                 asyncio.shield(asyncio.wrap_future(future)), self.timeout_seconds
             )
         except TimeoutError:
@@ -258,6 +277,8 @@ class Offload:
                 "(BERTH_PREVIEW_TIMEOUT_SECONDS); retry later",
                 extra={"headers": {"Retry-After": str(max(1, round(self.timeout_seconds)))}},
             ) from None
+        PREVIEW_ROWS_READ.observe(rows)
+        return value
 
     def _release(self, loop: asyncio.AbstractEventLoop) -> None:
         """Free the slot of a finished computation, on the event loop (this is called in

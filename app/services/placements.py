@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from app.auth import Principal
 from app.db import Connection
 from app.ledger.preemption import victims_read
-from app.ledger.quotas import quota_rows_read, quota_tree_read
+from app.ledger.quotas import quota_read
 from app.ledger.snapshot import SnapshotCache, placements_grouped_read, snapshot_read
 from app.pass_config import ReconcilerConfig
 from app.scheduling.inputs import PassInputs
@@ -91,13 +91,9 @@ async def placement_inputs_read(
         conn, now=now, freshness_seconds=ask.freshness_seconds, strategy=strategy,
         placed=lambda: placements_grouped_read(conn, tenant_ids=affinity), cache=cache,
     )
-    rows, cohorts = await quota_rows_read(
+    quota = await quota_read(
         conn, runtime_classes=[compiled.runtime_class], tenant_ids=[tenant_id]
     )
-    tree, weights, of = await quota_tree_read(
-        conn, runtime_classes=[compiled.runtime_class], tenant_ids=[tenant_id]
-    )
-    cohorts = {**of, **cohorts}
     victims = (
         await victims_read(conn, below={tenant_id: compiled.priority})
         if compiled.may_preempt else []
@@ -110,8 +106,8 @@ async def placement_inputs_read(
             config.pass_settings(), top_k=PREVIEW_TOP_K, explain=True,
             explain_components=components),
         profile=profile(strategy), snapshot=snapshot,
-        tasks=((task, compiled),), quota_rows=tuple(rows), cohorts=cohorts,
-        quota_cohorts=tuple(tree), tenant_weights=weights,
+        tasks=((task, compiled),), quota_rows=quota.rows, cohorts=quota.cohorts,
+        quota_cohorts=quota.tree, tenant_weights=quota.weights,
         victims=tuple(victims),
     )
     return PlacementInputs(compiled, task.id, inputs)

@@ -17,7 +17,8 @@ def test_tiny_run_prints_one_json_line(server_url, monkeypatch, capsys) -> None:
     # read costs ~0.25 ms of CPU, so 40 reads could round down to zero.
     status = api.main(["--server-url", server_url, "--clients", "4", "--count", "300",
                        "--reads", "300", "--warmup", "10", "--seconds", "30", "--pool-size", "2",
-                       "--preview-pools", "200", "--previews", "3", "--json"])
+                       "--preview-pools", "200", "--previews", "3", "--preview-writes", "50",
+                       "--preview-write-pools", "5", "--preview-hold", "--json"])
     assert status == 0
     out, err = capsys.readouterr()
     lines = out.strip().splitlines()
@@ -34,6 +35,10 @@ def test_tiny_run_prints_one_json_line(server_url, monkeypatch, capsys) -> None:
     assert previews["pools"] == 200 and previews["statuses"] == {"200": 3}
     # The default page: 20 candidates with their components, far below the whole ranking.
     assert 2_000 < previews["bytesMax"] < 64 * 1024
+    # A writer reserved on the pools meanwhile, with a transaction held open; each preview
+    # read the rows written since the previous one, far fewer than the pools.
+    assert previews["writer"]["held"] is True and previews["writer"]["passesPerSecond"] > 0
+    assert 0 <= previews["rowsReadPerPreview"] < 200
     # Each phase on stderr, as plain lines (stderr is not a terminal here).
     for phase in ("submissions ...", "submissions  300/300 tasks", "reads  300/300 reads",
                   "batches ..."):
@@ -59,5 +64,6 @@ def test_tiny_run_ends_with_a_table_of_the_headline_figures(server_url, capsys) 
 def test_bad_arguments_exit_2(capsys) -> None:
     assert api.main(["--clients", "0"]) == 2
     assert api.main(["--preview-pools", "-1"]) == 2
+    assert api.main(["--preview-writes", "-1"]) == 2
     assert api.main(["--url", "http://127.0.0.1:1"]) == 2
     assert "--key" in capsys.readouterr().err

@@ -304,7 +304,7 @@ async def test_changed_rows_only_between_full_reads_match_a_fresh_read(db: Datab
     assert snap.reserved[:, 0].tolist() == [300, 0, 0, 0]
 
     # A window too old to trust is not used.
-    cache.horizon = "1"
+    cache.seen = "1:1:"
     await step(nothing, delta=False)
     await step(nothing)
 
@@ -337,6 +337,101 @@ async def test_unchanged_pool_rows_in_a_held_back_window_keep_the_cheap_read(db:
             assert cache.rebuilds == rebuilds + 1
             assert snap.pools[0].status == "CORDONED"
             _same(snap, await _fresh(db))
+        finally:
+            await held.execute("ROLLBACK")
+
+
+async def _reserved(db: Database, cache: SnapshotCache) -> list[int]:
+    snap = await _read(db, cache)
+    assert cache.rebuilds == 1
+    _same(snap, await _fresh(db))
+    return snap.reserved[:, 0].tolist()
+
+
+async def test_changes_committed_while_other_transactions_run_are_all_read(
+    db: Database,
+) -> None:
+    """Between two reads, rows come from transactions that were running at the first (one
+    open all along, one that writes in a savepoint, whose id no snapshot lists), from the
+    reader's own transaction after its read, and from the one left open when it ends: the
+    next read applies every change, never a full read."""
+    await _pools(db, "p1", "p2", "p3", "p4")
+    cache = SnapshotCache()
+    async with db.connection() as held, db.connection() as writer:
+        await held.execute("BEGIN")
+        await held.execute("UPDATE ledgers SET cpu_reserved = 40 WHERE pool_id = 'p4'")
+        try:
+            assert await _reserved(db, cache) == [0, 0, 0, 0]
+            await writer.execute("BEGIN")
+            await writer.execute("UPDATE ledgers SET cpu_reserved = 10 WHERE pool_id = 'p1'")
+            await writer.execute("SAVEPOINT s")
+            await writer.execute("UPDATE ledgers SET cpu_reserved = 20 WHERE pool_id = 'p2'")
+            await writer.execute("RELEASE SAVEPOINT s")
+            await _one_committed(db)
+            assert await _reserved(db, cache) == [0, 0, 0, 0]
+            await writer.execute("COMMIT")
+            assert await _reserved(db, cache) == [10, 20, 0, 0]
+
+            async with db.transaction() as conn:
+                await conn.fetchval("SELECT txid_current()")  # the reader has an id
+                await _one_committed(db)
+                await snapshot_read(conn, now=NOW, freshness_seconds=FRESH, strategy="spread",
+                                    placed=_nothing_placed, cache=cache)
+                await ledger_reserve_many(conn, amounts={"p3": (30, 0, 0)}, now=NOW)
+            assert await _reserved(db, cache) == [10, 20, 30, 0]
+        finally:
+            await held.execute("COMMIT")
+    assert await _reserved(db, cache) == [10, 20, 30, 40]
+    assert cache.deltas == 5
+
+
+async def _nothing_placed() -> list[PlacedTask]:
+    return []
+
+
+async def _one_committed(db: Database) -> None:
+    """Commit a transaction that has an id: the next snapshot's ``xmax`` is then past every
+    id handed out so far, running transactions' included."""
+    async with db.connection() as conn:
+        await conn.fetchval("SELECT txid_current()")
+
+
+async def test_a_transaction_left_open_does_not_widen_the_reads(db: Database) -> None:
+    """While a transaction that has an id stays open, a read returns the rows written since
+    the previous read, not every row written since that transaction began.
+
+    Transaction ids are the server's: a transaction of another session (another database
+    too) that was running at the previous read and has finished since widens one read to
+    the rows written since it began. So the bound is checked over a few reads: such a
+    transaction cannot widen every one, while the open one would.
+    """
+    ids = [f"p{i:02d}" for i in range(12)]
+    await _pools(db, *ids)
+    cache = SnapshotCache()
+    async with db.connection() as held:
+        await held.execute("BEGIN")
+        await held.fetchval("SELECT txid_current()")
+        try:
+            await _read(db, cache)
+            for i, pid in enumerate(ids):
+                async with db.transaction() as conn:
+                    await ledger_reserve_many(conn, amounts={pid: (i + 1, 0, 0)}, now=NOW)
+                    await heartbeat_add(conn, f"rt-{pid}", at=NOW)
+            rows = cache.rows_read
+            snap = await _read(db, cache)
+            assert cache.rows_read - rows >= 2 * len(ids)
+            assert snap.reserved[:, 0].tolist() == list(range(1, 13))
+            returned = []
+            for _ in range(20):
+                for pid in ids[:2]:
+                    async with db.transaction() as conn:
+                        await ledger_reserve_many(conn, amounts={pid: (1, 0, 0)}, now=NOW)
+                rows = cache.rows_read
+                await _read(db, cache)
+                returned.append(cache.rows_read - rows)
+            assert min(returned) == 2, returned
+            assert (cache.rebuilds, cache.deltas) == (1, 21)
+            _same(await _read(db, cache), await _fresh(db))
         finally:
             await held.execute("ROLLBACK")
 

@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
 import pytest
+from prometheus_client import REGISTRY
 
-from app.services.offload import ComputeBusy, ComputeTimeout, Offload
+from app.db import Database
+from app.ledger.reservations import ledger_reserve_many
+from app.ledger.snapshot import snapshot_read
+from app.services.offload import ComputeBusy, ComputeTimeout, Offload, worker_read
+from tests.factories import NOW, heartbeat_add, pool_add
 
 
 def _spin(seconds: float) -> int:
@@ -74,4 +82,70 @@ async def test_a_computation_past_the_timeout_is_503_and_keeps_its_slot_until_do
         assert offload.in_use == 0
     finally:
         release.set()
+        offload.close()
+
+
+def test_a_process_stopped_by_a_signal_after_closing_leaves_no_semaphore_behind() -> None:
+    """Under uvicorn the API process ends by the signal that stopped it, raised again after
+    shutdown, which runs no exit handler: the pool's queues must be released by
+    ``close()`` itself, or the resource tracker reports them leaked."""
+    script = textwrap.dedent("""
+        import asyncio, os, signal
+        from app.services.offload import Offload
+
+        async def main():
+            offload = Offload(workers=1, max_concurrent=1, timeout_seconds=30)
+            offload.start()
+            assert await offload.run(os.getpid) != os.getpid()
+            offload.close()
+
+        if __name__ == "__main__":
+            asyncio.run(main())
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.raise_signal(signal.SIGTERM)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, cwd=os.getcwd())
+    assert done.returncode == -15, done.stderr
+    assert "leaked" not in done.stderr, done.stderr
+
+
+async def _no_placements() -> list:
+    return []
+
+
+def _refresh() -> int:
+    """Refresh the worker's snapshot; return its pool count."""
+    snapshot = worker_read(lambda conn, state: snapshot_read(
+        conn, now=NOW, freshness_seconds=60.0, strategy="spread", placed=_no_placements,
+        cache=state.snapshot_cache("spread")))
+    return snapshot.n
+
+
+def _rows_read() -> tuple[float, float]:
+    return (REGISTRY.get_sample_value("berth_preview_rows_read_sum") or 0.0,
+            REGISTRY.get_sample_value("berth_preview_rows_read_count") or 0.0)
+
+
+async def test_the_rows_a_worker_refresh_reads_are_counted(db: Database) -> None:
+    async with db.transaction() as conn:
+        for pid in ("p1", "p2", "p3"):
+            await pool_add(conn, pid, tenants=["acme"])
+            await heartbeat_add(conn, f"rt-{pid}", at=NOW)
+    offload = Offload(workers=0, max_concurrent=1, timeout_seconds=60, database_url=db.url)
+    try:
+        total, count = _rows_read()
+        assert await offload.run(_refresh) == 3
+        assert _rows_read() == (total + 3, count + 1)  # the first read is whole
+        total, count = _rows_read()
+        async with db.transaction() as conn:
+            await ledger_reserve_many(conn, amounts={"p1": (10, 0, 0), "p3": (10, 0, 0)},
+                                      now=NOW)
+        assert await offload.run(_refresh) == 3
+        after = _rows_read()
+        assert after[1] == count + 1
+        assert after[0] - total >= 2  # other sessions' transactions may widen a read
+        assert await offload.run(_refresh) == 3
+        assert _rows_read()[1] == count + 2
+    finally:
         offload.close()
