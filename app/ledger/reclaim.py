@@ -4,11 +4,12 @@ A reclaim is applied as a preemption is (:mod:`app.ledger.preemption`): its vict
 go ``REVOKING`` with ``preempted_by`` = the reclaiming task, which waits parked with the
 pending code ``reclaiming`` and holds the capacity they free. What differs is read here:
 
-* :func:`reclaimers_read`: the reclaimers still waiting and what each needs: a pass counts
-  it as their tenants' usage, so the nominal being reclaimed is neither lent again nor
-  reclaimed twice;
+* :func:`displacers_read`: the preemptors and reclaimers still waiting and what each needs:
+  a pass counts it as their tenants' usage, so the room a displacement waits for is neither
+  lent again nor reclaimed twice (:func:`~app.scheduling.reclaim.displacers_counted`);
 * :func:`reclaim_revoking_read`: per (tenant, runtime class), what leases being revoked
-  will give back (so a victim tenant's borrowed work is never taken twice);
+  will give back (so the usage of a displacement's victims is given back once, and a victim
+  tenant's borrowed work is never taken twice);
 * :func:`reclaim_victims_read`: the leased tasks of the borrowing tenants on the pools the
   reclaiming tasks could take, leased before the minimum runtime, none being revoked;
 * :func:`reclaimed_of`: which of the victims whose leases ended were revoked by another
@@ -26,8 +27,8 @@ from app.db import Connection
 from app.scheduling.preemption import Victim
 from app.scheduling.records import RECLAIMING, Vector
 
-__all__ = ["RECLAIMED", "RECLAIMING", "reclaim_revoking_read", "reclaim_victims_read",
-           "reclaimed_of", "reclaimers_read"]
+__all__ = ["RECLAIMED", "RECLAIMING", "displacers_read", "reclaim_revoking_read",
+           "reclaim_victims_read", "reclaimed_of"]
 
 #: Pending code (and event reason) of a task waiting for the borrowed leases it reclaims.
 #: Event reason of a reclaim's victim going back to the queue (released or revoked).
@@ -43,24 +44,26 @@ _REVOKING = (
     "l.task_id FROM leases l WHERE l.state = 'REVOKING' AND l.revoke_by IS NOT NULL) "
     "GROUP BY 1, 2"
 )
-# The reclaimers still waiting (holding capacity; the holds are few and indexed), with
-# what each needs in its runtime class.
-_RECLAIMERS = (
+# The preemptors and reclaimers still waiting (holding capacity; the holds are few and
+# indexed), with what each needs in its runtime class.
+_DISPLACERS = (
     "SELECT t.id, t.tenant_id, t.spec ->> 'runtimeClass', "
     "coalesce((t.spec -> 'requests' ->> 'cpuMillis')::bigint, 0) * m.n, "
     "coalesce((t.spec -> 'requests' ->> 'memoryMiB')::bigint, 0) * m.n, "
     "coalesce((t.spec -> 'requests' ->> 'llmSlots')::bigint, 0) * m.n "
     "FROM tasks t CROSS JOIN LATERAL (SELECT coalesce((t.spec -> 'gang' ->> 'members')::int, "
     "1) AS n) m WHERE t.id IN (SELECT r.task_id FROM reservations r WHERE r.hold) "
-    "AND t.state = 'ADMITTED' AND t.pending_reason ->> 'code' = 'reclaiming'"
+    "AND t.state = 'ADMITTED' "
+    "AND t.pending_reason ->> 'code' IN ('preempting', 'reclaiming')"
 )
 
 
-async def reclaimers_read(conn: Connection) -> dict[uuid.UUID, tuple[str, str, Vector]]:
-    """Return the reclaimers still waiting: (tenant, runtime class, need) by task. Their
-    needs count as their tenants' usage: the nominal they reclaim is not lent again."""
+async def displacers_read(conn: Connection) -> dict[uuid.UUID, tuple[str, str, Vector]]:
+    """Return the preemptors and reclaimers still waiting: (tenant, runtime class, need) by
+    task. Their needs count as their tenants' usage: the room they wait for is not lent
+    again."""
     return {r[0]: (r[1], r[2], (int(r[3]), int(r[4]), int(r[5])))
-            for r in await conn.fetch(_RECLAIMERS)}
+            for r in await conn.fetch(_DISPLACERS)}
 
 
 async def reclaim_revoking_read(

@@ -134,14 +134,23 @@ _CLASSES_OF = (
 )
 _COHORT_OF = "SELECT cohort FROM tenants WHERE id = $1"
 # The tasks parked by a quota reason in the classes $3, of the tenant $1 and of the members
-# of the cohorts $2 (tenants nobody configured are in the default cohort). Rows a pass holds
-# are skipped: it is examining them now, under the quota this change leaves.
+# of the cohorts $2 (tenants nobody configured are in the default cohort), and the waiting
+# preemptors and reclaimers of every cohort of those cohorts' trees: what one cohort lends,
+# the others borrow through their common ancestors, so a change anywhere in the tree may
+# refuse a displacement that holds capacity. Rows a pass holds are skipped: it is examining
+# them now, under the quota this change leaves.
 _QUOTA_PARKED_WAKE = (
-    "WITH c AS (SELECT t.id FROM tasks t LEFT JOIN tenants n ON n.id = t.tenant_id "
+    "WITH RECURSIVE up AS (SELECT x COLLATE \"C\" AS id FROM unnest($2::text[]) x "
+    "UNION SELECT k.parent FROM up JOIN cohorts k ON k.id = up.id AND k.parent IS NOT NULL), "
+    "tree AS (SELECT up.id FROM up LEFT JOIN cohorts k ON k.id = up.id "
+    "WHERE k.parent IS NULL "
+    "UNION SELECT k.id FROM tree JOIN cohorts k ON k.parent = tree.id), "
+    "c AS (SELECT t.id FROM tasks t LEFT JOIN tenants n ON n.id = t.tenant_id "
     "WHERE t.state = 'ADMITTED' AND t.parked AND t.runtime_class = ANY($3::text[]) "
-    "AND (t.pending_reason ->> 'code') IN ('quota_exceeded', 'quota_borrow_unavailable', "
-    "'preempting', 'reclaiming') "
+    "AND ((t.pending_reason ->> 'code') IN ('quota_exceeded', 'quota_borrow_unavailable') "
     "AND (t.tenant_id = $1 OR coalesce(n.cohort, 'default') = ANY($2::text[])) "
+    "OR (t.pending_reason ->> 'code') IN ('preempting', 'reclaiming') "
+    "AND (t.tenant_id = $1 OR coalesce(n.cohort, 'default') IN (SELECT id FROM tree))) "
     "ORDER BY t.id FOR UPDATE OF t SKIP LOCKED) "
     "UPDATE tasks t SET parked = false, updated_at = $4 FROM c WHERE t.id = c.id "
     "RETURNING t.id"
@@ -205,8 +214,8 @@ async def quota_parked_wake(
 ) -> None:
     """Unpark the tasks parked by a quota reason in ``runtime_classes`` of ``tenant_id``
     and of the members of ``cohorts``, and the preemptors and reclaimers waiting for their
-    victims there (a pass gives back their holds when their quota refuses them now), and
-    start a pass when there are any."""
+    victims there or anywhere in the quota trees of ``cohorts`` (a pass gives back their
+    holds when their quota refuses them now), and start a pass when there are any."""
     classes = sorted(set(runtime_classes))
     if classes and await conn.fetch(
         _QUOTA_PARKED_WAKE, tenant_id, sorted(set(cohorts)), classes, now

@@ -7,10 +7,11 @@ In the pass's transaction, after the claim:
 * the snapshot: ledgers and runtime health at the pass's ``now`` on top of the previous
   pass's static part (:class:`~app.ledger.snapshot.SnapshotCache`), actual placements for
   tenants whose tasks carry affinity terms, tenant usage only under ``fair``;
-* the quota rows of the tasks' runtime classes, with the needs of reclaimers still waiting
-  counted as their tenants' usage, what revocations give back (when some tenant borrows or
-  a claimed preemptor or reclaimer waits), and, only when some tenant borrows, the leases a
-  reclaim could take;
+* the quota rows of the tasks' runtime classes, with the needs of the preemptors and
+  reclaimers still waiting counted as their tenants' usage and the usage of the leases
+  being revoked for them given back once (:func:`~app.scheduling.reclaim.displacers_counted`;
+  read when some tenant borrows or some preemptor or reclaimer waits), and, only when some
+  tenant borrows, the leases a reclaim could take;
 * with quota rows, the fair weights of their tenants and the pass's, and with a usage
   half-life the pass's tenants' decayed usage (brought up to the pass's ``now``);
 * the holds of the tasks that may hold capacity (preemptors, reclaimers, nominees, possible
@@ -23,7 +24,6 @@ Each read is skipped when no claimed task could use it.
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
@@ -33,7 +33,7 @@ from app.ledger.fairshare import fair_usage_decay, fair_weights_read
 from app.ledger.nominations import class_heads_read, lower_usage_read, nominations_read
 from app.ledger.preemption import holds_read, preemptors_waiting, victims_read
 from app.ledger.quotas import quota_rows_read, quota_tree_read
-from app.ledger.reclaim import reclaim_revoking_read, reclaim_victims_read, reclaimers_read
+from app.ledger.reclaim import displacers_read, reclaim_revoking_read, reclaim_victims_read
 from app.ledger.snapshot import (
     SnapshotCache,
     placements_grouped_read,
@@ -44,8 +44,9 @@ from app.ledger.tenants import tenants_entitlements
 from app.pass_config import ReconcilerConfig
 from app.scheduling.displacement.nominate import CANDIDATES_MAX, class_head, pending_since
 from app.scheduling.inputs import NominationInputs, PassInputs, ReclaimInputs
-from app.scheduling.plugins.quota import RESOURCES, QuotaRow, cohort_rows_drawn
+from app.scheduling.plugins.quota import QuotaRow, cohort_rows_drawn
 from app.scheduling.plugins.registry import profile
+from app.scheduling.reclaim import displacers_counted
 from app.scheduling.records import PREEMPTING, RECLAIMING, ClaimedTask, Vector
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec, StoredSpecs
@@ -148,42 +149,24 @@ async def _victims_read(conn: Connection, compiled: Compiled) -> list:
     return await victims_read(conn, below=below) if below else []
 
 
-def _rows_waiting(
-    rows: list[QuotaRow], waits: Collection[tuple[str, str, Vector]]
-) -> list[QuotaRow]:
-    """Return ``rows`` with the needs of the waiting reclaimers counted as usage: the nominal
-    being reclaimed is not lent to anyone else meanwhile."""
-    more: dict[tuple[str, str, str], int] = {}
-    for tenant, rc, need in waits:
-        for resource, amount in zip(RESOURCES, need, strict=True):
-            key = (tenant, rc, resource)
-            more[key] = more.get(key, 0) + amount
-    return [
-        dataclasses.replace(r, used=r.used + more[k])
-        if (k := (r.tenant_id, r.runtime_class, r.resource)) in more else r
-        for r in rows
-    ]
-
-
 async def _reclaim_read(
     conn: Connection, rows: list[QuotaRow], compiled: Compiled, snapshot: Snapshot,
     config: ReconcilerConfig, now: datetime,
 ) -> tuple[list[QuotaRow], ReclaimInputs]:
-    """Return the quota rows with the waiting reclaimers counted, and what reclaim plans
-    from (its victims only when some tenant of the rows borrows)."""
-    waits = await reclaimers_read(conn)
-    if waits:
-        rows = _rows_waiting(rows, waits.values())
-    cutoff = now - timedelta(seconds=config.reclaim_min_runtime_seconds)
-    lenders = {r.tenant_id for r in rows if r.used > r.nominal}
+    """Return the quota rows with the waiting preemptors and reclaimers counted, and what
+    reclaim plans from (its victims only when some tenant of the rows borrows)."""
     classes = {r.runtime_class for r in rows}
+    waits = await displacers_read(conn)
+    needs = [w for w in waits.values() if w[1] in classes]
+    cutoff = now - timedelta(seconds=config.reclaim_min_runtime_seconds)
     # A waiting preemptor or reclaimer is judged by its quota with its victims stopped.
     waiting = any(t.pending_code in (PREEMPTING, RECLAIMING) and spec.runtime_class in classes
                   for t, spec in compiled)
-    if not (lenders or waiting) or not any(spec.runtime_class in classes
-                                           for _, spec in compiled):
+    if not (needs or waiting or any(r.used > r.nominal for r in rows)):
         return rows, ReclaimInputs(frozenset(waits), leased_before=cutoff.timestamp())
-    revoking = await reclaim_revoking_read(conn, runtime_classes=classes)
+    rows, revoking = displacers_counted(
+        rows, needs, await reclaim_revoking_read(conn, runtime_classes=classes))
+    lenders = {r.tenant_id for r in rows if r.used > r.nominal}
     if not lenders:
         return rows, ReclaimInputs(frozenset(waits), revoking, leased_before=cutoff.timestamp())
     codes = {snapshot.rc_table[rc] for rc in classes if rc in snapshot.rc_table}

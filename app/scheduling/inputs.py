@@ -66,12 +66,14 @@ class PassSettings:
 
 @dataclass(frozen=True, slots=True)
 class ReclaimInputs:
-    """What reclaim plans from: the waiting reclaimers, what revocations give back, and the
-    leases of borrowing tenants it could take."""
+    """What reclaim plans from: the waiting preemptors and reclaimers, what revocations give
+    back, and the leases of borrowing tenants it could take."""
 
-    #: Reclaimers still waiting; their needs are counted in the quota rows already.
+    #: Preemptors and reclaimers still waiting; their needs are counted in the quota rows
+    #: already.
     waiting: frozenset[uuid.UUID] = frozenset()
-    #: Per (tenant, runtime class), what leases being revoked give back.
+    #: Per (tenant, runtime class), what leases being revoked give back beyond what the quota
+    #: rows gave back already (:func:`~app.scheduling.reclaim.displacers_counted`).
     revoking: Mapping[tuple[str, str], Vector] = field(default_factory=dict)
     #: Leases of borrowing tenants, old enough to be taken.
     victims: tuple[Victim, ...] = ()
@@ -108,7 +110,7 @@ class PassInputs:
     #: Tenants' usage (the ``fair`` policy) and entitlements (``fair`` with quotas).
     usage: Mapping[str, Vector] = field(default_factory=dict)
     entitlements: Mapping[str, tuple[float, float, float]] | None = None
-    #: Quota rows of the tasks' runtime classes (waiting reclaimers' needs counted as usage)
+    #: Quota rows of the tasks' runtime classes (waiting displacers' needs counted as usage)
     #: and the tenants' cohorts; empty: no class is managed.
     quota_rows: tuple[QuotaRow, ...] = ()
     cohorts: Mapping[str, str] = field(default_factory=dict)

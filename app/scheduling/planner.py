@@ -230,7 +230,7 @@ class _Planning:
             self.book, decayed=inputs.fair_usage
             if inputs.settings.fair_usage_half_life_seconds > 0 else None,
         ) if self.book is not None else None
-        self.holds = Holds(inputs.holds, inputs.waiting)
+        self.holds = Holds(inputs.holds, inputs.waiting, quota=self.book)
         self.unclaims: list[Unclaim] = [
             pending_unclaim(t, INVALID_SPEC, error_document(
                 INVALID_SPEC, f"stored spec cannot be read: {why}"), None,
@@ -280,13 +280,13 @@ class _Planning:
                 if not self._holder_refused(task, spec):
                     self.unclaims.append(waiting)
                 return
-        if task.pending_code == RECLAIMING and self._holder_refused(task, spec):
+        if self._holder_refused(task, spec):
             return
         # A task holding capacity is not like the others of its fingerprint.
         held = holds.of(task.id) if holds.held else None
         reason = self.cache.get(spec) if held is None and self.unsatisfiable else None
         if reason is None:
-            # A waiting reclaimer's need is in the book already.
+            # A waiting preemptor's or reclaimer's need is in the book already.
             counted = self.reclaim is not None and self.reclaim.counted(task.id)
             outcome = self._decide(task, spec, held, counted)
             if outcome is None:
@@ -302,10 +302,10 @@ class _Planning:
         self._fits_nowhere(Step(len(self.unclaims), task, spec, reason, held))
 
     def _holder_refused(self, task: ClaimedTask, spec: CompiledSpec) -> bool:
-        """Hand back a reclaimer or a waiting preemptor its quota no longer admits (its quota
+        """Hand back a reclaimer or a preemptor its quota no longer admits (its quota
         changed since it started): its holds go back in this pass and it waits for its quota
-        (a reclaimer's need stays counted in the book until the next pass). Return whether
-        it was handed back."""
+        (its need stays counted in the book until the next pass). Return whether it was
+        handed back."""
         if self.reclaim is None or task.pending_code not in (PREEMPTING, RECLAIMING):
             return False
         refused = self.reclaim.refused(task.id, spec, self._book_of)

@@ -37,12 +37,23 @@ victim records (:class:`Victim`) it reuses:
   above, the victim tenants' budgets shared by all the pools. If some pool of the plan then
   finds no set (a budget ran out), the gang does not reclaim in this pass.
 
-:class:`ReclaimBook` holds the usage a pass read and follows the pass's reclaims, so a later
-reclaim of the pass never counts a victim tenant's borrowed work twice.
+:class:`ReclaimBook` holds the usage a pass read and follows the pass's displacements, so a
+later reclaim of the pass never counts a victim tenant's borrowed work twice.
+
+**Waiting displacements in the book.** A preemptor or reclaimer waiting for its victims
+holds capacity for its need; until its victims stop, their usage is still their tenants'.
+The quota rows a pass plans with (:func:`displacers_counted`) count, per tenant and class,
+the needs of its waiting displacements less what its own leases being revoked give back
+(never below what the ledger charges it now: a task placed meanwhile is charged with the
+victims still running); the rest of what those leases give back is subtracted by the
+reclaim book and by the judgement of a waiting displacer, which so see each tenant's usage
+once every victim has stopped and every displacement is placed. Each need is counted once,
+and each victim's usage given back once, whichever kind displaced it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -64,8 +75,8 @@ from app.scheduling.shares import share_of
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec
 
-__all__ = ["FairTest", "ReclaimBook", "fair_test", "plan_reclaim", "reclaim_victims",
-           "victim_total"]
+__all__ = ["FairTest", "ReclaimBook", "book_displaced", "displaced_need",
+           "displacers_counted", "fair_test", "plan_reclaim", "reclaim_victims", "victim_total"]
 
 Key = tuple[str, str]  # (tenant, runtime class)
 
@@ -77,6 +88,53 @@ def _zero() -> np.ndarray:
 def victim_total(v: Victim) -> np.ndarray:
     """Return what a victim holds in all (every member, every pool)."""
     return np.array(v.requests, dtype=np.int64) * sum(c for _, c in v.members)
+
+
+def displacers_counted(
+    rows: list[QuotaRow], needs: Iterable[tuple[str, str, Vector]],
+    revoking: Mapping[Key, Vector],
+) -> tuple[list[QuotaRow], dict[Key, Vector]]:
+    """Return the quota rows with the needs of the waiting displacements (``needs``: tenant,
+    class and need of each waiting preemptor and reclaimer) counted, and what the leases
+    being revoked (``revoking``, by tenant and class) still give back beyond that.
+
+    Per tenant, class and resource, with N its waiting displacements' needs and R what its
+    leases being revoked give back, the rows count ``max(0, N - R)`` more and
+    ``max(0, R - N)`` is left to give back (see the module doc). ``rows`` itself is returned
+    when nothing is waiting."""
+    wanted: dict[Key, list[int]] = {}
+    for tenant, rc, need in needs:
+        acc = wanted.setdefault((tenant, rc), [0, 0, 0])
+        for k in range(3):
+            acc[k] += need[k]
+    if not wanted:
+        return rows, dict(revoking)
+    left = dict(revoking)
+    more: dict[Key, list[int]] = {}
+    for key, want in wanted.items():
+        given = revoking.get(key, (0, 0, 0))
+        more[key] = [max(want[k] - given[k], 0) for k in range(3)]
+        if key in left:
+            left[key] = (max(given[0] - want[0], 0), max(given[1] - want[1], 0),
+                         max(given[2] - want[2], 0))
+    counted = []
+    for r in rows:
+        add = more.get((r.tenant_id, r.runtime_class))
+        amount = add[RESOURCES.index(r.resource)] if add is not None else 0
+        counted.append(dataclasses.replace(r, used=r.used + amount) if amount else r)
+    return counted, left
+
+
+def displaced_need(spec: CompiledSpec, victims: Iterable[Victim]) -> Vector:
+    """Return what a displacement planned for ``spec`` adds to its tenant's usage in the quota
+    book while it waits: its need less what its own tenant's ``victims`` give back, at least
+    0 (see the module doc)."""
+    out = np.array(spec.total_requests, dtype=np.int64)
+    for v in victims:
+        if v.tenant_id == spec.tenant_id:
+            out -= victim_total(v)
+    out = np.maximum(out, 0)
+    return (int(out[0]), int(out[1]), int(out[2]))
 
 
 class ReclaimBook:
@@ -326,9 +384,10 @@ def _fair(
     return None
 
 
-def book_reclaimed(book: ReclaimBook, spec: CompiledSpec, plan: Preemption) -> None:
-    """Count a planned reclaim in ``book``: its victims' tenants give back, its tenant takes."""
+def book_displaced(book: ReclaimBook, spec: CompiledSpec, victims: Iterable[Victim]) -> None:
+    """Count a planned displacement (a preemption or a reclaim) in ``book``: its victims'
+    tenants give back, its tenant takes."""
     rc = spec.runtime_class
-    for v in plan.victims:
+    for v in victims:
         book.add(v.tenant_id, rc, np.negative(victim_total(v)))
     book.add(spec.tenant_id, rc, np.array(spec.total_requests, dtype=np.int64))

@@ -23,11 +23,11 @@ from app.ledger.invariants import ledger_check
 from app.ledger.leases import lease_complete, runtime_heartbeat, task_cancel
 from app.ledger.pools import pool_capacity_put, pool_status_set
 from app.ledger.quotas import quota_rows_read, quota_tree_read
-from app.ledger.reclaim import reclaimers_read
+from app.ledger.reclaim import displacers_read
 from app.ledger.tasks import task_submit
 from app.ledger.tenants import Quota, tenant_put
 from app.reconciler import Reconciler, ReconcilerConfig
-from app.scheduling.plugins.quota import RESOURCES, QuotaBook, cohort_rows_drawn
+from app.scheduling.plugins.quota import QuotaBook, cohort_rows_drawn
 from app.scheduling.records import NOMINATED, PREEMPTING, RECLAIMING
 from app.scheduling.spec import TaskSpec
 from tests.factories import NOW, ledger_violations, pool_add
@@ -274,8 +274,9 @@ async def holders_read(conn: Connection) -> dict[uuid.UUID, Holder]:
 
 @dataclass(frozen=True)
 class Book:
-    """The quota book a pass plans with (the waiting reclaimers' needs counted as their
-    tenants' usage, the whole tree drawn), as the ledger holds it now, and the pools."""
+    """The quota book a pass plans with, as the ledger holds it now, and the pools: the rows
+    as read, the needs of the waiting preemptors and reclaimers and what the leases being
+    revoked give back (cpu, per tenant)."""
 
     rows: list
     tree: list
@@ -286,21 +287,34 @@ class Book:
     #: Per tenant, the cpu of its leases being revoked.
     revoking: dict[str, int]
 
+    def needs(self) -> dict[str, int]:
+        """Return per tenant the cpu its waiting preemptors and reclaimers need."""
+        out: dict[str, int] = {}
+        for tenant, _, need in self.waiting.values():
+            out[tenant] = out.get(tenant, 0) + need[0]
+        return out
+
+    def used(self, tenant: str, *, stopped: bool) -> int:
+        """Return what the book counts as the tenant's cpu usage beyond its leases: every
+        waiting displacement placed and, when ``stopped``, every victim stopped (else never
+        less than its leases now)."""
+        more = self.needs().get(tenant, 0) - self.revoking.get(tenant, 0)
+        return more if stopped else max(more, 0)
+
     def refuse(self, h: Holder) -> object:
         """Return why the holder's quota refuses it now, else None: its own counted need
-        left out, and for a preemptor or reclaimer the usage of the leases being revoked
-        given back."""
+        left out, and for a preemptor or reclaimer with every victim stopped (each
+        displacement's need counted, each victim's usage given back)."""
         own = self.waiting.get(h.task_id)
-        rows = list(self.rows)
-        if own is not None:
-            rows = [dataclasses.replace(r, used=r.used - own[2][RESOURCES.index(r.resource)])
-                    if (r.tenant_id, r.runtime_class) == own[:2] else r for r in rows]
-        if h.code in DISPLACING:
-            # A displacement is judged as it was planned: with the leases being revoked
-            # stopped (each one's usage swapped for its reclaimer's counted need).
-            rows = [dataclasses.replace(r, used=max(r.used - self.revoking[r.tenant_id], 0))
-                    if r.tenant_id in self.revoking and r.resource == "cpuMillis" else r
-                    for r in rows]
+        stopped = h.code in DISPLACING
+        rows = []
+        for r in self.rows:
+            used = r.used
+            if r.resource == "cpuMillis":
+                used += self.used(r.tenant_id, stopped=stopped)
+                if own is not None and r.tenant_id == own[0]:
+                    used -= own[2][0]
+            rows.append(dataclasses.replace(r, used=used))
         tree = cohort_rows_drawn(self.tree, self.rows, rows)
         return QuotaBook(rows, self.cohorts, tree).refuse(h.tenant, RC, h.need)
 
@@ -321,17 +335,10 @@ _REVOKING = (
 async def _book_read(conn: Connection) -> Book:
     rows, cohorts = await quota_rows_read(conn, runtime_classes=[RC], tenant_ids=TENANTS)
     tree, _, of = await quota_tree_read(conn, runtime_classes=[RC], tenant_ids=TENANTS)
-    waiting = await reclaimers_read(conn)
-    more: dict[tuple[str, str, str], int] = {}
-    for tenant, rc, need in waiting.values():
-        for resource, amount in zip(RESOURCES, need, strict=True):
-            more[(tenant, rc, resource)] = more.get((tenant, rc, resource), 0) + amount
-    counted = [dataclasses.replace(r, used=r.used + more.get(
-        (r.tenant_id, r.runtime_class, r.resource), 0)) for r in rows]
+    waiting = await displacers_read(conn)
     pools = {r[0]: (int(r[1]), int(r[3]), r[2]) for r in await conn.fetch(_POOLS)}
     revoking = {r[0]: int(r[1]) for r in await conn.fetch(_REVOKING)}
-    return Book(counted, cohort_rows_drawn(tree, rows, counted), {**of, **cohorts},
-                dict(waiting), pools, revoking)
+    return Book(rows, tree, {**of, **cohorts}, dict(waiting), pools, revoking)
 
 
 # --- the checks ----------------------------------------------------------------------------

@@ -3,14 +3,15 @@
 Generated worlds (:mod:`tests.reconciler.holds_world`: three pools, three tenants in two
 cohorts under one root, real PostgreSQL, the real reconciler pass) run a list of steps.
 Each step changes the world as its API would — tasks submitted (some may preempt lower
-priorities, some want one zone), leases completed (succeeded, failed or given back by the
-runtime), a runtime silent long enough for its leases to expire, tasks cancelled, a tenant's
-quota or cohort changed, a cohort's own quota changed, a pool cordoned, activated, shrunk or
-grown — then time passes (a few seconds up to past the grace and nomination times), the
-leader's recovery round and the safety sweep run, and one pass reads, plans and commits.
-Some changes are aimed at the first task holding capacity (its tenant's quota, a pool it
-holds on, the task itself, the revoking lease it waits for): a world rarely hits a holder
-by chance.
+priorities, some want one zone; a tenant's high-priority preemptor and a task of its
+nominal submitted together, so that one tenant has a preemptor and a reclaimer waiting at
+once), leases completed (succeeded, failed or given back by the runtime), a runtime silent
+long enough for its leases to expire, tasks cancelled, a tenant's quota or cohort changed,
+a cohort's own quota changed, a pool cordoned, activated, shrunk or grown — then time
+passes (a few seconds up to past the grace and nomination times), the leader's recovery
+round and the safety sweep run, and one pass reads, plans and commits. Some changes are
+aimed at the first task holding capacity (its tenant's quota, a pool it holds on, the task
+itself, the revoking lease it waits for): a world rarely hits a holder by chance.
 
 After every pass, from the database:
 
@@ -19,10 +20,13 @@ After every pass, from the database:
 * every held unit (hold rows of every kind: a preemptor's, a reclaimer's or fair-share
   reclaimer's, a nominee's) belongs to a task that is ADMITTED and pending as a holder
   (``preempting``, ``reclaiming`` or ``nominated``); whose quota admits it in the book a
-  pass plans with (the waiting reclaimers' needs counted as their tenants' usage, the whole
-  cohort tree drawn; the holder's own counted need left out and, for a preemptor or
-  reclaimer, the usage of the leases being revoked given back, as its displacement was
-  planned); a nominee's held pools are among its nominated pools, each
+  pass plans with (the waiting preemptors' and reclaimers' needs counted as their tenants'
+  usage, the whole cohort tree drawn; the holder's own counted need left out and, for a
+  preemptor or reclaimer, the usage of the leases being revoked given back, as its
+  displacement was planned). So each preemptor or reclaimer fits its quota with every other
+  waiting displacement counted, those of its own tenant too: together, once their victims
+  have stopped and they are placed, they stay within their tenants' quotas and what the
+  cohort tree lends. A nominee's held pools are among its nominated pools, each
   ACTIVE with a total that still covers what it needs there; a preemptor or reclaimer
   still has victims revoking;
 * no hold survives two passes without progress. A holder that held after the previous pass
@@ -55,7 +59,7 @@ from tests.reconciler.holds_world import (
     World,
 )
 
-EXAMPLES = 15
+EXAMPLES = 10
 STEPS = 24
 
 submits = st.tuples(
@@ -69,6 +73,10 @@ AT_POOLS = st.sampled_from((*POOLS, "holder", "holder", "holder"))
 #: Each kind of change, with its weight: how many times it is in the draw.
 CHANGES = {
     "submit": (4, submits),
+    # A tenant's preemptor (priority 1) and a task of its nominal (priority 0), at once.
+    "displace": (2, st.tuples(st.just("displace"), st.sampled_from((*TENANTS, "holder")),
+                              st.sampled_from([1000, 2000, 3000]),
+                              st.sampled_from([1000, 2000, 4000]))),
     "end": (3, ends),
     "quota": (2, st.tuples(st.just("quota"), st.sampled_from((*TENANTS, "holder", "holder")),
                            st.sampled_from(COHORTS),
@@ -89,7 +97,7 @@ changes = st.sampled_from([k for k, (n, _) in CHANGES.items() for _ in range(n)]
 
 def kind_of(change: str) -> str:
     """Return what ``"holder"`` names in a change: a tenant or a pool."""
-    return "tenant" if change == "quota" else "pool"
+    return "tenant" if change in ("quota", "displace") else "pool"
 
 
 steps = st.tuples(changes, st.sampled_from([5.0, 20.0, 45.0, NOMINATION + 5]))
@@ -107,6 +115,10 @@ async def step_apply(world: World, change: tuple) -> None:
                 for a in args]
     if kind == "submit":
         await world.submit(*args)
+    elif kind == "displace":
+        tenant, preemptor, other = args
+        await world.submit(tenant, preemptor, 1, True, None, 1)
+        await world.submit(tenant, other, 0, False, None, 1)
     elif kind == "end":
         await world.end(*args)
     elif kind == "silent":
@@ -141,6 +153,13 @@ async def step_apply(world: World, change: tuple) -> None:
                  *[(("submit", "a", 1000, 0, False, None, 1), 5.0)] * 5,
                  (("submit", "b", 1000, 0, False, None, 2), 5.0),
                  (("submit", "b", 1000, 0, False, None, 3), 5.0)])
+# Found by this test: c's preemptor and c's task of its nominal, twice; a reclaim planned
+# without the waiting preemptors' needs counted took the room they wait for, and c's
+# preemptor then held capacity its quota refused.
+@example(script=[(("submit", "a", 4000, 0, True, None, 3), 5.0), (("end", -1, "failed"), 45.0),
+                 (("quota", "c", "c2", 2000, None), 65.0), (("end", 9, "failed"), 45.0),
+                 (("end", 2, "released"), 5.0), (("status", "holder", "CORDONED"), 65.0),
+                 (("displace", "c", 3000, 4000), 5.0), (("displace", "c", 2000, 2000), 20.0)])
 async def test_holds_are_never_orphaned_over_many_passes(
     database: Database, script: list[tuple[tuple, float]],
 ) -> None:

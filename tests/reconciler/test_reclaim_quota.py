@@ -5,6 +5,12 @@ revoked, and once it stops its core is held for b. Before b's next pass, b's nom
 taken away: its quota refuses the task (a borrows everything the cohort lends), so that
 pass hands it back pending for its quota and gives back the core it held, instead of
 placing it there.
+
+The quota that refuses a reclaimer may also be another cohort's: in a tree, what one cohort
+lends is borrowed through the root by the others. Tenant c (cohort c2) reclaims a's
+borrowed work with a task that takes c above its nominal by what the root lends; when a's
+nominal (cohort c1) is taken away, the root lends nothing more, and the PUT of a wakes c's
+reclaimer too, whose pass gives back what it held.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from app.ledger.leases import lease_complete
 from app.ledger.tenants import Quota, tenant_put
 from app.reconciler import Reconciler, ReconcilerConfig
 from tests.factories import NOW, heartbeat_add, ledger_violations, pool_add, spec_make, tasks_add
+from tests.reconciler.holds_world import World
 
 ALL = frozenset(range(SHARD_SLOTS))
 
@@ -95,3 +102,23 @@ async def test_a_reclaimer_its_quota_refuses_gives_back_its_holds_in_one_pass(
     await sweep_and_pass(db, rec, 20)
     assert await state(db, b) == ("ADMITTED", "quota_borrow_unavailable", 0)
     assert await reserved(db) == 3000
+
+
+async def test_a_quota_put_in_one_cohort_wakes_the_reclaimers_of_its_tree(db: Database) -> None:
+    world = World(db)
+    try:
+        await world.build()  # a runs 6 x 1000m (2000m borrowed), c 3 x 1000m
+        await world.status("p0", "CORDONED")
+        await world.tick(5)
+        await world.submit("c", 2000, 0, False, None, 1)
+        await world.tick(5)
+        reclaimer = world.tasks[-1]
+        assert await state(db, reclaimer) == ("ADMITTED", "reclaiming", 1000)
+
+        assert await world.quota("a", "c1", 0, None)
+        # Woken by a's PUT: the pass finds c's quota refusing the task and takes its holds
+        # back (the world's checks after the pass find no hold its quota refuses).
+        await world.tick(5)
+        assert await state(db, reclaimer) == ("ADMITTED", "quota_borrow_unavailable", 0)
+    finally:
+        await world.rec.close()

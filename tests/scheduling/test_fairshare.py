@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from app.scheduling.fairshare import FairShares, fair_order
 from app.scheduling.plugins.quota import CohortRow, QuotaBook, QuotaRow
 from app.scheduling.preemption import VictimIndex
-from app.scheduling.reclaim import ReclaimBook, book_reclaimed, fair_test, plan_reclaim
+from app.scheduling.reclaim import ReclaimBook, book_displaced, fair_test, plan_reclaim
 from app.scheduling.records import ClaimedTask
 from app.scheduling.shares import share_of
 
@@ -185,7 +185,7 @@ def test_a_fair_share_reclaim_leaves_the_reclaimer_at_most_each_victims_share(
     victims = {v.tenant_id for v in planned.victims}
     assert tenant not in victims and all(COHORT[t] == COHORT[tenant] for t in victims)
     before = {t: book.share(t, rc) for t in victims}
-    book_reclaimed(book, s, planned)
+    book_displaced(book, s, planned.victims)
     mine = book.share(tenant, rc)
     for t in victims:
         # LessThanOrEqualToFinalShare, and the victim was above the reclaimer before.
@@ -219,7 +219,7 @@ def test_fair_share_reclaim_takes_from_the_tenant_above_its_share_only():
             break
         assert [v.tenant_id for v in planned.victims] == ["a"]
         taken.update(v.task_id for v in planned.victims)
-        book_reclaimed(book, s, planned)
+        book_displaced(book, s, planned.victims)
         got += 1
     assert got == 6
     assert np.isclose(book.share("a", "py"), book.share("b", "py"))

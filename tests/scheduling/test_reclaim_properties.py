@@ -16,7 +16,7 @@ from app.scheduling.plugins.quota import QuotaRow
 from app.scheduling.preemption import Victim, VictimIndex
 from app.scheduling.reclaim import (
     ReclaimBook,
-    book_reclaimed,
+    book_displaced,
     plan_reclaim,
     victim_total,
 )
@@ -254,7 +254,7 @@ def check_no_loop(world: World, tenant: str, req: tuple[int, int, int], members:
                                  members=x.count)
         assert again is None
     # The book the pass follows agrees with the world after the reclaim.
-    book_reclaimed(book, s, planned)
+    book_displaced(book, s, planned.victims)
     for t in COHORT:
         assert (book.borrowed(t, "py") == np.where(after.managed(), np.maximum(
             after.used(t) - np.array([*world.nominal[t], 0]), 0), 0)).all()

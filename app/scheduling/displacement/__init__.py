@@ -13,8 +13,11 @@ why; everything else is here:
   still waiting for their victims, the grants planned, the victims taken, and which holds
   stay (``kept``) or go back (``released``);
 * :meth:`Holds.grant`, the one grant builder: it takes the victims from later planners,
-  assumes the holds so later tasks of the pass do not see them free, and records a
-  :class:`~app.scheduling.records.Displaced` of its kind;
+  assumes the holds so later tasks of the pass do not see them free, records a
+  :class:`~app.scheduling.records.Displaced` of its kind, and for a preemption or a reclaim
+  (a displacement that waits for victims) counts its need as its tenant's usage in the
+  pass's quota book (:func:`~app.scheduling.reclaim.displaced_need`), as the next passes
+  count it (a nominee's need is not counted: its quota is judged in every pass);
 * :class:`Step`, what a planner is shown for each task that fits nowhere.
 
 A planner's :meth:`~Displacement.consider` sees the task during the decision loop and
@@ -33,6 +36,9 @@ from typing import TYPE_CHECKING, Protocol
 
 from app.scheduling.assumed import Assumed
 from app.scheduling.explain import preempting_document, reclaiming_document
+from app.scheduling.plugins.quota import QuotaBook
+from app.scheduling.preemption import Victim
+from app.scheduling.reclaim import displaced_need
 from app.scheduling.records import (
     PREEMPTING,
     RECLAIMING,
@@ -95,11 +101,16 @@ class Holds:
 
     def __init__(
         self, held: Mapping[uuid.UUID, Mapping[str, Vector]],
-        waiting: Mapping[uuid.UUID, tuple[int, datetime]],
+        waiting: Mapping[uuid.UUID, tuple[int, datetime]], *, quota: QuotaBook | None = None,
     ) -> None:
         self.held: dict[uuid.UUID, Mapping[str, Vector]] = dict(held)
         self.waiting = waiting
+        #: The pass's quota book: the displacements granted count in it.
+        self.quota = quota
         self.grants: dict[uuid.UUID, Displaced] = {}
+        #: The pass's displacements that wait for victims, with their specs and victims, in
+        #: the order granted (the reclaim book counts them).
+        self.displacing: list[tuple[CompiledSpec, tuple[Victim, ...]]] = []
         #: Victims the pass's displacements took (nobody's victim twice).
         self.taken: set[str] = set()
         #: Holders that keep their holds though handed back parked, and holders whose holds
@@ -124,16 +135,23 @@ class Holds:
                        event=task.pending_code != PREEMPTING)
 
     def grant(
-        self, kind: Kind, task_id: uuid.UUID, *, victims: Sequence[str],
+        self, kind: Kind, task_id: uuid.UUID, spec: CompiledSpec, *, victims: Sequence[Victim],
         holds: Sequence[tuple[str, int, Vector]], revoke_by: datetime, assumed: Assumed,
     ) -> Displaced:
         """Record a displacement for ``task_id``: its victims are taken, its holds assumed
-        (later tasks of the pass see them used) and its grant kept for the commit."""
-        self.taken.update(victims)
+        (later tasks of the pass see them used), its need counted in the quota book unless
+        it is a nomination, and its grant kept for the commit."""
+        ids = [v.task_id for v in victims]
+        self.taken.update(ids)
         assumed.hold(str(task_id), [(p, a) for p, _, a in holds])
-        grant = Displaced(task_id, tuple(uuid.UUID(v) for v in victims), tuple(holds),
+        grant = Displaced(task_id, tuple(uuid.UUID(v) for v in ids), tuple(holds),
                           revoke_by, kind)
         self.grants[task_id] = grant
+        if kind is not Kind.NOMINATE:
+            self.displacing.append((spec, tuple(victims)))
+            if self.quota is not None:
+                self.quota.add(spec.tenant_id, spec.runtime_class,
+                               displaced_need(spec, victims))
         return grant
 
     def plan(self) -> HoldsPlan:

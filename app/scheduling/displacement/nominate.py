@@ -239,7 +239,7 @@ class Nominate:
         if plan is None:
             return
         taken.update(p for p, _, _, _ in plan.pools)
-        holds.grant(self.kind, task.id, victims=(),
+        holds.grant(self.kind, task.id, spec, victims=(),
                     holds=tuple((p, c, free) for p, c, _, free in plan.pools),
                     revoke_by=self._now, assumed=state.assumed)
         doc = nominated_document(

@@ -3,8 +3,9 @@
 A claimed task whose spec says ``preemption: "lowerPriority"`` and that fits nowhere (but
 within its quota) asks :func:`~app.scheduling.preemption.plan_preemption` for the cheapest
 preemption on top of the pass's decisions so far; planned, it is granted at once (later
-tasks of the pass see its holds and cannot take its victims) and handed back parked with
-the pending code ``preempting``.
+tasks of the pass see its holds and cannot take its victims, and its quota book counts its
+need less what its victims give back) and handed back parked with the pending code
+``preempting``.
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ class Preempt:
         if self._explain:
             self.planned[step.task.id] = planned
         victims = tuple(v.task_id for v in planned.victims)
-        self._holds.grant(self.kind, step.task.id, victims=victims, holds=planned.holds,
-                          revoke_by=self._revoke_by, assumed=self._assumed)
+        self._holds.grant(self.kind, step.task.id, spec, victims=planned.victims,
+                          holds=planned.holds, revoke_by=self._revoke_by, assumed=self._assumed)
         doc = preempting_document(
             len(victims), self._revoke_by, rejections=step.reason.rejections,
             victim_ids=victims, pool_ids=[p for p, _ in planned.members],

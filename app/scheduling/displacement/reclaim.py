@@ -30,7 +30,7 @@ from app.scheduling.inputs import ReclaimInputs
 from app.scheduling.plugins.quota import RESOURCES, QuotaBook, QuotaRow
 from app.scheduling.preemption import Preemption, VictimIndex
 from app.scheduling.reasons import Reason
-from app.scheduling.reclaim import FairTest, ReclaimBook, book_reclaimed, plan_reclaim
+from app.scheduling.reclaim import FairTest, ReclaimBook, book_displaced, plan_reclaim
 from app.scheduling.records import RECLAIMING, Kind, Unclaim
 from app.scheduling.results import NoPlacement
 from app.scheduling.spec import CompiledSpec
@@ -58,6 +58,8 @@ class Reclaim:
         self._cohorts = cohorts
         self._quota = quota
         self._book: ReclaimBook | None = None
+        #: How many of the pass's displacements the book counts.
+        self._booked = 0
         self._managed = {r.runtime_class for r in rows}
         self._revoke_by = now + timedelta(seconds=grace_seconds)
         self._candidates: list[Step] = []
@@ -71,7 +73,8 @@ class Reclaim:
         return self._quota
 
     def counted(self, task_id: object) -> bool:
-        """Return whether ``task_id`` is a waiting reclaimer (its need counted already)."""
+        """Return whether ``task_id`` is a waiting preemptor or reclaimer (its need counted
+        already)."""
         return task_id in self._inputs.waiting
 
     def wants(self, step: Step) -> bool:
@@ -89,7 +92,7 @@ class Reclaim:
 
         It is judged as its displacement was planned, once the leases being revoked have
         stopped: their usage is given back (a preemptor's victims are its tenant's work, a
-        reclaimer's free what its cohort lends it). The need of a reclaimer holding capacity
+        reclaimer's free what its cohort lends it). The need of a displacer holding capacity
         is counted in the rows as its tenant's usage: it is judged on the rows without it,
         in the quota book ``book`` builds of them (every level of the tree drawn without
         it too)."""
@@ -116,8 +119,10 @@ class Reclaim:
 
     def book(self, state: Settling) -> ReclaimBook:
         """Return the pass's reclaim book: the usage read, what revocations give back, the
-        pass's placements, and the reclaims planned so far (by every reclaiming planner)."""
-        if self._book is None:
+        pass's placements, and the preemptions and reclaims planned so far (by every
+        planner)."""
+        book = self._book
+        if book is None:
             book = ReclaimBook(self._rows, self._cohorts, revoking=self._inputs.revoking,
                                quota=self._quota)
             for task, spec in state.placed:
@@ -125,7 +130,11 @@ class Reclaim:
                     book.add(spec.tenant_id, spec.runtime_class,
                              np.array(spec.total_requests, dtype=np.int64))
             self._book = book
-        return self._book
+        displacing = state.holds.displacing
+        for spec, victims in displacing[self._booked:]:
+            book_displaced(book, spec, victims)
+        self._booked = len(displacing)
+        return book
 
     def settle(self, state: Settling) -> None:
         """Plan the remembered tasks' reclaims, replacing their hand-backs."""
@@ -154,15 +163,13 @@ class Reclaim:
         )
         if planned is None:
             return None
-        book_reclaimed(book, spec, planned)
-        if self._quota is not None:
-            # From the next pass on its need counts as its tenant's usage: later reclaims
-            # and nominations of this pass are judged with it.
-            self._quota.add(spec.tenant_id, spec.runtime_class, spec.total_requests)
-        victims = tuple(v.task_id for v in planned.victims)
-        state.holds.grant(kind or self.kind, step.task.id, victims=victims,
+        # Its need counts as its tenant's usage, in the pass's books as from the next pass
+        # on: later reclaims and nominations of this pass are judged with it.
+        state.holds.grant(kind or self.kind, step.task.id, spec, victims=planned.victims,
                           holds=planned.holds, revoke_by=self._revoke_by,
                           assumed=state.assumed)
+        self.book(state)
+        victims = tuple(v.task_id for v in planned.victims)
         doc = reclaiming_document(
             len(victims), self._revoke_by, rejections=step.reason.rejections,
             victim_ids=victims, pool_ids=[p for p, _ in planned.members],
