@@ -195,10 +195,11 @@ async def tasks_claim(
 # $13 the lease ids' prefix (below). The member rows' columns are delimited texts
 # (app.ledger.literals) but the instances. A member row names its task by the task's position in
 # $3 (from 1: ``g``'s ordinality, returned by the update), not by its id again: one integer to
-# parse instead of a third parse of every UUID. The ``t.id = ANY($3)`` condition lets the planner
-# reach the rows through the primary key whatever it estimates for the unnest (never a scan of
-# every task ever kept). The placement is stored as the text the reconciler wrote (decision 11:
-# not parsed again, nothing searches it).
+# parse instead of another parse of every UUID. The ``t.id = ANY(ARRAY(SELECT id FROM g))``
+# condition lets the planner reach the rows through the primary key whatever it estimates for the
+# unnest (never a scan of every task ever kept), with the ids ``g`` has parsed: each UUID of $3 is
+# parsed once, not again for this condition. The placement is stored as the text the reconciler
+# wrote (decision 11: not parsed again, nothing searches it).
 # ``id`` and ``tenant_id`` are assigned their own values. The update is never HOT (``state`` is in
 # the claim indexes' predicates), and PostgreSQL marks the index insertions of an UPDATE whose SET
 # list does not name an index's columns "key unchanged": a full leaf page of ``pk_tasks``,
@@ -225,7 +226,7 @@ _LEASE = (
     "placement = g.placement, "
     "leased_at = $1, pending_reason = NULL, parked = false, wake = NULL, "
     "pending_stage = NULL, updated_at = $1 FROM g "
-    "WHERE t.id = ANY(string_to_array($3::text, ',')::uuid[]) AND t.id = g.id "
+    "WHERE t.id = ANY(ARRAY(SELECT id FROM g)) AND t.id = g.id "
     "AND t.state = 'ADMITTED' "
     "RETURNING t.id, t.attempts + t.preemptions AS attempts, g.pool_id, g.k), "
     "m AS (SELECT * FROM unnest(string_to_array($6::text, ',')::bigint[], "

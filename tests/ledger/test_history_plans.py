@@ -13,11 +13,16 @@ leases by ``ix_leases_pool_live``, their reservations by the primary key, its ho
 
 from __future__ import annotations
 
+import uuid
+from datetime import UTC, datetime
+
 import pytest
 
 from app.config import SHARD_SLOTS
 from app.db import Database
-from app.ledger import pools, preemption, queue, snapshot
+from app.ledger import claims, pools, preemption, queue, snapshot
+from app.ledger.tasks import uuid7_prefix
+from app.scheduling.records import Grant
 
 SLOTS = list(range(SHARD_SLOTS))
 TENANTS = ["t1", "t2"]
@@ -81,3 +86,28 @@ async def test_pool_reservations_use_indexes(db: Database, name: str) -> None:
     assert "Seq Scan" not in plan, plan
     for index in ("ix_leases_pool_live", "pk_reservations", "ix_reservations_pool_hold"):
         assert index in plan, plan
+
+
+async def test_lease_reaches_tasks_by_key(db: Database) -> None:
+    """The lease statement updates its tasks through ``pk_tasks``, at the planner's own
+    prices, never by a scan of every task kept (20,000 finished ones here)."""
+    ids = [uuid.uuid4() for _ in range(1000)]
+    grants = [Grant(t, "[2]", (("p1", 1, "rt"),), (1, 1, 0)) for t in ids]
+    now = datetime.now(UTC)
+    async with db.transaction() as conn:
+        await conn.execute(
+            "INSERT INTO tasks (id, tenant_id, shard, state, runtime_class, spec, finished_at) "
+            "SELECT gen_random_uuid(), 't1', 0, 'SUCCEEDED', 'standard', '{}', now() "
+            "FROM generate_series(1, 20000)"
+        )
+        await conn.execute(
+            "INSERT INTO tasks (id, tenant_id, shard, runtime_class, spec) "
+            "SELECT id, 't1', 0, 'standard', '{}' FROM unnest($1::uuid[]) AS id", ids
+        )
+        await conn.execute("ANALYZE tasks")
+        plan = "\n".join(r[0] for r in await conn.fetch(
+            "EXPLAIN " + claims._LEASE, now, now, *claims._lease_args(grants),
+            uuid7_prefix(now),
+        ))
+    assert "Seq Scan on tasks" not in plan, plan
+    assert "pk_tasks" in plan, plan
