@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.db import Connection
+from app.ledger.reclaim import displacers_count
 from app.scheduling.plugins.quota import CohortRow, QuotaRow
 
 __all__ = [
@@ -169,10 +170,14 @@ class QuotaRead:
 async def quota_read(
     conn: Connection, *, runtime_classes: Collection[str], tenant_ids: Collection[str]
 ) -> QuotaRead:
-    """Return the quota rows and the quota tree of ``runtime_classes``, with the cohort and
-    fair weight of each of ``tenant_ids`` read once for both."""
+    """Return the quota rows of ``runtime_classes`` as a pass plans with them (the needs of
+    the waiting preemptors and reclaimers counted, :func:`~app.ledger.reclaim.displacers_count`)
+    and their quota tree, with the cohort and fair weight of each of ``tenant_ids`` read once
+    for both."""
     classes = sorted(set(runtime_classes))
     rows = tuple(_quota_row(r) for r in await conn.fetch(_ROWS, classes))
+    if rows:
+        rows = tuple((await displacers_count(conn, rows))[0])
     tree = tuple(_cohort_row(r) for r in await conn.fetch(_COHORT_ROWS, classes))
     if not rows and not tree:
         return QuotaRead()

@@ -7,6 +7,8 @@ pending code ``reclaiming`` and holds the capacity they free. What differs is re
 * :func:`displacers_read`: the preemptors and reclaimers still waiting and what each needs:
   a pass counts it as their tenants' usage, so the room a displacement waits for is neither
   lent again nor reclaimed twice (:func:`~app.scheduling.reclaim.displacers_counted`);
+* :func:`displacers_count`: quota rows with those needs counted (the pass and every
+  preview read them so);
 * :func:`reclaim_revoking_read`: per (tenant, runtime class), what leases being revoked
   will give back (so the usage of a displacement's victims is given back once, and a victim
   tenant's borrowed work is never taken twice);
@@ -19,16 +21,18 @@ pending code ``reclaiming`` and holds the capacity they free. What differs is re
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from app.db import Connection
+from app.scheduling.plugins.quota import QuotaRow
 from app.scheduling.preemption import Victim
+from app.scheduling.reclaim import displacers_counted
 from app.scheduling.records import RECLAIMING, Vector
 
-__all__ = ["RECLAIMED", "RECLAIMING", "displacers_read", "reclaim_revoking_read",
-           "reclaim_victims_read", "reclaimed_of"]
+__all__ = ["RECLAIMED", "RECLAIMING", "displacers_count", "displacers_read",
+           "reclaim_revoking_read", "reclaim_victims_read", "reclaimed_of"]
 
 #: Pending code (and event reason) of a task waiting for the borrowed leases it reclaims.
 #: Event reason of a reclaim's victim going back to the queue (released or revoked).
@@ -64,6 +68,23 @@ async def displacers_read(conn: Connection) -> dict[uuid.UUID, tuple[str, str, V
     again."""
     return {r[0]: (r[1], r[2], (int(r[3]), int(r[4]), int(r[5])))
             for r in await conn.fetch(_DISPLACERS)}
+
+
+async def displacers_count(
+    conn: Connection, rows: Sequence[QuotaRow], *, revoking_wanted: bool = False,
+) -> tuple[list[QuotaRow], frozenset[uuid.UUID], dict[Key, Vector]]:
+    """Return ``rows`` with the needs of the preemptors and reclaimers waiting in their
+    classes counted, the waiting ones, and what the leases being revoked give back beyond
+    those needs (:func:`~app.scheduling.reclaim.displacers_counted`). The leases being
+    revoked are read only when some need is counted or ``revoking_wanted``."""
+    classes = {r.runtime_class for r in rows}
+    waits = await displacers_read(conn)
+    needs = [w for w in waits.values() if w[1] in classes]
+    if not (needs or revoking_wanted):
+        return list(rows), frozenset(waits), {}
+    counted, revoking = displacers_counted(
+        list(rows), needs, await reclaim_revoking_read(conn, runtime_classes=classes))
+    return counted, frozenset(waits), revoking
 
 
 async def reclaim_revoking_read(

@@ -33,7 +33,7 @@ from app.ledger.fairshare import fair_usage_decay, fair_weights_read
 from app.ledger.nominations import class_heads_read, lower_usage_read, nominations_read
 from app.ledger.preemption import holds_read, preemptors_waiting, victims_read
 from app.ledger.quotas import quota_rows_read, quota_tree_read
-from app.ledger.reclaim import displacers_read, reclaim_revoking_read, reclaim_victims_read
+from app.ledger.reclaim import displacers_count, reclaim_victims_read
 from app.ledger.snapshot import (
     SnapshotCache,
     placements_grouped_read,
@@ -46,7 +46,6 @@ from app.scheduling.displacement.nominate import CANDIDATES_MAX, class_head, pen
 from app.scheduling.inputs import NominationInputs, PassInputs, ReclaimInputs
 from app.scheduling.plugins.quota import QuotaRow, cohort_rows_drawn
 from app.scheduling.plugins.registry import profile
-from app.scheduling.reclaim import displacers_counted
 from app.scheduling.records import PREEMPTING, RECLAIMING, ClaimedTask, Vector
 from app.scheduling.snapshot import Snapshot
 from app.scheduling.spec import CompiledSpec, StoredSpecs
@@ -156,24 +155,20 @@ async def _reclaim_read(
     """Return the quota rows with the waiting preemptors and reclaimers counted, and what
     reclaim plans from (its victims only when some tenant of the rows borrows)."""
     classes = {r.runtime_class for r in rows}
-    waits = await displacers_read(conn)
-    needs = [w for w in waits.values() if w[1] in classes]
     cutoff = now - timedelta(seconds=config.reclaim_min_runtime_seconds)
     # A waiting preemptor or reclaimer is judged by its quota with its victims stopped.
     waiting = any(t.pending_code in (PREEMPTING, RECLAIMING) and spec.runtime_class in classes
                   for t, spec in compiled)
-    if not (needs or waiting or any(r.used > r.nominal for r in rows)):
-        return rows, ReclaimInputs(frozenset(waits), leased_before=cutoff.timestamp())
-    rows, revoking = displacers_counted(
-        rows, needs, await reclaim_revoking_read(conn, runtime_classes=classes))
+    rows, waits, revoking = await displacers_count(
+        conn, rows, revoking_wanted=waiting or any(r.used > r.nominal for r in rows))
     lenders = {r.tenant_id for r in rows if r.used > r.nominal}
     if not lenders:
-        return rows, ReclaimInputs(frozenset(waits), revoking, leased_before=cutoff.timestamp())
+        return rows, ReclaimInputs(waits, revoking, leased_before=cutoff.timestamp())
     codes = {snapshot.rc_table[rc] for rc in classes if rc in snapshot.rc_table}
     pools = [p for i, p in enumerate(snapshot.ids) if int(snapshot.rc[i]) in codes]
     victims = await reclaim_victims_read(
         conn, tenant_ids=lenders, pool_ids=pools, leased_before=cutoff)
-    return rows, ReclaimInputs(frozenset(waits), revoking, tuple(victims), cutoff.timestamp())
+    return rows, ReclaimInputs(waits, revoking, tuple(victims), cutoff.timestamp())
 
 
 async def _nominations_read(

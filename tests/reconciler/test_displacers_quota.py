@@ -22,7 +22,7 @@ leases.
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -30,8 +30,11 @@ from app.config import SHARD_SLOTS
 from app.db import Database
 from app.ledger.claims import tasks_unpark
 from app.ledger.leases import lease_complete
+from app.ledger.snapshot import SnapshotCache
 from app.ledger.tenants import Quota, tenant_put
 from app.reconciler import Reconciler, ReconcilerConfig
+from app.scheduling.spec import TaskSpec, compile_spec
+from app.services.placements import PlacementAsk, placement_decide, placement_inputs_read
 from tests.factories import NOW, heartbeat_add, ledger_violations, pool_add, spec_make, tasks_add
 
 ALL = frozenset(range(SHARD_SLOTS))
@@ -151,5 +154,38 @@ async def test_a_preemptors_victim_is_not_counted_beside_its_need(
         assert await states(db, preemptor, second) == [("LEASED", None)] * 2
         assert [s for s, _ in await states(db, *borrowed)].count("LEASED") == 1
         assert await used(db) == {"a": 6000, "b": 2000}
+    finally:
+        await rec.close()
+
+
+async def test_a_preview_counts_the_waiting_preemptor_as_the_pass_does(db: Database) -> None:
+    """A placement preview reads the quota rows as a pass plans with them: a's waiting
+    preemptor's need is a's usage there, so a's next 4000m task is refused by a's quota,
+    not found to fit a's nominal."""
+    async with db.transaction() as conn:
+        await pool_add(conn, "p0", tenants=["a", "b"], capacity=(10000, 65536, 0))
+    await quota(db, "a", 6000)
+    await quota(db, "b", 2000)
+    rec = Reconciler(db, ReconcilerConfig(preemption_grace_seconds=600,
+                                          reclaim_min_runtime_seconds=0),
+                     owner_id="dq", slots=ALL)
+    try:
+        await add(db, "b", 3, cpu=2000)
+        await add(db, "a", 1, cpu=2000)
+        await sweep_and_pass(db, rec, 0)
+        (preemptor,) = await add(db, "a", 1, cpu=4000, priority=5,
+                                 preemption="lowerPriority")
+        await sweep_and_pass(db, rec, 10)
+        assert await states(db, preemptor) == [("ADMITTED", "preempting")]
+
+        spec = compile_spec(TaskSpec.model_validate(spec_make(cpu=4000)), tenant_id="a")
+        async with db.transaction() as conn:  # the preview decides at the clock's now
+            await heartbeat_add(conn, "rt-p0", at=datetime.now(UTC))
+        async with db.connection() as conn:
+            read = await placement_inputs_read(
+                conn, PlacementAsk(spec, "binpack", 15.0), cache=SnapshotCache())
+        result, _ = placement_decide(read)
+        assert result.placement is None and result.reason is not None
+        assert result.reason.code.value.startswith("quota_"), result.reason
     finally:
         await rec.close()
