@@ -54,6 +54,7 @@ __all__ = [
     "decision_from_row",
     "decision_rows",
     "decisions_of",
+    "decisions_packed",
     "inputs_decode",
     "inputs_differ",
     "inputs_encode",
@@ -403,9 +404,11 @@ def decisions_of(plan: PassPlan) -> list[Decision]:
     return [decision_from_row(row) for row in decision_rows(plan)]
 
 
-def plan_digest(plan: PassPlan, rows: list[DecisionRow] | None = None) -> str:
-    """Return a digest of ``plan``: its decisions (``rows``, when already built),
-    displacements and nominations."""
+def plan_digest(
+    plan: PassPlan, rows: list[DecisionRow] | orjson.Fragment | None = None
+) -> str:
+    """Return a digest of ``plan``: its decisions (``rows``, when already built, as a list
+    or as its JSON), displacements and nominations."""
     doc = [
         rows if rows is not None else decision_rows(plan),
         [[str(g.task_id), [str(v) for v in g.victims], g.holds, _t(g.revoke_by), str(g.kind)]
@@ -420,6 +423,13 @@ def plan_digest(plan: PassPlan, rows: list[DecisionRow] | None = None) -> str:
 def decisions_encode(rows: list[DecisionRow]) -> bytes:
     """Return the bytes of a plan's decisions (:func:`decision_rows`)."""
     return _pack({"decisions": rows})
+
+
+def decisions_packed(plan: PassPlan) -> tuple[str, bytes]:
+    """Return the digest of ``plan`` (:func:`plan_digest`) and the bytes of its decisions
+    (:func:`decisions_encode`), their JSON written once for both."""
+    rows = orjson.Fragment(orjson.dumps(decision_rows(plan)))
+    return plan_digest(plan, rows), _pack({"decisions": rows})
 
 
 def decisions_decode(blob: bytes) -> list[Decision]:

@@ -24,6 +24,7 @@ from app.scheduling.recording import (
     decisions_decode,
     decisions_encode,
     decisions_of,
+    decisions_packed,
     inputs_decode,
     inputs_differ,
     inputs_encode,
@@ -129,6 +130,8 @@ def test_decoded_inputs_plan_identically(inputs: PassInputs) -> None:
 def test_decisions_survive_their_encoding(inputs: PassInputs) -> None:
     plan = plan_pass(inputs)
     assert decisions_decode(decisions_encode(decision_rows(plan))) == decisions_of(plan)
+    digest, blob = decisions_packed(plan)
+    assert digest == plan_digest(plan) and blob == decisions_encode(decision_rows(plan))
 
 
 def _format_1(blob: bytes) -> bytes:
