@@ -18,13 +18,7 @@ from app.db import Connection
 from app.ledger.pass_records import pass_record_add, pass_record_pools_touch
 from app.scheduling.inputs import PassInputs
 from app.scheduling.planner import PassPlan
-from app.scheduling.recording import (
-    decision_rows,
-    decisions_encode,
-    inputs_encode,
-    plan_digest,
-    pools_encode,
-)
+from app.scheduling.recording import decisions_packed, inputs_encode, pools_encode
 from app.scheduling.snapshot import PoolState
 
 __all__ = ["Recorder"]
@@ -60,13 +54,11 @@ class Recorder:
             await pass_record_pools_touch(conn, digest=self._digest, pools=self._blob, now=now)
             self._stored = now
             stored = len(self._blob)
-        decisions = decision_rows(plan)
+        digest, out = decisions_packed(plan)
         body = inputs_encode(inputs)
-        out = decisions_encode(decisions)
         await pass_record_add(
             conn, pass_id=pass_id, recorded_at=now, pools_digest=self._digest,
             task_ids=[t.id for t, _ in inputs.tasks] + [t.id for t, _ in inputs.invalid],
-            placed=len(plan.placed), plan_digest=plan_digest(plan, decisions), inputs=body,
-            decisions=out,
+            placed=len(plan.placed), plan_digest=digest, inputs=body, decisions=out,
         )
         return stored + len(body) + len(out)

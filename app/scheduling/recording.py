@@ -8,14 +8,17 @@ A record has three parts:
   so it is stored once under its digest and the records name it;
 * **inputs** (:func:`inputs_encode`): everything else the planner reads: the ledger and
   health arrays, the placements affinity reads, the claimed tasks with their stored spec
-  texts (each distinct text once), the quota rows, holds, displacements under way,
-  victims, nominations, the profile and settings that decide, and the pass clock;
+  texts (each distinct text once; the tasks as columns, one list per field), the quota
+  rows, holds, displacements under way, victims, nominations, the profile and settings that
+  decide, and the pass clock;
 * **decisions** (:func:`decisions_of`): per task, the pool(s), score and score components
   of its placement, or the code it was handed back with, and a digest of the whole plan.
 
 Every part is JSON (mappings as lists of pairs, so key types and order survive)
-compressed with zlib, and starts with its format version; :func:`inputs_decode` refuses a
-version it does not know. Decoding recompiles the stored spec texts with this build's
+compressed with zlib, and starts with its format version. This build writes format 2 and
+reads formats 1 and 2 (format 1 wrote each claimed task as one list of its fields, format 2
+writes the tasks as columns; the other parts are the same in both); a version it does not
+know is refused. Decoding recompiles the stored spec texts with this build's
 compiler and rebuilds the snapshot from the pools and arrays, so the planner sees what it
 saw (a round-trip test holds this: ``decode(encode(x))`` plans as ``x``).
 """
@@ -25,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -51,6 +54,7 @@ __all__ = [
     "decision_from_row",
     "decision_rows",
     "decisions_of",
+    "decisions_packed",
     "inputs_decode",
     "inputs_differ",
     "inputs_encode",
@@ -59,8 +63,10 @@ __all__ = [
     "pools_encode",
 ]
 
-#: The version of the record format this build writes and reads.
-FORMAT = 1
+#: The version of the record format this build writes.
+FORMAT = 2
+#: The versions it reads.
+FORMATS_READ = (1, 2)
 _LEVEL = 1
 _OPTS = orjson.OPT_SERIALIZE_NUMPY
 
@@ -75,9 +81,10 @@ def _pack(doc: dict[str, Any]) -> bytes:
 
 def _unpack(blob: bytes) -> dict[str, Any]:
     doc = orjson.loads(zlib.decompress(blob))
-    if doc.get("format") != FORMAT:
+    if doc.get("format") not in FORMATS_READ:
         raise RecordFormatError(
-            f"record format {doc.get('format')!r} is not {FORMAT}, the one this build reads")
+            f"record format {doc.get('format')!r} is not one this build reads "
+            f"({', '.join(map(str, FORMATS_READ))})")
     return doc
 
 
@@ -122,14 +129,45 @@ def pools_decode(blob: bytes) -> tuple[PoolState, ...]:
 # --- inputs ----------------------------------------------------------------------------------
 
 
-def _task(t: ClaimedTask, texts: dict[str, int]) -> list[Any]:
-    text = texts.setdefault(t.spec_json, len(texts))
-    return [t.id.hex, t.tenant_id, t.seq, t.priority, text, _t(t.admitted_at), t.attempts,
-            t.pending_code, t.pending_json, t.pending_stage, t.logged_code, _t(t.logged_at),
-            t.logged_count]
+#: The columns of the claimed tasks (format 2), in :class:`ClaimedTask`'s field order.
+_TASK_COLUMNS = ("id", "tenant", "seq", "priority", "text", "admittedAt", "attempts",
+                 "pendingCode", "pendingJson", "pendingStage", "loggedCode", "loggedAt",
+                 "loggedCount")
 
 
-def _task_decode(row: list[Any], texts: list[str]) -> ClaimedTask:
+def _tasks(tasks: list[ClaimedTask], texts: dict[str, int]) -> dict[str, Sequence[Any]]:
+    """Return ``tasks`` as columns (each spec text as its index in ``texts``, added there)."""
+    if not tasks:
+        return {}
+    (ids, tenants, seqs, priorities, specs, admitted, attempts, codes, pending, stages,
+     logged, logged_at, counts) = zip(*tasks, strict=True)
+    add = texts.setdefault
+    # orjson writes a datetime as isoformat() does, several times faster.
+    return dict(zip(_TASK_COLUMNS, (
+        [u.hex for u in ids], tenants, seqs, priorities, [add(t, len(texts)) for t in specs],
+        admitted, attempts, codes, pending, stages, logged, logged_at, counts), strict=True))
+
+
+def _tasks_decode(
+    doc: dict[str, Any],
+) -> tuple[list[ClaimedTask], list[tuple[ClaimedTask, str]]]:
+    """Return the claimed tasks of a record's inputs (either format), and the invalid ones
+    with why."""
+    texts = doc["texts"]
+    if doc["format"] == 1:
+        return ([_task_decode(row, texts) for row in doc["tasks"]],
+                [(_task_decode(row, texts), why) for row, why in doc["invalid"]])
+
+    def rows(columns: dict[str, list[Any]]) -> list[ClaimedTask]:
+        if not columns:
+            return []
+        return [_task_decode(row, texts)
+                for row in zip(*(columns[c] for c in _TASK_COLUMNS), strict=True)]
+
+    return rows(doc["tasks"]), list(zip(rows(doc["invalid"]), doc["invalidWhy"], strict=True))
+
+
+def _task_decode(row: Sequence[Any], texts: list[str]) -> ClaimedTask:
     (tid, tenant, seq, priority, text, admitted, attempts, code, pending, stage, logged,
      logged_at, count) = row
     admitted_at = _at(admitted)
@@ -216,8 +254,8 @@ def inputs_encode(inputs: PassInputs) -> bytes:
     """Return the bytes of ``inputs`` but the static pools (see :func:`pools_encode`)."""
     snap = inputs.snapshot
     texts: dict[str, int] = {}
-    tasks = [_task(t, texts) for t, _ in inputs.tasks]
-    invalid = [[_task(t, texts), why] for t, why in inputs.invalid]
+    tasks = _tasks([t for t, _ in inputs.tasks], texts)
+    invalid = _tasks([t for t, _ in inputs.invalid], texts)
     doc = {
         "now": _t(inputs.now),
         "settings": _settings(inputs.settings),
@@ -228,6 +266,7 @@ def inputs_encode(inputs: PassInputs) -> bytes:
         "texts": list(texts),
         "tasks": tasks,
         "invalid": invalid,
+        "invalidWhy": [why for _, why in inputs.invalid],
         "usage": [[k, list(v)] for k, v in inputs.usage.items()],
         "entitlements": None if inputs.entitlements is None else [
             [k, list(v)] for k, v in inputs.entitlements.items()],
@@ -281,8 +320,7 @@ def inputs_decode(
         fresh=np.array(fresh, dtype=bool).reshape(n),
         placed=_placed_decode(doc["placed"], built.ids),
     )
-    texts = doc["texts"]
-    claimed = [_task_decode(row, texts) for row in doc["tasks"]]
+    claimed, invalid = _tasks_decode(doc)
     compiled, failed = specs.compile_all(claimed)
     if failed:
         raise RecordFormatError(f"{len(failed)} recorded specs no longer compile: "
@@ -293,7 +331,7 @@ def inputs_decode(
     inputs = PassInputs(
         now=_at(doc["now"]) or datetime.min, settings=settings,
         profile=profile_from_plugins(doc["profile"]), snapshot=snapshot, tasks=tuple(compiled),
-        invalid=tuple((_task_decode(row, texts), why) for row, why in doc["invalid"]),
+        invalid=tuple(invalid),
         usage={k: _vec(v) for k, v in doc["usage"]},
         entitlements=None if entitlements is None else {
             k: (float(v[0]), float(v[1]), float(v[2])) for k, v in entitlements},
@@ -366,9 +404,11 @@ def decisions_of(plan: PassPlan) -> list[Decision]:
     return [decision_from_row(row) for row in decision_rows(plan)]
 
 
-def plan_digest(plan: PassPlan, rows: list[DecisionRow] | None = None) -> str:
-    """Return a digest of ``plan``: its decisions (``rows``, when already built),
-    displacements and nominations."""
+def plan_digest(
+    plan: PassPlan, rows: list[DecisionRow] | orjson.Fragment | None = None
+) -> str:
+    """Return a digest of ``plan``: its decisions (``rows``, when already built, as a list
+    or as its JSON), displacements and nominations."""
     doc = [
         rows if rows is not None else decision_rows(plan),
         [[str(g.task_id), [str(v) for v in g.victims], g.holds, _t(g.revoke_by), str(g.kind)]
@@ -385,6 +425,13 @@ def decisions_encode(rows: list[DecisionRow]) -> bytes:
     return _pack({"decisions": rows})
 
 
+def decisions_packed(plan: PassPlan) -> tuple[str, bytes]:
+    """Return the digest of ``plan`` (:func:`plan_digest`) and the bytes of its decisions
+    (:func:`decisions_encode`), their JSON written once for both."""
+    rows = orjson.Fragment(orjson.dumps(decision_rows(plan)))
+    return plan_digest(plan, rows), _pack({"decisions": rows})
+
+
 def decisions_decode(blob: bytes) -> list[Decision]:
     """Return the decisions of :func:`decisions_encode`'s bytes."""
     return [decision_from_row(row) for row in _unpack(blob)["decisions"]]
@@ -393,5 +440,14 @@ def decisions_decode(blob: bytes) -> list[Decision]:
 def inputs_differ(blob: bytes, inputs: PassInputs) -> list[str]:
     """Return the parts of the recorded ``blob`` that ``inputs`` (decoded from it) encode
     differently: empty when the record's inputs survive decoding whole."""
-    before, after = _unpack(blob), _unpack(inputs_encode(inputs))
+    before, after = _comparable(_unpack(blob)), _comparable(_unpack(inputs_encode(inputs)))
     return [k for k in dict.fromkeys([*before, *after]) if before.get(k) != after.get(k)]
+
+
+def _comparable(doc: dict[str, Any]) -> dict[str, Any]:
+    """Return a record's inputs as parts comparable across formats: the claimed tasks
+    decoded (formats 1 and 2 write them differently), the version left out."""
+    tasks, invalid = _tasks_decode(doc)
+    parts = {k: v for k, v in doc.items()
+             if k not in ("format", "texts", "tasks", "invalid", "invalidWhy")}
+    return {**parts, "tasks": tasks, "invalid": invalid}

@@ -8,7 +8,7 @@ JSON with the same model. :func:`compile_spec` turns a valid spec into a frozen,
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import orjson
@@ -481,7 +481,7 @@ def _bind(
     requests and labels."""
     fp = shape.fingerprint
     own = labels if shape.required else _NO_LABELS
-    return CompiledSpec(
+    return _spec_made((
         tenant_id,
         None,
         shape.runtime_class,
@@ -500,4 +500,21 @@ def _bind(
         shape.may_preempt,
         (tenant_id, fp[1], requests, fp[3], fp[4], fp[5], fp[6], own, fp[8]),
         shape.placement_class,
-    )
+    ))
+
+
+#: The setter of each field's slot of :class:`CompiledSpec`, in field order.
+_SLOT_SETTERS = tuple(CompiledSpec.__dict__[f.name].__set__ for f in fields(CompiledSpec))
+
+
+def _spec_made(values: tuple[Any, ...]) -> CompiledSpec:
+    """Return the :class:`CompiledSpec` of ``values`` (every field, in order).
+
+    A spec is bound per claimed task. The frozen dataclass's ``__init__`` sets each of its
+    18 fields through ``object.__setattr__``, and that call was most of a binding's cost;
+    setting the slots directly takes half as long and makes the same frozen object.
+    """
+    spec = object.__new__(CompiledSpec)
+    for set_slot, value in zip(_SLOT_SETTERS, values, strict=True):
+        set_slot(spec, value)
+    return spec

@@ -3,7 +3,9 @@ over generated worlds (pools, placements, tasks, quotas, holds, victims, nominat
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
+import zlib
 from datetime import UTC, datetime, timedelta
 
 import orjson
@@ -22,6 +24,7 @@ from app.scheduling.recording import (
     decisions_decode,
     decisions_encode,
     decisions_of,
+    decisions_packed,
     inputs_decode,
     inputs_differ,
     inputs_encode,
@@ -127,11 +130,38 @@ def test_decoded_inputs_plan_identically(inputs: PassInputs) -> None:
 def test_decisions_survive_their_encoding(inputs: PassInputs) -> None:
     plan = plan_pass(inputs)
     assert decisions_decode(decisions_encode(decision_rows(plan))) == decisions_of(plan)
+    digest, blob = decisions_packed(plan)
+    assert digest == plan_digest(plan) and blob == decisions_encode(decision_rows(plan))
+
+
+def _format_1(blob: bytes) -> bytes:
+    """Return a record's inputs as format 1 wrote them: each claimed task one list of its
+    fields, each invalid one a pair of that list and why."""
+    doc = orjson.loads(zlib.decompress(blob))
+
+    def rows(columns: dict) -> list:
+        return [list(row) for row in zip(*columns.values(), strict=True)] if columns else []
+
+    doc.update(format=1, tasks=rows(doc["tasks"]),
+               invalid=[[row, why] for row, why in
+                        zip(rows(doc["invalid"]), doc.pop("invalidWhy"), strict=True)])
+    return zlib.compress(orjson.dumps(doc))
+
+
+@SETTINGS
+@given(pass_inputs())
+def test_a_record_of_format_1_decodes_and_plans_identically(inputs: PassInputs) -> None:
+    bad = ClaimedTask(uuid.UUID(int=5), "a", 99, 0, '{"requests": 1}', NOW, 0)
+    inputs = dataclasses.replace(inputs, invalid=(*inputs.invalid, (bad, "not a spec")))
+    blob = _format_1(inputs_encode(inputs))
+    _, pools = pools_encode(inputs.snapshot)
+    decoded = inputs_decode(blob, pools_decode(pools), specs=StoredSpecs(64)).inputs
+    assert decoded.tasks == inputs.tasks and decoded.invalid == inputs.invalid
+    assert decisions_of(plan_pass(decoded)) == decisions_of(plan_pass(inputs))
+    assert inputs_differ(blob, decoded) == []
 
 
 def test_a_record_of_another_format_is_refused() -> None:
-    import zlib
-
     blob = zlib.compress(orjson.dumps({"format": 99, "pools": []}))
     with pytest.raises(RecordFormatError, match="format 99"):
         pools_decode(blob)
