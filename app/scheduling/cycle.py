@@ -145,6 +145,17 @@ class Cycle:
         self._position = (idx, pool, found)
         return found
 
+    def noted(self, name: str, pool: int) -> int | float | None:
+        """Return the raw score the plugin ``name`` noted for the pool at snapshot index
+        ``pool`` in this cycle's scoring (``notes[name] = (idx, raw)``), or None when it
+        noted none for that pool."""
+        note = self.notes.get(name)
+        if note is None:
+            return None
+        idx, raw = note
+        pos = self.position(idx, pool)
+        return None if pos is None else raw.item(pos)
+
     def describing(self, idx: np.ndarray, at: int) -> int:
         """Note that the pool at position ``at`` of the scored pools ``idx`` is described next
         (:meth:`position` then needs no search) and return its snapshot index."""

@@ -39,12 +39,9 @@ class FailureDomainSpread(ScorePlugin):
     def describe(self, cycle: Cycle, pool: int, value: float) -> str:
         """Return how many of the tenant's members share the pool's failure domain (as this
         cycle's scoring counted them)."""
-        note = cycle.notes.get(NAME)
-        if note is not None:
-            idx, raw = note
-            pos = cycle.position(idx, pool)
-            if pos is not None:
-                return self.reason(raw.item(pos))
+        raw = cycle.noted(NAME, pool)
+        if raw is not None:
+            return self.reason(int(raw))  # the counts scored are integers
         dom, per_domain = cycle.tenant_domain_counts(_TOPOLOGY)
         return self.reason(per_domain.item(dom.item(pool)))
 

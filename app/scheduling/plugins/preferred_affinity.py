@@ -42,12 +42,9 @@ class PreferredAffinity(ScorePlugin):
 
     def describe(self, cycle: Cycle, pool: int, value: float) -> str:
         """Return the signed sum of matched term weights (as this cycle's scoring summed it)."""
-        note = cycle.notes.get(NAME)
-        if note is not None:
-            idx, raw = note
-            pos = cycle.position(idx, pool)
-            if pos is not None:
-                return self.reason(raw.item(pos))
+        raw = cycle.noted(NAME, pool)
+        if raw is not None:
+            return self.reason(raw)
         return self.reason(self.score_many(cycle, np.array([pool], dtype=np.intp)).item(0))
 
     def reason(self, raw: float) -> str:
