@@ -344,6 +344,15 @@ async def task_submit(
             finished_at=None,
             created=True,
         )
+    return await _submit_refused(conn, tenant_id, idempotency_key, digest, max_queued)
+
+
+async def _submit_refused(
+    conn: Connection, tenant_id: str, idempotency_key: str | None, digest: str | None,
+    max_queued: int,
+) -> TaskRow:
+    """Return the task stored under the tenant's ``idempotency_key`` for the same request;
+    else raise why the submission stored nothing (the queue cap, or the key in use)."""
     # Refused by the cap, or the key is taken: by a committed task, or by one whose
     # transaction we just waited for.
     existing = None
