@@ -21,7 +21,9 @@ leases.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -88,18 +90,28 @@ async def used(db: Database) -> dict[str, int]:
     return {r[0]: int(r[1]) for r in rows}
 
 
-@pytest.mark.parametrize("together", [False, True], ids=["passes_apart", "one_pass"])
-async def test_a_preemptor_and_a_reclaimer_of_one_tenant_stay_within_its_quota(
-    db: Database, together: bool,
-) -> None:
+@contextlib.asynccontextmanager
+async def borrowed_world(db: Database, *, capacity: int) -> AsyncIterator[Reconciler]:
+    """Pool p0 of ``capacity`` cpu for a (nominal 6000m) and b (2000m, same cohort), and the
+    reconciler the test drives (closed on exit)."""
     async with db.transaction() as conn:
-        await pool_add(conn, "p0", tenants=["a", "b"], capacity=(10000, 65536, 0))
+        await pool_add(conn, "p0", tenants=["a", "b"], capacity=(capacity, 65536, 0))
     await quota(db, "a", 6000)
     await quota(db, "b", 2000)
     rec = Reconciler(db, ReconcilerConfig(preemption_grace_seconds=600,
                                           reclaim_min_runtime_seconds=0),
                      owner_id="dq", slots=ALL)
     try:
+        yield rec
+    finally:
+        await rec.close()
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["passes_apart", "one_pass"])
+async def test_a_preemptor_and_a_reclaimer_of_one_tenant_stay_within_its_quota(
+    db: Database, together: bool,
+) -> None:
+    async with borrowed_world(db, capacity=10000) as rec:
         borrowed = await add(db, "b", 3, cpu=2000)
         await add(db, "a", 1, cpu=2000)
         await sweep_and_pass(db, rec, 0)
@@ -121,22 +133,13 @@ async def test_a_preemptor_and_a_reclaimer_of_one_tenant_stay_within_its_quota(
         assert (await states(db, second))[0][0] == "ADMITTED"
         assert await states(db, *borrowed) == [("LEASED", None)] * 3
         assert await used(db) == {"a": 4000, "b": 6000}
-    finally:
-        await rec.close()
 
 
 @pytest.mark.parametrize("together", [False, True], ids=["passes_apart", "one_pass"])
 async def test_a_preemptors_victim_is_not_counted_beside_its_need(
     db: Database, together: bool,
 ) -> None:
-    async with db.transaction() as conn:
-        await pool_add(conn, "p0", tenants=["a", "b"], capacity=(8000, 65536, 0))
-    await quota(db, "a", 6000)
-    await quota(db, "b", 2000)
-    rec = Reconciler(db, ReconcilerConfig(preemption_grace_seconds=600,
-                                          reclaim_min_runtime_seconds=0),
-                     owner_id="dq", slots=ALL)
-    try:
+    async with borrowed_world(db, capacity=8000) as rec:
         borrowed = await add(db, "b", 3, cpu=2000)
         await add(db, "a", 1, cpu=2000)
         await sweep_and_pass(db, rec, 0)
@@ -154,22 +157,13 @@ async def test_a_preemptors_victim_is_not_counted_beside_its_need(
         assert await states(db, preemptor, second) == [("LEASED", None)] * 2
         assert [s for s, _ in await states(db, *borrowed)].count("LEASED") == 1
         assert await used(db) == {"a": 6000, "b": 2000}
-    finally:
-        await rec.close()
 
 
 async def test_a_preview_counts_the_waiting_preemptor_as_the_pass_does(db: Database) -> None:
     """A placement preview reads the quota rows as a pass plans with them: a's waiting
     preemptor's need is a's usage there, so a's next 4000m task is refused by a's quota,
     not found to fit a's nominal."""
-    async with db.transaction() as conn:
-        await pool_add(conn, "p0", tenants=["a", "b"], capacity=(10000, 65536, 0))
-    await quota(db, "a", 6000)
-    await quota(db, "b", 2000)
-    rec = Reconciler(db, ReconcilerConfig(preemption_grace_seconds=600,
-                                          reclaim_min_runtime_seconds=0),
-                     owner_id="dq", slots=ALL)
-    try:
+    async with borrowed_world(db, capacity=10000) as rec:
         await add(db, "b", 3, cpu=2000)
         await add(db, "a", 1, cpu=2000)
         await sweep_and_pass(db, rec, 0)
@@ -187,5 +181,3 @@ async def test_a_preview_counts_the_waiting_preemptor_as_the_pass_does(db: Datab
         result, _ = placement_decide(read)
         assert result.placement is None and result.reason is not None
         assert result.reason.code.value.startswith("quota_"), result.reason
-    finally:
-        await rec.close()
