@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
@@ -85,19 +85,12 @@ def _state_open(app: FastAPI, settings: Settings) -> None:
     app.state.offload.start()
 
 
-def create_app(
-    settings: Settings | None = None,
-    *,
-    db: Database | None = None,
-    background: Sequence[Background] = (),
-) -> FastAPI:
-    """Build the Berth ASGI application; ``db`` defaults to one for settings.database_url,
-    and each of ``background`` is started with it when the app starts and stopped after."""
-    settings = settings or get_settings()
-    if db is None and settings.database_url is None:
-        raise ConfigurationError(
-            "no database: set BERTH_DATABASE_URL, or run `berth serve` for the embedded one"
-        )
+def _lifespan(
+    settings: Settings, db: Database | None, background: Sequence[Background]
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """Return the app's lifespan: its database (``db``, else one of its own for the
+    settings), caches and preview workers, and the ``background`` services, started in order
+    and stopped in reverse."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -126,28 +119,11 @@ def create_app(
             if own_db:
                 await app.state.db.close()
 
-    # FastAPIOffline: /docs and /redoc load Swagger UI and ReDoc from files the package ships
-    # (served under /static-offline-docs), never from a CDN, so they work offline.
-    app = FastAPIOffline(
-        title="Berth",
-        version=__version__,
-        summary="Multi-tenant placement scheduler with a durable capacity ledger.",
-        lifespan=lifespan,
-        # Berth's observability is Prometheus; FastAPI's native OpenTelemetry would
-        # otherwise look up the global OTel providers on every request only to find none.
-        telemetry={"tracing": False, "metrics": False, "logs": False},
-        # No "validate this document" badge: it would send the document's URL to swagger.io.
-        swagger_ui_parameters={"validatorUrl": None},
-    )
-    problems_install(app)
-    app.add_middleware(
-        BodySizeLimit, max_body_bytes=settings.max_body_bytes,
-        path_limits={batches.PATH: settings.max_batch_body_bytes},
-    )
-    app.router.routes[0:0] = api_routes()
-    # The web console (static files; it calls the API above like any other client).
-    app.router.routes.extend(console_routes())
-    openapi_install(app)
+    return lifespan
+
+
+def _health_install(app: FastAPI) -> None:
+    """Add the liveness and readiness routes."""
 
     @app.get("/healthz", tags=["health"], operation_id="getHealth", summary="Liveness")
     async def healthz() -> dict[str, str]:
@@ -173,10 +149,13 @@ def create_app(
             )
         return JSONResponse({"status": "ready"})
 
-    # The front door, load shedding and the body deadline (docs/operations.md#limits). Each
-    # added middleware wraps the ones before it, so a request meets them bottom-up: the front
-    # door (headers, key, the key's rate limit), the in-flight bound, the body deadline, then
-    # the body size limit.
+
+def _front_door_install(app: FastAPI, settings: Settings) -> None:
+    """Add the front door, load shedding and the body deadline (docs/operations.md#limits).
+
+    Each added middleware wraps the ones before it, so a request meets them bottom-up: the
+    front door (headers, key, the key's rate limit), the in-flight bound, the body deadline,
+    then the body size limit that ``create_app`` added first."""
     app.add_middleware(BodyReadTimeout, timeout_seconds=settings.request_body_timeout_seconds)
     app.add_middleware(InFlightLimit, max_in_flight=settings.max_in_flight_requests)
     app.add_middleware(
@@ -187,6 +166,46 @@ def create_app(
         rate_per_second=settings.rate_limit_requests_per_second,
         rate_burst=settings.rate_limit_burst_requests,
     )
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    db: Database | None = None,
+    background: Sequence[Background] = (),
+) -> FastAPI:
+    """Build the Berth ASGI application; ``db`` defaults to one for settings.database_url,
+    and each of ``background`` is started with it when the app starts and stopped after."""
+    settings = settings or get_settings()
+    if db is None and settings.database_url is None:
+        raise ConfigurationError(
+            "no database: set BERTH_DATABASE_URL, or run `berth serve` for the embedded one"
+        )
+
+    # FastAPIOffline: /docs and /redoc load Swagger UI and ReDoc from files the package ships
+    # (served under /static-offline-docs), never from a CDN, so they work offline.
+    app = FastAPIOffline(
+        title="Berth",
+        version=__version__,
+        summary="Multi-tenant placement scheduler with a durable capacity ledger.",
+        lifespan=_lifespan(settings, db, background),
+        # Berth's observability is Prometheus; FastAPI's native OpenTelemetry would
+        # otherwise look up the global OTel providers on every request only to find none.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
+        # No "validate this document" badge: it would send the document's URL to swagger.io.
+        swagger_ui_parameters={"validatorUrl": None},
+    )
+    problems_install(app)
+    app.add_middleware(
+        BodySizeLimit, max_body_bytes=settings.max_body_bytes,
+        path_limits={batches.PATH: settings.max_batch_body_bytes},
+    )
+    app.router.routes[0:0] = api_routes()
+    # The web console (static files; it calls the API above like any other client).
+    app.router.routes.extend(console_routes())
+    openapi_install(app)
+    _health_install(app)
+    _front_door_install(app, settings)
 
     # HTTP metrics live in a registry of this app (a second app in one process, as in tests,
     # would otherwise record nothing); /metrics serves it together with Berth's own metrics.
