@@ -20,7 +20,7 @@ embedded PostgreSQL started for the run):
    on its own tables in a fourth, with the same T tasks, P pools and anchors:
    ``fractionOfMinimalFloor`` = placementsPerSec / minimalFloorPlacementsPerSec;
 7. unless ``--skip-peer`` (or pgqueuer is not installed), move T jobs through pgqueuer in a
-   fifth (:mod:`bench.peer`);
+   fifth (:mod:`bench.peer`): ``ratioVsPeer`` = placementsPerSec / peerJobsPerSec;
 8. print a short table of the headline figures (with ``--json``, ONE JSON line; either way
    the phases show on stderr while they run). ``placementsPerSec`` = T / (wall time from
    the admission's commit to the poll that saw the last task leased), as every baseline's
@@ -740,6 +740,7 @@ async def e2e_run(cfg: E2EConfig, progress: Progress | None = None) -> dict[str,
         "peer": None,
         "peerJobsPerSec": None,
         "peerCpuMsPerJob": None,
+        "ratioVsPeer": None,
         "mix": cfg.mix,
         "specMix": ds.kinds,
         "finished": cfg.finished,
@@ -785,6 +786,7 @@ async def e2e_run(cfg: E2EConfig, progress: Progress | None = None) -> dict[str,
         out["peer"] = f"pgqueuer {peer.version}, {peer.clients} consumers, batch {peer.batch}"
         out["peerJobsPerSec"] = round(peer.rate, 1)
         out["peerCpuMsPerJob"] = _per_placement(peer.cpu_seconds, peer.jobs)
+        out["ratioVsPeer"] = round(rate / peer.rate, 2) if peer.rate > 0 else None
     return out
 
 
@@ -911,7 +913,8 @@ def _headline(r: dict[str, Any]) -> list[tuple[str, str]]:
                      f"{r['minimalFloorPlacementsPerSec']:,.1f} placements/s "
                      f"(Berth: {100 * (r['fractionOfMinimalFloor'] or 0):.0f} % of it)"))
     if r["peerJobsPerSec"] is not None:
-        rows.append(("peer queue", f"{r['peerJobsPerSec']:,.1f} jobs/s ({r['peer']})"))
+        rows.append(("peer queue", f"{r['peerJobsPerSec']:,.1f} jobs/s ({r['peer']}; "
+                                   f"Berth: {r['ratioVsPeer']}x)"))
     return rows
 
 

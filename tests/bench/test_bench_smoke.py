@@ -150,6 +150,11 @@ def test_tiny_run_leases_every_task_with_a_sound_ledger(
         result["placementsPerSec"] / result["minimalFloorPlacementsPerSec"], rel=0.01)
     if result["peer"] is not None:
         assert result["peer"].startswith("pgqueuer") and result["peerJobsPerSec"] > 0
+        # Rounded to two decimals, as ratioVsNaive.
+        assert result["ratioVsPeer"] == pytest.approx(
+            result["placementsPerSec"] / result["peerJobsPerSec"], abs=0.006)
+    else:
+        assert result["ratioVsPeer"] is None
     # The phases on stderr (plain lines: stderr is not a terminal here), with counts.
     for phase in ("placing ...", "placing  200/200 leased", "naive baseline  200/200 placed",
                   "SQL floor  200/200 placed", "minimal SQL floor  200/200 placed"):
@@ -220,11 +225,12 @@ def test_headline_and_sweep_rows_show_each_baseline_beside_berth() -> None:
         "floorPlacementsPerSec": 12000.0, "fractionOfFloor": 0.5,
         "minimalFloorPlacementsPerSec": 24000.0, "fractionOfMinimalFloor": 0.25,
         "peerJobsPerSec": 5000.0, "peer": "pgqueuer 1.6.0, 4 consumers, batch 64",
-        "pools": 1000, "reconcilers": 2, "quotas": False,
+        "ratioVsPeer": 1.2, "pools": 1000, "reconcilers": 2, "quotas": False,
     }
     rows = dict(e2e._headline(result))
     assert rows["SQL floor"] == "12,000.0 placements/s (Berth: 50 % of it)"
     assert rows["minimal SQL floor"] == "24,000.0 placements/s (Berth: 25 % of it)"
+    assert rows["peer queue"].endswith("(pgqueuer 1.6.0, 4 consumers, batch 64; Berth: 1.2x)")
     assert e2e._sweep_row(result)[1].endswith("25 % of minimal floor")
     skipped = {**result, "fractionOfMinimalFloor": None, "minimalFloorPlacementsPerSec": None}
     assert "minimal" not in e2e._sweep_row(skipped)[1]
