@@ -31,7 +31,7 @@ embedded PostgreSQL started for the run):
    reconcilers and of PostgreSQL's processes serving the run's database, per placement.
 
 ``--sweep pools=1000,5000 reconcilers=1,2,4 --chart docs/img/bench-e2e.png`` runs every
-combination (baselines skipped, except the minimal SQL floor: it takes a second or two and
+combination (baselines skipped, except the minimal SQL floor: it takes a few seconds and
 gives each point a yardstick measured beside it), prints one JSON line each, and draws the
 chart.
 

@@ -30,14 +30,15 @@ one transaction per loop, until a claim comes back empty:
 **Why Berth cannot beat it.** A placement with a durable ledger cannot do less: claim the
 task so that one placer has it (a row lock), take the capacity on its pool, give its runtime
 a lease, mark the task placed. Here the last three are one row write each (a ledger row per
-pool of a batch), on rows with fewer columns and indexes than any of Berth's tables, and
-nothing is decided: the clients spend a few hundred microseconds of CPU per transaction.
-Berth writes the same rows and more (a reservation, a task event, the placement), on wider
-rows with more indexes, and decides. Berth claims more tasks per pass (1,024 by default)
-than this floor per transaction (64), which saves it commits and ledger updates: that is the
-one thing it does more cheaply. After the run :func:`minimal_floor_check` checks the floor's
-invariants: no ledger over its totals, every ledger equal to the sum of what its leases
-hold, every task leased exactly once, on its anchor pool.
+pool of a batch), with bigint keys and no more columns or indexes than Berth's tables of the
+same names have, and nothing is decided: the clients only carry the claimed amounts to the
+two writes. Berth writes the same rows and more (a reservation, a task event, the
+placement), on wider tasks and leases rows with several indexes each, and decides. Berth
+claims more tasks per pass (1,024 by default) than this floor per transaction (64), which
+saves it commits and ledger updates: that is the one thing it does more cheaply. After the
+run :func:`minimal_floor_check` checks the floor's invariants: no ledger over its totals,
+every ledger equal to the sum of what its leases hold, every task leased exactly once, on
+its anchor pool.
 """
 
 from __future__ import annotations
