@@ -7,8 +7,9 @@ From ``app`` they import only the public task spec model (to store specs as the 
 the tenant-to-shard function, the wakeup channel, the settings and the embedded PostgreSQL.
 ``app`` never imports this package.
 
-Targets: ``e2e`` (reconcilers placing a generated dataset, with three baselines in the same
-run: the naive scheduler, the SQL floor, a peer PostgreSQL queue) and ``api`` (HTTP
+Targets: ``e2e`` (reconcilers placing a generated dataset, with four baselines in the same
+run: the naive scheduler, the SQL floor on Berth's schema and a minimal one on its own
+tables, a peer PostgreSQL queue) and ``api`` (HTTP
 throughput of submissions and reads). ``docs/benchmarks.md`` gives the figures and how to
 reproduce them.
 """

@@ -12,7 +12,7 @@ __all__ = ["TARGETS", "build_parser", "main", "target_parser"]
 #: Each target: its module under ``bench`` and what it measures.
 TARGETS = {
     "e2e": "reconcilers placing a generated dataset on a fresh database, with the naive "
-           "baseline, the SQL floor and the peer queue in the same run",
+           "baseline, the two SQL floors and the peer queue in the same run",
     "api": "HTTP throughput of task submission and reads over loopback",
     "hostile": "an authenticated client's latency under a flood of invalid keys and under "
                "slow bodies without a key, against berth serve",

@@ -13,11 +13,15 @@ embedded PostgreSQL started for the run):
    is ``LEASED``; then stop the reconcilers and check the ledger invariants;
 4. unless ``--skip-naive``, load the identical dataset into a second fresh database and time
    the naive baseline (:mod:`bench.naive`) with R workers on ``min(T, --naive-tasks)`` tasks;
-5. unless ``--skip-floor``, load it into a third and time the SQL floor (:mod:`bench.floor`)
-   on all T tasks: ``fractionOfFloor`` = placementsPerSec / floorPlacementsPerSec;
-6. unless ``--skip-peer`` (or pgqueuer is not installed), move T jobs through pgqueuer in a
-   fourth (:mod:`bench.peer`);
-7. print a short table of the headline figures (with ``--json``, ONE JSON line; either way
+5. unless ``--skip-floor``, load it into a third and time the SQL floor on Berth's schema
+   (:mod:`bench.floor`) on all T tasks: ``fractionOfFloor`` = placementsPerSec /
+   floorPlacementsPerSec;
+6. unless ``--skip-minimal-floor``, time the minimal SQL floor (:mod:`bench.minimal_floor`)
+   on its own tables in a fourth, with the same T tasks, P pools and anchors:
+   ``fractionOfMinimalFloor`` = placementsPerSec / minimalFloorPlacementsPerSec;
+7. unless ``--skip-peer`` (or pgqueuer is not installed), move T jobs through pgqueuer in a
+   fifth (:mod:`bench.peer`): ``ratioVsPeer`` = placementsPerSec / peerJobsPerSec;
+8. print a short table of the headline figures (with ``--json``, ONE JSON line; either way
    the phases show on stderr while they run). ``placementsPerSec`` = T / (wall time from
    the admission's commit to the poll that saw the last task leased), as every baseline's
    clock starts with its tasks admitted or its jobs enqueued
@@ -27,7 +31,9 @@ embedded PostgreSQL started for the run):
    reconcilers and of PostgreSQL's processes serving the run's database, per placement.
 
 ``--sweep pools=1000,5000 reconcilers=1,2,4 --chart docs/img/bench-e2e.png`` runs every
-combination (baselines skipped), prints one JSON line each, and draws the chart.
+combination (baselines skipped, except the minimal SQL floor: it takes a few seconds and
+gives each point a yardstick measured beside it), prints one JSON line each, and draws the
+chart.
 
 ``--mix antiaffinity|gangs`` swaps 10% of the tasks for required anti-affinity or gangs;
 ``--finished N`` preloads N finished tasks with their events and ended leases into the
@@ -77,6 +83,7 @@ from bench.dataset import (
 )
 from bench.floor import FLOOR_BATCH, floor_prepare, floor_run
 from bench.history import history_load
+from bench.minimal_floor import minimal_floor_check, minimal_floor_prepare, minimal_floor_run
 from bench.naive import naive_run
 from bench.peer import PEER_BATCH, peer_available, peer_prepare, peer_run
 from bench.profile import (
@@ -122,6 +129,7 @@ class E2EConfig:
     skip_floor: bool = False
     floor_clients: int = 4
     floor_batch: int = FLOOR_BATCH
+    skip_minimal_floor: bool = False
     skip_peer: bool = False
     peer_clients: int = 4
     mix: str = "default"
@@ -581,6 +589,14 @@ async def _place_floor(url: str, ds: Dataset, cfg: E2EConfig) -> dict[str, Any]:
     return {"result": result, "invariants": invariants, "leased": leased, "writes": writes}
 
 
+async def _place_minimal_floor(url: str, ds: Dataset, cfg: E2EConfig) -> dict[str, Any]:
+    await minimal_floor_prepare(url, ds)
+    result = await asyncio.to_thread(
+        minimal_floor_run, url, database_name(url), clients=cfg.floor_clients,
+        batch=cfg.floor_batch, lease_ttl_seconds=LEASE_TTL_SECONDS)
+    return {"result": result, **await minimal_floor_check(url)}
+
+
 async def _server_facts(server_url: str) -> dict[str, Any]:
     conn = await bench_connect(server_url)
     try:
@@ -633,6 +649,13 @@ async def e2e_run(cfg: E2EConfig, progress: Progress | None = None) -> dict[str,
         async with scratch_database(cfg.server_url) as url:
             floor = await _place_floor(url, ds, cfg)
         progress.end(floor["result"].placed, rate=floor["result"].rate)
+    minimal: dict[str, Any] | None = None
+    if not cfg.skip_minimal_floor:
+        progress.phase("minimal SQL floor", total=cfg.tasks, unit="placed")
+        async with scratch_database(cfg.server_url, prefix="berth_bench_minimal",
+                                    migrate=False) as url:
+            minimal = await _place_minimal_floor(url, ds, cfg)
+        progress.end(minimal["result"].placed, rate=minimal["result"].rate)
     peer = None
     if not cfg.skip_peer and peer_available():
         progress.phase("peer queue (pgqueuer)", total=cfg.tasks, unit="jobs")
@@ -705,9 +728,19 @@ async def e2e_run(cfg: E2EConfig, progress: Progress | None = None) -> dict[str,
         "floorInvariantsOk": None,
         "floorRowWritesPerPlacement": None,
         "fractionOfFloor": None,
+        "minimalFloorPlacementsPerSec": None,
+        "minimalFloorCpuMsPerPlacement": None,
+        "minimalFloorClients": None,
+        "minimalFloorBatch": None,
+        "minimalFloorLeased": None,
+        "minimalFloorUnplaced": None,
+        "minimalFloorInvariantsOk": None,
+        "minimalFloorInvariants": None,
+        "fractionOfMinimalFloor": None,
         "peer": None,
         "peerJobsPerSec": None,
         "peerCpuMsPerJob": None,
+        "ratioVsPeer": None,
         "mix": cfg.mix,
         "specMix": ds.kinds,
         "finished": cfg.finished,
@@ -738,10 +771,22 @@ async def e2e_run(cfg: E2EConfig, progress: Progress | None = None) -> dict[str,
         out["floorInvariantsOk"] = not any(floor["invariants"].values())
         out["floorRowWritesPerPlacement"] = floor["writes"]
         out["fractionOfFloor"] = round(rate / f.rate, 3) if f.rate > 0 else None
+    if minimal is not None:
+        m = minimal["result"]
+        out["minimalFloorPlacementsPerSec"] = round(m.rate, 1)
+        out["minimalFloorCpuMsPerPlacement"] = _per_placement(m.cpu_seconds, m.placed)
+        out["minimalFloorClients"] = m.clients
+        out["minimalFloorBatch"] = m.batch
+        out["minimalFloorLeased"] = minimal["leased"]
+        out["minimalFloorUnplaced"] = m.unplaced
+        out["minimalFloorInvariantsOk"] = not any(minimal["invariants"].values())
+        out["minimalFloorInvariants"] = minimal["invariants"]
+        out["fractionOfMinimalFloor"] = round(rate / m.rate, 3) if m.rate > 0 else None
     if peer is not None:
         out["peer"] = f"pgqueuer {peer.version}, {peer.clients} consumers, batch {peer.batch}"
         out["peerJobsPerSec"] = round(peer.rate, 1)
         out["peerCpuMsPerJob"] = _per_placement(peer.cpu_seconds, peer.jobs)
+        out["ratioVsPeer"] = round(rate / peer.rate, 2) if peer.rate > 0 else None
     return out
 
 
@@ -775,8 +820,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="berth bench e2e",
         description="Run reconcilers against a fresh database until every task is leased, "
-        "then, on the same server and dataset, the naive baseline, the SQL floor and the peer "
-        "queue; print one JSON line. Without --server-url or BERTH_DATABASE_URL, an embedded "
+        "then, on the same server and dataset, the naive baseline, the SQL floor on Berth's "
+        "schema, the minimal SQL floor on its own tables and the peer queue; print one JSON "
+        "line. Without --server-url or BERTH_DATABASE_URL, an embedded "
         "PostgreSQL is started in a temporary directory for the run.",
     )
     p.add_argument("--pools", type=int, default=1000, help="pools (default 1000)")
@@ -789,11 +835,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-naive", action="store_true", help="do not run the naive baseline")
     p.add_argument("--naive-tasks", type=int, default=5000,
                    help="tasks the naive baseline places (default min(T, 5000))")
-    p.add_argument("--skip-floor", action="store_true", help="do not run the SQL floor")
+    p.add_argument("--skip-floor", action="store_true",
+                   help="do not run the SQL floor on Berth's schema")
+    p.add_argument("--skip-minimal-floor", action="store_true",
+                   help="do not run the minimal SQL floor (on its own tables)")
     p.add_argument("--floor-clients", type=int, default=4,
-                   help="connections of the SQL floor (default 4)")
+                   help="connections of each SQL floor (default 4)")
     p.add_argument("--floor-batch", type=int, default=FLOOR_BATCH,
-                   help=f"tasks the SQL floor claims per transaction (default {FLOOR_BATCH})")
+                   help=f"tasks each SQL floor claims per transaction (default {FLOOR_BATCH})")
     p.add_argument("--skip-peer", action="store_true",
                    help="do not run the peer queue (pgqueuer; skipped when not installed)")
     p.add_argument("--peer-clients", type=int, default=4,
@@ -828,7 +877,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the run's recorded passes to FILE, for berth bench plan")
     p.add_argument("--sweep", nargs="+", metavar="KEY=V1,V2",
                    help="run every combination, e.g. pools=1000,5000 reconcilers=1,2,4 "
-                        "quotas=0,1 (baselines skipped)")
+                        "quotas=0,1 (baselines skipped but the minimal SQL floor)")
     p.add_argument("--repeat", type=int, default=1,
                    help="with --sweep: runs per point; the chart shows the best (default 1)")
     p.add_argument("--chart", metavar="PATH", help="with --sweep: write a PNG chart to PATH")
@@ -839,6 +888,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _sound(result: dict[str, Any]) -> bool:
     return (result["invariantsOk"] and result["leased"] == result["tasks"]
             and result["floorInvariantsOk"] is not False
+            and result["minimalFloorInvariantsOk"] is not False
             and result["naiveInvariantsOk"] is not False)
 
 
@@ -858,8 +908,13 @@ def _headline(r: dict[str, Any]) -> list[tuple[str, str]]:
     if r["floorPlacementsPerSec"] is not None:
         rows.append(("SQL floor", f"{r['floorPlacementsPerSec']:,.1f} placements/s "
                                   f"(Berth: {100 * (r['fractionOfFloor'] or 0):.0f} % of it)"))
+    if r["minimalFloorPlacementsPerSec"] is not None:
+        rows.append(("minimal SQL floor",
+                     f"{r['minimalFloorPlacementsPerSec']:,.1f} placements/s "
+                     f"(Berth: {100 * (r['fractionOfMinimalFloor'] or 0):.0f} % of it)"))
     if r["peerJobsPerSec"] is not None:
-        rows.append(("peer queue", f"{r['peerJobsPerSec']:,.1f} jobs/s ({r['peer']})"))
+        rows.append(("peer queue", f"{r['peerJobsPerSec']:,.1f} jobs/s ({r['peer']}; "
+                                   f"Berth: {r['ratioVsPeer']}x)"))
     return rows
 
 
@@ -891,8 +946,11 @@ def _sweep_row(r: dict[str, Any]) -> tuple[str, str]:
     """Return one sweep run's point and figures as a (name, value) row."""
     point = f"{r['pools']} pools, {r['tasks']} tasks, {r['reconcilers']} rec., " + (
         "quotas" if r["quotas"] else "no quotas")
-    return point, (f"{r['placementsPerSec']:>10,.1f}/s  p99 {r['p99LeaseMs']:,.1f} ms  "
-                   f"{r['cpuMsPerPlacement']} CPU ms/placement")
+    figures = (f"{r['placementsPerSec']:>10,.1f}/s  p99 {r['p99LeaseMs']:,.1f} ms  "
+               f"{r['cpuMsPerPlacement']} CPU ms/placement")
+    if r["fractionOfMinimalFloor"] is not None:
+        figures += f"  {100 * r['fractionOfMinimalFloor']:.0f} % of minimal floor"
+    return point, figures
 
 
 def _sweep(base: E2EConfig, args: argparse.Namespace, progress: Progress) -> int:
@@ -947,7 +1005,8 @@ def main(argv: list[str]) -> int:
             naive_tasks=args.naive_tasks, stall_seconds=args.stall_seconds,
             py_spy=args.py_spy, keep_logs=args.logs, pg_settings=_pg_settings(args.pg_setting),
             skip_floor=args.skip_floor, floor_clients=args.floor_clients,
-            floor_batch=args.floor_batch, skip_peer=args.skip_peer,
+            floor_batch=args.floor_batch, skip_minimal_floor=args.skip_minimal_floor,
+            skip_peer=args.skip_peer,
             peer_clients=args.peer_clients, mix=args.mix, finished=args.finished,
             quotas=int(args.quotas), replay=args.replay, profile_out=args.profile_out,
             records_out=args.records_out,

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +44,16 @@ from bench.database import bench_connect
 from bench.dataset import Dataset
 from bench.workers import worker_serve, workers_run
 
-__all__ = ["FLOOR_BATCH", "FloorResult", "floor_prepare", "floor_run"]
+__all__ = [
+    "FLOOR_BATCH",
+    "FloorResult",
+    "PlaceBatch",
+    "floor_anchors",
+    "floor_clients_serve",
+    "floor_prepare",
+    "floor_run",
+    "floor_workers_run",
+]
 
 #: Tasks one client claims and places per transaction.
 FLOOR_BATCH = 64
@@ -104,15 +114,24 @@ class FloorResult:
         return self.placed / self.seconds if self.seconds > 0 else 0.0
 
 
-async def floor_prepare(url: str, ds: Dataset) -> None:
-    """Store each task's anchor pool and amounts in the floor's own table (before the clock)."""
-    rows = []
+def floor_anchors(ds: Dataset) -> list[tuple[str, int, int, int, int]]:
+    """Return each task's anchor pool and amounts (members times its requests), in admission
+    order: (pool id, members, cpu, memory, llm)."""
+    out = []
     for task, pool_id in zip(ds.tasks, ds.anchors, strict=True):
         spec = orjson.loads(task[6])
         members = (spec.get("gang") or {}).get("members", 1)
         req = spec["requests"]
-        rows.append((task[1], pool_id, f"rt-{pool_id}", members, members * req["cpuMillis"],
-                     members * req["memoryMiB"], members * req["llmSlots"]))
+        out.append((pool_id, members, members * req["cpuMillis"], members * req["memoryMiB"],
+                    members * req["llmSlots"]))
+    return out
+
+
+async def floor_prepare(url: str, ds: Dataset) -> None:
+    """Store each task's anchor pool and amounts in the floor's own table (before the clock)."""
+    rows = [(task[1], pool_id, f"rt-{pool_id}", members, cpu, memory, llm)
+            for task, (pool_id, members, cpu, memory, llm)
+            in zip(ds.tasks, floor_anchors(ds), strict=True)]
     conn = await bench_connect(url)
     try:
         await conn.execute(
@@ -149,14 +168,23 @@ async def _place_batch(conn: Any, batch: int, skip: list[Any], ttl: float) -> tu
         return len(tasks), len(placed)
 
 
-async def _clients(url: str, clients: int, batch: int, lease_ttl: float) -> None:
+#: One floor's transaction: ``(conn, batch, skip, lease_ttl_seconds)`` claims up to
+#: ``batch`` tasks not in ``skip``, places them, appends those it could not place to ``skip``
+#: and returns (tasks claimed, tasks placed).
+PlaceBatch = Callable[[Any, int, list[Any], float], Awaitable[tuple[int, int]]]
+
+
+async def floor_clients_serve(url: str, clients: int, batch: int, lease_ttl: float,
+                              place_batch: PlaceBatch) -> None:
+    """Serve one floor worker (:func:`bench.workers.worker_serve`): ``clients`` connections
+    each repeat ``place_batch`` until a claim comes back empty."""
     conns = [await bench_connect(url) for _ in range(clients)]
     try:
         async def one(conn: Any) -> tuple[int, int]:
             placed = 0
             skip: list[Any] = []
             while True:
-                claimed, done = await _place_batch(conn, batch, skip, lease_ttl)
+                claimed, done = await place_batch(conn, batch, skip, lease_ttl)
                 if not claimed:
                     return placed, len(skip)
                 placed += done
@@ -171,13 +199,14 @@ async def _clients(url: str, clients: int, batch: int, lease_ttl: float) -> None
             await conn.close()
 
 
-def floor_run(
-    url: str, database: str, *, clients: int = 4, batch: int = FLOOR_BATCH,
-    lease_ttl_seconds: float = 3600.0,
+def floor_workers_run(
+    module: str, url: str, database: str, *, clients: int, batch: int,
+    lease_ttl_seconds: float,
 ) -> FloorResult:
-    """Run the floor's ``clients`` connections (one worker process) until no admitted task is
-    left."""
-    argv = ["-m", "bench.floor", url, str(clients), str(batch), str(lease_ttl_seconds)]
+    """Run the floor of ``module`` (``python -m module``, serving
+    :func:`floor_clients_serve`) with ``clients`` connections in one worker process until
+    no task is left to claim."""
+    argv = ["-m", module, url, str(clients), str(batch), str(lease_ttl_seconds)]
     (result,), pg_cpu = workers_run(database, [argv])
     return FloorResult(
         placed=result["placed"], unplaced=result["unplaced"],
@@ -186,5 +215,16 @@ def floor_run(
     )
 
 
+def floor_run(
+    url: str, database: str, *, clients: int = 4, batch: int = FLOOR_BATCH,
+    lease_ttl_seconds: float = 3600.0,
+) -> FloorResult:
+    """Run the floor's ``clients`` connections (one worker process) until no admitted task is
+    left."""
+    return floor_workers_run("bench.floor", url, database, clients=clients, batch=batch,
+                             lease_ttl_seconds=lease_ttl_seconds)
+
+
 if __name__ == "__main__":
-    asyncio.run(_clients(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])))
+    asyncio.run(floor_clients_serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
+                                    float(sys.argv[4]), _place_batch))

@@ -1,5 +1,5 @@
 """The e2e benchmark end to end on a tiny dataset: every task leased, the ledger sound, the
-floor doing less than Berth."""
+floors doing less than Berth."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from bench.dataset import dataset_generate
 FIELDS = (
     "pools", "tasks", "reconcilers", "placementsPerSec", "p50LeaseMs", "p99LeaseMs", "passes",
     "conflicts", "naivePlacementsPerSec", "naiveTasks", "ratioVsNaive", "peakRssMiB",
-    "cpuMsPerPlacement", "naiveCpuMsPerPlacement",
+    "cpuMsPerPlacement", "naiveCpuMsPerPlacement", "floorPlacementsPerSec", "fractionOfFloor",
+    "minimalFloorPlacementsPerSec", "minimalFloorCpuMsPerPlacement", "fractionOfMinimalFloor",
+    "minimalFloorInvariantsOk",
 )
 
 
@@ -138,11 +140,24 @@ def test_tiny_run_leases_every_task_with_a_sound_ledger(
     assert floor["task_events"] == 0 < berth["task_events"]
     assert floor["leases"] == floor["reservations"] == floor["tasks"] == 1.0
     assert 0 < floor["ledgers"] <= 1.0
+    # The minimal floor, on its own tables: every task leased exactly once, no ledger over.
+    assert result["minimalFloorLeased"] == 200 and result["minimalFloorUnplaced"] == 0
+    assert result["minimalFloorInvariantsOk"], result["minimalFloorInvariants"]
+    assert set(result["minimalFloorInvariants"]) >= {"ledger_over_total", "task_not_leased_once"}
+    assert (result["minimalFloorClients"], result["minimalFloorBatch"]) == (2, 64)
+    assert result["minimalFloorCpuMsPerPlacement"] > 0
+    assert result["fractionOfMinimalFloor"] == pytest.approx(
+        result["placementsPerSec"] / result["minimalFloorPlacementsPerSec"], rel=0.01)
     if result["peer"] is not None:
         assert result["peer"].startswith("pgqueuer") and result["peerJobsPerSec"] > 0
+        # Rounded to two decimals, as ratioVsNaive.
+        assert result["ratioVsPeer"] == pytest.approx(
+            result["placementsPerSec"] / result["peerJobsPerSec"], abs=0.006)
+    else:
+        assert result["ratioVsPeer"] is None
     # The phases on stderr (plain lines: stderr is not a terminal here), with counts.
     for phase in ("placing ...", "placing  200/200 leased", "naive baseline  200/200 placed",
-                  "SQL floor  200/200 placed"):
+                  "SQL floor  200/200 placed", "minimal SQL floor  200/200 placed"):
         assert f"berth bench e2e: {phase}" in err, err
 
 
@@ -188,8 +203,8 @@ def test_tiny_run_with_history_and_a_mix(
 ) -> None:
     status = e2e.main(
         ["--pools", "20", "--tasks", "300", "--reconcilers", "2", "--server-url", server_url,
-         "--stall-seconds", "30", "--skip-naive", "--skip-floor", "--skip-peer",
-         "--mix", "antiaffinity", "--finished", "3000"]
+         "--stall-seconds", "30", "--skip-naive", "--skip-floor", "--skip-minimal-floor",
+         "--skip-peer", "--mix", "antiaffinity", "--finished", "3000"]
     )
     # Without --json: a short table of the headline figures, no baseline rows when skipped.
     title, *rows = capsys.readouterr().out.strip().splitlines()
@@ -200,6 +215,67 @@ def test_tiny_run_with_history_and_a_mix(
                              "CPU per placement", "tasks leased", "peak reconciler memory"]
     assert figures["tasks leased"].strip() == "300 of 300; ledger invariants hold"
     assert float(figures["placements per second"].replace(",", "")) > 0
+
+
+def test_headline_and_sweep_rows_show_each_baseline_beside_berth() -> None:
+    result = {
+        "placementsPerSec": 6000.0, "p50LeaseMs": 900.0, "p99LeaseMs": 1500.0,
+        "cpuMsPerPlacement": 0.12, "leased": 20000, "tasks": 20000, "invariantsOk": True,
+        "peakRssMiB": 90.0, "naivePlacementsPerSec": 600.0, "ratioVsNaive": 10.0,
+        "floorPlacementsPerSec": 12000.0, "fractionOfFloor": 0.5,
+        "minimalFloorPlacementsPerSec": 24000.0, "fractionOfMinimalFloor": 0.25,
+        "peerJobsPerSec": 5000.0, "peer": "pgqueuer 1.6.0, 4 consumers, batch 64",
+        "ratioVsPeer": 1.2, "pools": 1000, "reconcilers": 2, "quotas": False,
+    }
+    rows = dict(e2e._headline(result))
+    assert rows["SQL floor"] == "12,000.0 placements/s (Berth: 50 % of it)"
+    assert rows["minimal SQL floor"] == "24,000.0 placements/s (Berth: 25 % of it)"
+    assert rows["peer queue"].endswith("(pgqueuer 1.6.0, 4 consumers, batch 64; Berth: 1.2x)")
+    assert e2e._sweep_row(result)[1].endswith("25 % of minimal floor")
+    skipped = {**result, "fractionOfMinimalFloor": None, "minimalFloorPlacementsPerSec": None}
+    assert "minimal" not in e2e._sweep_row(skipped)[1]
+    assert "minimal SQL floor" not in dict(e2e._headline(skipped))
+
+
+async def test_minimal_floor_places_every_task_once_and_its_check_sees_breakage(
+    server_url: str,
+) -> None:
+    import asyncio
+
+    import asyncpg
+
+    from bench.database import database_create, database_drop, database_name
+    from bench.minimal_floor import (
+        minimal_floor_check,
+        minimal_floor_prepare,
+        minimal_floor_run,
+    )
+
+    ds = dataset_generate(pools=8, tasks=150, seed=4, mix="gangs")
+    url = await database_create(server_url, prefix="berth_test_minimal", migrate=False)
+    try:
+        await minimal_floor_prepare(url, ds)
+        result = await asyncio.to_thread(minimal_floor_run, url, database_name(url),
+                                         clients=2, batch=16)
+        checked = await minimal_floor_check(url)
+        assert (result.placed, result.unplaced, checked["leased"]) == (150, 0, 150)
+        assert not any(checked["invariants"].values()), checked
+        conn = await asyncpg.connect(url)
+        try:
+            # A second lease for one task, another task back to waiting, a ledger over.
+            await conn.execute("INSERT INTO leases (task_id, pool_id, expires_at) "
+                               "SELECT task_id, pool_id, expires_at FROM leases WHERE task_id = 0")
+            await conn.execute("UPDATE tasks SET leased_at = NULL WHERE id = 1")
+            await conn.execute("UPDATE ledgers SET cpu_reserved = cpu_total + 1 WHERE pool_id = "
+                               "(SELECT min(pool_id) FROM ledgers)")
+        finally:
+            await conn.close()
+        broken = (await minimal_floor_check(url))["invariants"]
+    finally:
+        await database_drop(server_url, url)
+    assert broken["task_not_leased_once"] == 2 and broken["ledger_over_total"] == 1
+    # The doubled lease and the over-committed ledger both leave ledgers off their leases.
+    assert broken["reserved_not_sum_of_leases"] >= 1
 
 
 async def test_history_is_loaded_as_the_lifecycle_leaves_it(server_url: str) -> None:
