@@ -461,6 +461,8 @@ def _pool_states(rows: Sequence[Any], cache: PoolCache | None) -> list[PoolState
     previous = cache.states if cache is not None else {}
     current: dict[tuple, PoolState] = {}
     labels_of: dict[str, dict[str, str]] = {}
+    # Pools of a tenant group list the same tenants: they share one set (by its text).
+    tenants_of: dict[str, frozenset[str]] = {}
     out = []
     for r in rows:
         key = r[0:19]
@@ -469,9 +471,12 @@ def _pool_states(rows: Sequence[Any], cache: PoolCache | None) -> list[PoolState
             labels = labels_of.get(r[7])
             if labels is None:
                 labels = labels_of[r[7]] = orjson.loads(r[7])
+            tenants = tenants_of.get(r[1])
+            if tenants is None:
+                tenants = tenants_of[r[1]] = frozenset(r[19] or ())
             state = PoolState(
                 id=r[0],
-                tenant_ids=frozenset(r[19] or ()),
+                tenant_ids=tenants,
                 runtime_class=r[2],
                 runtime_instance_id=r[3],
                 region=r[4],

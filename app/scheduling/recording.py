@@ -4,23 +4,30 @@ as compact, compressed, versioned bytes.
 A record has three parts:
 
 * **pools** (:func:`pools_encode`): the static part of the snapshot (each pool's identity,
-  placement keys, cost, status and readiness). Passes share it while no pool row changes,
-  so it is stored once under its digest and the records name it;
-* **inputs** (:func:`inputs_encode`): everything else the planner reads: the ledger and
-  health arrays, the placements affinity reads, the claimed tasks with their stored spec
-  texts (each distinct text once; the tasks as columns, one list per field), the quota
+  placement keys, cost, status and readiness, and the ledger totals and heartbeat freshness
+  it was built with). Passes share it while no pool row changes, so it is stored once under
+  its digest and the records name it;
+* **inputs** (:func:`inputs_encode`): everything else the planner reads: the reservations
+  array, the pools whose ledger totals or heartbeat freshness differ from their static part's
+  (most passes: none), the placements affinity reads, the claimed tasks with their stored
+  spec texts (each distinct text once; the tasks as columns, one list per field), the quota
   rows, holds, displacements under way, victims, nominations, the profile and settings that
   decide, and the pass clock;
 * **decisions** (:func:`decisions_of`): per task, the pool(s), score and score components
   of its placement, or the code it was handed back with, and a digest of the whole plan.
 
 Every part is JSON (mappings as lists of pairs, so key types and order survive)
-compressed with zlib, and starts with its format version. This build writes format 2 and
-reads formats 1 and 2 (format 1 wrote each claimed task as one list of its fields, format 2
-writes the tasks as columns; the other parts are the same in both); a version it does not
-know is refused. Decoding recompiles the stored spec texts with this build's
-compiler and rebuilds the snapshot from the pools and arrays, so the planner sees what it
-saw (a round-trip test holds this: ``decode(encode(x))`` plans as ``x``).
+compressed with zlib, and starts with its format version. This build writes format 3 and
+reads formats 1 to 3. Format 1 wrote each claimed task as one list of its fields, formats 2
+and 3 write the tasks as columns. Formats 1 and 2 wrote the pools without their ledger
+totals and freshness, each with its tenants, and the inputs with every pool's ledger totals,
+ledger presence, reservations and freshness; format 3 writes each distinct set of tenants
+once (a pool names it by position), and the inputs with the reservations and only the pools
+whose other arrays changed since the static part was built. The decisions are the same in
+all three. A version this build does not know is refused. Decoding recompiles the stored
+spec texts with this build's compiler and rebuilds the snapshot from the pools and arrays,
+so the planner sees what it saw (a round-trip test holds this: ``decode(encode(x))`` plans
+as ``x``).
 """
 
 from __future__ import annotations
@@ -64,9 +71,9 @@ __all__ = [
 ]
 
 #: The version of the record format this build writes.
-FORMAT = 2
+FORMAT = 3
 #: The versions it reads.
-FORMATS_READ = (1, 2)
+FORMATS_READ = (1, 2, 3)
 _LEVEL = 1
 _OPTS = orjson.OPT_SERIALIZE_NUMPY
 
@@ -105,24 +112,39 @@ def _vec(v: Any) -> tuple[int, int, int]:
 
 def pools_encode(snapshot: Snapshot) -> tuple[str, bytes]:
     """Return the digest and bytes of the static part of ``snapshot``'s pools."""
+    # Pools share a few sets of tenants (their groups'): each set is sorted and written
+    # once, and a pool names it by its position.
+    sets: dict[frozenset[str], int] = {}
+    index = sets.setdefault
     rows = [
-        [p.id, sorted(p.tenant_ids), p.runtime_class, p.runtime_instance_id, p.region,
-         p.data_residency, p.failure_domain, list(p.labels.items()),
-         sorted(p.artifact_regions), p.cost_weight, p.status, p.ready]
+        [p.id, index(p.tenant_ids, len(sets)), p.runtime_class, p.runtime_instance_id,
+         p.region, p.data_residency, p.failure_domain, list(p.labels.items()),
+         sorted(p.artifact_regions), p.cost_weight, p.status, p.ready, p.heartbeat_fresh,
+         p.capacity]
         for p in snapshot.static_pools
     ]
-    raw = orjson.dumps(rows)
+    raw = orjson.dumps({"tenantSets": [sorted(t) for t in sets], "pools": rows})
     digest = hashlib.sha256(raw).hexdigest()[:32]
     return digest, _pack({"pools": orjson.Fragment(raw)})
 
 
 def pools_decode(blob: bytes) -> tuple[PoolState, ...]:
-    """Return the pool states (without ledger and health) of :func:`pools_encode`'s bytes."""
+    """Return the pool states (without reservations) of :func:`pools_encode`'s bytes."""
+    doc = _unpack(blob)
+    if doc["format"] < 3:
+        return tuple(
+            PoolState(pid, frozenset(tenants), rc, instance, region, residency, fd,
+                      dict(labels), frozenset(artifacts), cost, status, ready)
+            for (pid, tenants, rc, instance, region, residency, fd, labels, artifacts, cost,
+                 status, ready) in doc["pools"]
+        )
+    sets = [frozenset(t) for t in doc["pools"]["tenantSets"]]
     return tuple(
-        PoolState(pid, frozenset(tenants), rc, instance, region, residency, fd, dict(labels),
-                  frozenset(artifacts), cost, status, ready)
+        PoolState(pid, sets[tenants], rc, instance, region, residency, fd, dict(labels),
+                  frozenset(artifacts), cost, status, ready, fresh,
+                  None if capacity is None else _vec(capacity))
         for (pid, tenants, rc, instance, region, residency, fd, labels, artifacts, cost,
-             status, ready) in _unpack(blob)["pools"]
+             status, ready, fresh, capacity) in doc["pools"]["pools"]
     )
 
 
@@ -250,6 +272,37 @@ def _nomination_decode(row: list[Any] | None) -> NominationInputs | None:
     )
 
 
+def _pools_changed(snap: Snapshot) -> list[Any]:
+    """Return the pools whose ledger totals, ledger presence or heartbeat freshness differ
+    from those their static part was built with: their indexes and those three columns."""
+    cap, has_ledger, _, fresh = snap.built_usage()
+    changed = np.flatnonzero(
+        (snap.cap != cap).any(axis=1) | (snap.has_ledger != has_ledger) | (snap.fresh != fresh))
+    return [changed, snap.cap[changed], snap.has_ledger[changed], snap.fresh[changed]]
+
+
+def _arrays_decode(
+    doc: dict[str, Any], built: Snapshot
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Return the ledger totals, ledger presence, reservations and freshness of a record's
+    inputs (either layout) over the snapshot ``built`` of its static pools."""
+    n = built.n
+    if "arrays" in doc:
+        cap, has_ledger, reserved, fresh = doc["arrays"]
+        return (np.array(cap, dtype=np.int64).reshape(n, 3),
+                np.array(has_ledger, dtype=bool).reshape(n),
+                np.array(reserved, dtype=np.int64).reshape(n, 3),
+                np.array(fresh, dtype=bool).reshape(n))
+    base_cap, base_ledger, _, base_fresh = built.built_usage()
+    cap, has_ledger, fresh = base_cap.copy(), base_ledger.copy(), base_fresh.copy()
+    idx, changed_cap, changed_ledger, changed_fresh = doc["poolsChanged"]
+    if idx:
+        cap[idx] = np.array(changed_cap, dtype=np.int64).reshape(len(idx), 3)
+        has_ledger[idx] = changed_ledger
+        fresh[idx] = changed_fresh
+    return cap, has_ledger, np.array(doc["reserved"], dtype=np.int64).reshape(n, 3), fresh
+
+
 def inputs_encode(inputs: PassInputs) -> bytes:
     """Return the bytes of ``inputs`` but the static pools (see :func:`pools_encode`)."""
     snap = inputs.snapshot
@@ -261,7 +314,8 @@ def inputs_encode(inputs: PassInputs) -> bytes:
         "settings": _settings(inputs.settings),
         "profile": plugins_document(inputs.profile, snap.strategy),
         "strategy": snap.strategy,
-        "arrays": [snap.cap, snap.has_ledger, snap.reserved, snap.fresh],
+        "reserved": snap.reserved,
+        "poolsChanged": _pools_changed(snap),
         "placed": _placed(snap),
         "texts": list(texts),
         "tasks": tasks,
@@ -311,15 +365,9 @@ def inputs_decode(
     doc = _unpack(blob)
     strategy = strategy or doc["strategy"]
     built = base(strategy) if base is not None else Snapshot.build(pools, strategy=strategy)
-    cap, has_ledger, reserved, fresh = doc["arrays"]
-    n = built.n
-    snapshot = built.with_arrays(
-        cap=np.array(cap, dtype=np.int64).reshape(n, 3),
-        has_ledger=np.array(has_ledger, dtype=bool).reshape(n),
-        reserved=np.array(reserved, dtype=np.int64).reshape(n, 3),
-        fresh=np.array(fresh, dtype=bool).reshape(n),
-        placed=_placed_decode(doc["placed"], built.ids),
-    )
+    cap, has_ledger, reserved, fresh = _arrays_decode(doc, built)
+    snapshot = built.with_arrays(cap=cap, has_ledger=has_ledger, reserved=reserved,
+                                 fresh=fresh, placed=_placed_decode(doc["placed"], built.ids))
     claimed, invalid = _tasks_decode(doc)
     compiled, failed = specs.compile_all(claimed)
     if failed:
@@ -440,14 +488,19 @@ def decisions_decode(blob: bytes) -> list[Decision]:
 def inputs_differ(blob: bytes, inputs: PassInputs) -> list[str]:
     """Return the parts of the recorded ``blob`` that ``inputs`` (decoded from it) encode
     differently: empty when the record's inputs survive decoding whole."""
-    before, after = _comparable(_unpack(blob)), _comparable(_unpack(inputs_encode(inputs)))
+    snap = inputs.snapshot
+    before = _comparable(_unpack(blob), snap)
+    after = _comparable(_unpack(inputs_encode(inputs)), snap)
     return [k for k in dict.fromkeys([*before, *after]) if before.get(k) != after.get(k)]
 
 
-def _comparable(doc: dict[str, Any]) -> dict[str, Any]:
+def _comparable(doc: dict[str, Any], built: Snapshot) -> dict[str, Any]:
     """Return a record's inputs as parts comparable across formats: the claimed tasks
-    decoded (formats 1 and 2 write them differently), the version left out."""
+    decoded (formats 1 and 2 write them differently), every pool's arrays (over the static
+    pools of ``built``, as format 3 writes only the changed ones), the version left out."""
     tasks, invalid = _tasks_decode(doc)
     parts = {k: v for k, v in doc.items()
-             if k not in ("format", "texts", "tasks", "invalid", "invalidWhy")}
-    return {**parts, "tasks": tasks, "invalid": invalid}
+             if k not in ("format", "texts", "tasks", "invalid", "invalidWhy", "arrays",
+                          "reserved", "poolsChanged")}
+    arrays = [a.tolist() for a in _arrays_decode(doc, built)]
+    return {**parts, "arrays": arrays, "tasks": tasks, "invalid": invalid}

@@ -220,6 +220,12 @@ class Snapshot:
         derived from it; their ledger and health fields may be older than the arrays)."""
         return self._built[0]
 
+    def built_usage(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Return the ledger totals, ledger presence, reservations and heartbeat freshness of
+        :attr:`static_pools` (the arrays the static part was built with)."""
+        _, cap, has_ledger, reserved, fresh = self._built
+        return cap, has_ledger, reserved, fresh
+
     def placed_entries(self) -> list[tuple[str, Items, np.ndarray, np.ndarray | int]]:
         """Return the indexed placements as (tenant, labels, pool indexes, members per
         index or 1 for each), in the order they were given."""

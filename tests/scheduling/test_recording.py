@@ -33,7 +33,7 @@ from app.scheduling.recording import (
     pools_encode,
 )
 from app.scheduling.records import ClaimedTask, Nomination
-from app.scheduling.snapshot import Snapshot
+from app.scheduling.snapshot import PoolState, Snapshot
 from app.scheduling.spec import StoredSpecs
 from tests.scheduling.test_properties import LABELS, TENANTS, worlds
 
@@ -165,3 +165,79 @@ def test_a_record_of_another_format_is_refused() -> None:
     blob = zlib.compress(orjson.dumps({"format": 99, "pools": []}))
     with pytest.raises(RecordFormatError, match="format 99"):
         pools_decode(blob)
+
+
+def _usage_changed(inputs: PassInputs, draw) -> PassInputs:
+    """Return ``inputs`` over a snapshot derived from its own: some pools' ledger totals,
+    ledger presence, reservations and heartbeat freshness changed since the static build."""
+    snap = inputs.snapshot
+    n = snap.n
+    pick = draw(st.lists(st.integers(0, n - 1), max_size=n))
+    cap, has_ledger = snap.cap.copy(), snap.has_ledger.copy()
+    reserved, fresh = snap.reserved.copy(), snap.fresh.copy()
+    for i in pick:
+        cap[i] = (draw(st.integers(0, 4000)), draw(st.integers(0, 4000)), 0)
+        has_ledger[i] = draw(st.booleans())
+        reserved[i] = (draw(st.integers(0, 2000)), 0, 0)
+        fresh[i] = draw(st.booleans())
+    derived = snap.with_arrays(cap=cap, has_ledger=has_ledger, reserved=reserved, fresh=fresh,
+                               placed=[])
+    return dataclasses.replace(inputs, snapshot=derived)
+
+
+@SETTINGS
+@given(pass_inputs(), st.data())
+def test_pools_changed_since_the_static_build_decode_and_plan_identically(
+    inputs: PassInputs, data: st.DataObject
+) -> None:
+    inputs = _usage_changed(inputs, data.draw)
+    decoded = _round_trip(inputs)
+    for name in ("cap", "has_ledger", "reserved", "fresh"):
+        assert (getattr(decoded.snapshot, name) == getattr(inputs.snapshot, name)).all(), name
+    assert decisions_of(plan_pass(decoded)) == decisions_of(plan_pass(inputs))
+    assert inputs_differ(inputs_encode(inputs), decoded) == []
+
+
+def _format_2(inputs: PassInputs) -> tuple[bytes, bytes]:
+    """Return the static pools and inputs of ``inputs`` as format 2 wrote them: each pool
+    with its tenants and without ledger totals or freshness, every pool's four arrays."""
+    snap = inputs.snapshot
+    pools = [[p.id, sorted(p.tenant_ids), p.runtime_class, p.runtime_instance_id, p.region,
+              p.data_residency, p.failure_domain, list(p.labels.items()),
+              sorted(p.artifact_regions), p.cost_weight, p.status, p.ready]
+             for p in snap.static_pools]
+    doc = orjson.loads(zlib.decompress(inputs_encode(inputs)))
+    del doc["reserved"], doc["poolsChanged"]
+    doc.update(format=2, arrays=[snap.cap.tolist(), snap.has_ledger.tolist(),
+                                 snap.reserved.tolist(), snap.fresh.tolist()])
+    return (zlib.compress(orjson.dumps({"format": 2, "pools": pools})),
+            zlib.compress(orjson.dumps(doc)))
+
+
+@SETTINGS
+@given(pass_inputs(), st.data())
+def test_a_record_of_format_2_decodes_and_plans_identically(
+    inputs: PassInputs, data: st.DataObject
+) -> None:
+    inputs = _usage_changed(inputs, data.draw)
+    pools, blob = _format_2(inputs)
+    decoded = inputs_decode(blob, pools_decode(pools), specs=StoredSpecs(64)).inputs
+    for name in ("cap", "has_ledger", "reserved", "fresh"):
+        assert (getattr(decoded.snapshot, name) == getattr(inputs.snapshot, name)).all(), name
+    assert decisions_of(plan_pass(decoded)) == decisions_of(plan_pass(inputs))
+    assert inputs_differ(blob, decoded) == []
+
+
+def test_pools_of_a_tenant_group_share_one_written_set() -> None:
+    snap = Snapshot.build([
+        dataclasses.replace(p, tenant_ids=frozenset(tenants))
+        for p, tenants in zip(
+            (PoolState(f"p{i}", frozenset(), "py") for i in range(4)),
+            (["a", "b"], ["b", "a"], ["c"], ["a", "b"]), strict=True)
+    ])
+    _, blob = pools_encode(snap)
+    doc = orjson.loads(zlib.decompress(blob))["pools"]
+    assert doc["tenantSets"] == [["a", "b"], ["c"]]
+    assert [row[1] for row in doc["pools"]] == [0, 0, 1, 0]
+    assert [p.tenant_ids for p in pools_decode(blob)] == [
+        frozenset("ab"), frozenset("ab"), frozenset("c"), frozenset("ab")]
