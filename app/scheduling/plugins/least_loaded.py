@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from functools import lru_cache
-from typing import cast
+from typing import ClassVar, cast
 
 import numpy as np
 
@@ -121,6 +121,9 @@ def projected_utilization_at(cycle: Cycle, pool: int) -> tuple[float, float]:
 class _Load(ScorePlugin):
     """A score of the projected utilization (the two strategies differ in its direction)."""
 
+    #: How the reason reads the utilization.
+    TAIL: ClassVar[str]
+
     def score_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray:
         """Return the scores of :meth:`from_utilization`, noting the utilization for
         ``describe``."""
@@ -134,17 +137,19 @@ class _Load(ScorePlugin):
 
     def describe(self, cycle: Cycle, pool: int, value: float) -> str:
         """Return the projected utilization that produced ``value``."""
-        return self.reason(*projected_utilization_at(cycle, pool))
+        dominant, mean = projected_utilization_at(cycle, pool)
+        return _utilization_text(dominant, mean, self.TAIL)
 
-    @abstractmethod
     def reason(self, dominant: float, mean: float) -> str:
         """Return the reason of a pool with this projected utilization."""
+        return _utilization_text(dominant, mean, self.TAIL)
 
 
 class LeastLoaded(_Load):
     """Prefer pools whose projected utilization is lowest (the spread strategy)."""
 
     NAME = NAME
+    TAIL = "lower is better"
 
     def from_utilization(self, dominant: np.ndarray, mean: np.ndarray) -> np.ndarray:
         """Return the scores of pools with these projected utilizations."""
@@ -153,15 +158,12 @@ class LeastLoaded(_Load):
         score *= _SCALE
         return _clip100(score)
 
-    def reason(self, dominant: float, mean: float) -> str:
-        """Return the reason of a pool with this projected utilization."""
-        return _utilization_text(dominant, mean, "lower is better")
-
 
 class MostLoaded(_Load):
     """Prefer pools whose projected utilization is highest (the binpack strategy)."""
 
     NAME = names.MOST_LOADED
+    TAIL = "higher packs"
 
     def from_utilization(self, dominant: np.ndarray, mean: np.ndarray) -> np.ndarray:
         """Return the scores of pools with these projected utilizations."""
@@ -169,7 +171,3 @@ class MostLoaded(_Load):
         score += dominant
         score *= _SCALE
         return _clip100(score)
-
-    def reason(self, dominant: float, mean: float) -> str:
-        """Return the reason of a pool with this projected utilization."""
-        return _utilization_text(dominant, mean, "higher packs")
