@@ -283,14 +283,15 @@ def _score(
     profile order."""
     whole = pools is state.pools
     applied = []
-    for plugin, weight, class_values in state.scores:
-        if class_values is not None and whole:
-            values = class_values
-        elif class_values is not None or plugin.applies(cycle):
-            values = plugin.normalize(cycle, plugin.score_many(cycle, pools))
-        else:
-            continue
-        applied.append((plugin, weight, values))
+    for plugin, weight, class_values, asks, normalizes in state.scores:
+        if class_values is not None:
+            if not whole:
+                class_values = plugin.normalize(cycle, plugin.score_many(cycle, pools))
+            applied.append((plugin, weight, class_values))
+        elif not asks or plugin.applies(cycle):
+            values = plugin.score_many(cycle, pools)
+            applied.append((plugin, weight,
+                            plugin.normalize(cycle, values) if normalizes else values))
     if not applied:
         return applied, np.zeros(len(pools), dtype=np.float64)
     # A new array from the first two weighted values (a weight of 1 multiplies nothing),

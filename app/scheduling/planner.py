@@ -280,7 +280,7 @@ class _Planning:
                 if not self._holder_refused(task, spec):
                     self.unclaims.append(waiting)
                 return
-        if self._holder_refused(task, spec):
+        if self.reclaim is not None and self._holder_refused(task, spec):
             return
         # A task holding capacity is not like the others of its fingerprint.
         held = holds.of(task.id) if holds.held else None

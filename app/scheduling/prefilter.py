@@ -53,9 +53,11 @@ class ClassState:
     #: The filters the pipeline runs per task, in profile order.
     task_filters: tuple[FilterPlugin, ...]
     #: The score plugins with their weights, in profile order: the class-scope ones that
-    #: apply, with their normalized values over ``pools``, and every task-scope one (asked
-    #: per task whether it applies), with None.
-    scores: tuple[tuple[ScorePlugin, int, np.ndarray | None], ...]
+    #: apply, with their normalized values over ``pools``, and every task-scope one, with
+    #: None. Then whether the plugin must be asked per task whether it applies, and whether
+    #: its raw scores are normalized (each False when the plugin keeps the base class's
+    #: method: it always applies, its raw scores are its values).
+    scores: tuple[tuple[ScorePlugin, int, np.ndarray | None, bool, bool], ...]
     #: The capacity rows of ``pools``, and the snapshot array they were read from.
     capacity: np.ndarray
     capacity_of: np.ndarray
@@ -130,14 +132,17 @@ def _build(prof: Profile, spec: CompiledSpec, snapshot: Snapshot) -> ClassState:
         counts += np.bincount(out[bad], minlength=N_REASONS)
         codes[np.searchsorted(visible, pools[bad])] = out[bad]
         pools = pools[~bad]
-    scores: list[tuple[ScorePlugin, int, np.ndarray | None]] = []
+    scores: list[tuple[ScorePlugin, int, np.ndarray | None, bool, bool]] = []
     for plugin, weight in prof.scores:
+        kind = type(plugin)
+        asks = kind.applies is not ScorePlugin.applies
+        normalizes = kind.normalize is not ScorePlugin.normalize
         if plugin.SCOPE == TASK:
-            scores.append((plugin, weight, None))
+            scores.append((plugin, weight, None, asks, normalizes))
         elif plugin.applies(cycle):
             values = plugin.normalize(cycle, plugin.score_many(cycle, pools))
             values.flags.writeable = False
-            scores.append((plugin, weight, values))
+            scores.append((plugin, weight, values, asks, normalizes))
     return ClassState(
         visible=visible,
         codes=codes,

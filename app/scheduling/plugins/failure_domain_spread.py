@@ -10,7 +10,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from app.scheduling.cycle import Cycle
+from app.scheduling.cycle import Cycle, tenant_domain_counts
 from app.scheduling.plugins import names
 from app.scheduling.plugins.base import ScorePlugin, minmax
 
@@ -26,7 +26,8 @@ class FailureDomainSpread(ScorePlugin):
     def score_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray:
         """Return the tenant's member count in each pool's failure domain (lower is better;
         integers)."""
-        dom, per_domain = cycle.tenant_domain_counts(_TOPOLOGY)
+        dom, per_domain = tenant_domain_counts(
+            cycle.snapshot, cycle.assumed, cycle.spec.tenant_id, _TOPOLOGY)
         codes = cycle.class_memo(idx, NAME, dom.take, idx, narrow=np.ndarray.take)
         raw = per_domain.take(codes)
         cycle.notes[NAME] = (idx, raw)

@@ -10,8 +10,9 @@ both are absolute (not normalized) so that a score reads the same across tasks.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from functools import lru_cache
-from typing import cast
+from typing import ClassVar, cast
 
 import numpy as np
 
@@ -88,27 +89,20 @@ def utilization(
     """
     if layout is not None and need.item(need.argmin()) >= 0:
         columns = need.T
-        util = [columns[d] / c for d, c in layout]
-        dominant = util[0]
-        total = util[0]
-        for u in util[1:]:
+        (d, c), *others = layout
+        dominant = total = columns[d] / c
+        for d, c in others:
+            u = columns[d] / c
             dominant = np.maximum(dominant, u)
             total = total + u
         if dominant.item(dominant.argmax()) <= 1.0:
-            return dominant, total / len(util)
+            return dominant, total / len(layout)
     offered = cap > 0
     util = np.divide(need, cap, out=np.zeros(cap.shape, dtype=np.float64), where=offered)
     np.minimum(np.maximum(util, 0.0, out=util), 1.0, out=util)
     o0, o1, o2 = offered.T.view(np.int8)
     u0, u1, u2 = util.T
     return np.maximum(np.maximum(u0, u1), u2), (u0 + u1 + u2) / np.maximum(o0 + o1 + o2, 1)
-
-
-def _scored(cycle: Cycle, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Return :func:`projected_utilization` and note it for ``describe``."""
-    dominant, mean = projected_utilization(cycle, idx)
-    cycle.notes[NAME] = (idx, dominant, mean)
-    return dominant, mean
 
 
 def projected_utilization_at(cycle: Cycle, pool: int) -> tuple[float, float]:
@@ -124,14 +118,38 @@ def projected_utilization_at(cycle: Cycle, pool: int) -> tuple[float, float]:
     return dominant.item(0), mean.item(0)
 
 
-class LeastLoaded(ScorePlugin):
+class _Load(ScorePlugin):
+    """A score of the projected utilization (the two strategies differ in its direction)."""
+
+    #: How the reason reads the utilization.
+    TAIL: ClassVar[str]
+
+    def score_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray:
+        """Return the scores of :meth:`from_utilization`, noting the utilization for
+        ``describe``."""
+        dominant, mean = projected_utilization(cycle, idx)
+        cycle.notes[NAME] = (idx, dominant, mean)
+        return self.from_utilization(dominant, mean)
+
+    @abstractmethod
+    def from_utilization(self, dominant: np.ndarray, mean: np.ndarray) -> np.ndarray:
+        """Return the scores of pools with these projected utilizations."""
+
+    def describe(self, cycle: Cycle, pool: int, value: float) -> str:
+        """Return the projected utilization that produced ``value``."""
+        dominant, mean = projected_utilization_at(cycle, pool)
+        return _utilization_text(dominant, mean, self.TAIL)
+
+    def reason(self, dominant: float, mean: float) -> str:
+        """Return the reason of a pool with this projected utilization."""
+        return _utilization_text(dominant, mean, self.TAIL)
+
+
+class LeastLoaded(_Load):
     """Prefer pools whose projected utilization is lowest (the spread strategy)."""
 
     NAME = NAME
-
-    def score_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray:
-        """Return ``100 * (1 - u)`` scaled so that the result stays within 0..100."""
-        return self.from_utilization(*_scored(cycle, idx))
+    TAIL = "lower is better"
 
     def from_utilization(self, dominant: np.ndarray, mean: np.ndarray) -> np.ndarray:
         """Return the scores of pools with these projected utilizations."""
@@ -140,23 +158,12 @@ class LeastLoaded(ScorePlugin):
         score *= _SCALE
         return _clip100(score)
 
-    def describe(self, cycle: Cycle, pool: int, value: float) -> str:
-        """Return the projected utilization that produced ``value``."""
-        return self.reason(*projected_utilization_at(cycle, pool))
 
-    def reason(self, dominant: float, mean: float) -> str:
-        """Return the reason of a pool with this projected utilization."""
-        return _utilization_text(dominant, mean, "lower is better")
-
-
-class MostLoaded(ScorePlugin):
+class MostLoaded(_Load):
     """Prefer pools whose projected utilization is highest (the binpack strategy)."""
 
     NAME = names.MOST_LOADED
-
-    def score_many(self, cycle: Cycle, idx: np.ndarray) -> np.ndarray:
-        """Return ``100 * u`` scaled so that the result stays within 0..100."""
-        return self.from_utilization(*_scored(cycle, idx))
+    TAIL = "higher packs"
 
     def from_utilization(self, dominant: np.ndarray, mean: np.ndarray) -> np.ndarray:
         """Return the scores of pools with these projected utilizations."""
@@ -164,11 +171,3 @@ class MostLoaded(ScorePlugin):
         score += dominant
         score *= _SCALE
         return _clip100(score)
-
-    def describe(self, cycle: Cycle, pool: int, value: float) -> str:
-        """Return the projected utilization that produced ``value``."""
-        return self.reason(*projected_utilization_at(cycle, pool))
-
-    def reason(self, dominant: float, mean: float) -> str:
-        """Return the reason of a pool with this projected utilization."""
-        return _utilization_text(dominant, mean, "higher packs")
