@@ -19,19 +19,20 @@ import orjson
 
 from app.db import Connection
 from app.scheduling.records import Vector
-from app.scheduling.snapshot import PlacedTask, PoolState, Snapshot
+from app.scheduling.snapshot import PlacedTask, PoolState, Snapshot, pool_state_made
 
-# This is the widest read of every pass: JSON columns come as text (decoded once per distinct
-# value by orjson, not per row), and the reconciler reads in autocommit (a single statement
-# sees one consistent snapshot anyway).
-# The first 19 columns (arrays as text) are the row's identity for PoolCache: a Record slice
-# is a hashable tuple, so an unchanged pool costs one dict lookup.
+# This is the widest read of every pass: JSON columns and arrays come as JSON text (decoded
+# once per distinct value by orjson, not per row: pools share a few tenant lists and label
+# sets), and the reconciler reads in autocommit (a single statement sees one consistent
+# snapshot anyway).
+# The row is its identity for PoolCache: a Record slice is a hashable tuple, so an unchanged
+# pool costs one dict lookup.
 _POOLS = (
-    "SELECT p.id, p.tenant_ids::text, p.runtime_class, p.runtime_instance_id, p.region, "
-    "p.data_residency, p.failure_domain, p.labels::text, p.artifact_regions::text, "
-    "p.cost_weight, p.status, p.ready, l.cpu_total, l.memory_total, l.llm_total, "
-    "l.cpu_reserved, l.memory_reserved, l.llm_reserved, "
-    "COALESCE(ri.last_heartbeat_at > $1, false), p.tenant_ids, p.artifact_regions "
+    "SELECT p.id, to_json(p.tenant_ids)::text, p.runtime_class, p.runtime_instance_id, "
+    "p.region, p.data_residency, p.failure_domain, p.labels::text, "
+    "to_json(p.artifact_regions)::text, p.cost_weight, p.status, p.ready, "
+    "l.cpu_total, l.memory_total, l.llm_total, l.cpu_reserved, l.memory_reserved, "
+    "l.llm_reserved, COALESCE(ri.last_heartbeat_at > $1, false) "
     "FROM pools p LEFT JOIN ledgers l ON l.pool_id = p.id "
     "LEFT JOIN runtime_instances ri ON ri.id = p.runtime_instance_id "
     "ORDER BY p.id"
@@ -215,12 +216,14 @@ class SnapshotCache:
     the rows written since the previous read (``_CHANGED``) and apply them to the previous
     snapshot's arrays: ``seen`` is the database snapshot that read saw (``xmin:xmax:running``,
     its reader's own transaction counted as running), ``ledgers`` and ``instances`` the row
-    counts it saw, ``heartbeats`` each known runtime instance's last heartbeat (microseconds
-    since 2000-01-01) and ``pool_heartbeats`` that of each pool's instance.
+    counts it saw, ``beats`` each known runtime instance's last heartbeat (microseconds
+    since 2000-01-01) at its row in ``instance_rows`` and, last, one that is never fresh,
+    and ``pool_instances`` each pool's row of ``beats`` (that last one for an instance
+    without a row): a pass's heartbeats apply as one array assignment and one gather.
     """
 
     __slots__ = ("versions", "snapshot", "pools", "rebuilds", "reuses", "seen", "ledgers",
-                 "instances", "heartbeats", "pool_heartbeats", "instance_pools", "deltas",
+                 "instances", "instance_rows", "beats", "pool_instances", "deltas",
                  "rows_read")
 
     def __init__(self) -> None:
@@ -233,10 +236,9 @@ class SnapshotCache:
         self.seen: str | None = None
         self.ledgers = 0
         self.instances = 0
-        self.heartbeats: dict[str, int] = {}
-        self.pool_heartbeats: np.ndarray | None = None
-        #: The snapshot's rows of each runtime instance's pools.
-        self.instance_pools: dict[str, list[int]] = {}
+        self.instance_rows: dict[str, int] = {}
+        self.beats: np.ndarray = np.full(1, _NEVER, dtype=np.int64)
+        self.pool_instances: np.ndarray | None = None
         #: How many reads read only the rows changed since the previous one, and how many
         #: rows all reads returned: the pools, ledgers and runtime instances written since
         #: the previous read, or every pool when read whole.
@@ -327,16 +329,12 @@ async def snapshot_read(
     cache.seen = _seen(seen, own)
     cache.ledgers = ledgers
     cache.instances = instances
-    cache.heartbeats = dict(zip(ids or (), _array_1d(beats, instances).tolist(), strict=True))
-    if snapshot.n == n:
-        known = cache.heartbeats
-        cache.instance_pools = {}
-        for i, pid in enumerate(snapshot.ids):
-            cache.instance_pools.setdefault(snapshot.instance_of[pid], []).append(i)
-        cache.pool_heartbeats = np.fromiter(
-            (known.get(snapshot.instance_of[pid], _NEVER) for pid in snapshot.ids),
-            dtype=np.int64, count=n,
-        )
+    rows = cache.instance_rows = {i: row for row, i in enumerate(ids or ())}
+    cache.beats = np.append(_array_1d(beats, instances), np.int64(_NEVER))
+    if snapshot.n == n and len(rows) == instances:
+        of = snapshot.instance_of
+        cache.pool_instances = np.fromiter(
+            (rows.get(of[pid], instances) for pid in snapshot.ids), dtype=np.intp, count=n)
     else:
         cache.seen = None
     return snapshot
@@ -361,7 +359,7 @@ async def _changed_read(
      instance_ids, beats) = await conn.fetchrow(_CHANGED, cache.seen)
     if (age is None or not 0 <= age <= _AGE_MAX or pools != previous.n
             or ledgers != cache.ledgers or instances != cache.instances
-            or cache.pool_heartbeats is None or cache.versions is None):
+            or cache.pool_instances is None or cache.versions is None):
         return None
     cache.rows_read += len(pool_ids or ()) + len(ledger_ids or ()) + len(instance_ids or ())
     if pool_ids and not _pools_unchanged(cache, pool_ids, pool_versions):
@@ -369,8 +367,8 @@ async def _changed_read(
     usage = _ledgers_applied(previous, ledger_ids, values)
     if usage is None:
         return None
-    pool_heartbeats = _heartbeats_applied(cache, instance_ids, beats)
-    if pool_heartbeats is None:
+    known = _heartbeats_applied(cache, instance_ids, beats)
+    if known is None:
         return None
     limit = (cutoff - _PG_EPOCH) // timedelta(microseconds=1)
     tasks = await placed()
@@ -378,10 +376,10 @@ async def _changed_read(
     cache.deltas += 1
     snapshot = previous.with_arrays(
         cap=usage[0], has_ledger=previous.has_ledger, reserved=usage[1],
-        fresh=pool_heartbeats > limit, placed=tasks,
+        fresh=known[cache.pool_instances] > limit, placed=tasks,
     )
     cache.seen = _seen(seen, own)
-    cache.pool_heartbeats = pool_heartbeats
+    cache.beats = known
     cache.snapshot = snapshot
     return snapshot
 
@@ -422,26 +420,19 @@ def _ledgers_applied(
 def _heartbeats_applied(
     cache: SnapshotCache, instance_ids: list[str] | None, data: bytes | None
 ) -> np.ndarray | None:
-    """Return each pool's instance's heartbeat with the runtime instance rows of a
-    ``_CHANGED`` read applied (a copy, when there are any; the known heartbeats are
-    updated), or None for an instance not known before."""
-    pool_heartbeats = cache.pool_heartbeats
-    assert pool_heartbeats is not None
+    """Return the known heartbeats (``cache.beats``) with the runtime instance rows of a
+    ``_CHANGED`` read applied (a copy, when there are any), or None for an instance not
+    known before."""
     if not instance_ids:
-        return pool_heartbeats
-    known = cache.heartbeats
-    if any(i not in known for i in instance_ids):
+        return cache.beats
+    rows_of = cache.instance_rows
+    if not all(map(rows_of.__contains__, instance_ids)):
         return None
-    stamps = _array_1d(data, len(instance_ids)).tolist()
-    changed = dict(zip(instance_ids, stamps, strict=True))
-    known.update(changed)
-    pools_of = cache.instance_pools
-    pool_heartbeats = pool_heartbeats.copy()
-    for instance, stamp in changed.items():
-        rows_of = pools_of.get(instance)
-        if rows_of is not None:
-            pool_heartbeats[rows_of] = stamp
-    return pool_heartbeats
+    n = len(instance_ids)
+    rows = np.fromiter(map(rows_of.__getitem__, instance_ids), dtype=np.intp, count=n)
+    beats = cache.beats.copy()
+    beats[rows] = _array_1d(data, n)
+    return beats
 
 
 async def pools_read(
@@ -461,6 +452,7 @@ def _pool_states(rows: Sequence[Any], cache: PoolCache | None) -> list[PoolState
     previous = cache.states if cache is not None else {}
     current: dict[tuple, PoolState] = {}
     labels_of: dict[str, dict[str, str]] = {}
+    sets_of: dict[str | None, frozenset[str]] = {}
     out = []
     for r in rows:
         key = r[0:19]
@@ -469,28 +461,28 @@ def _pool_states(rows: Sequence[Any], cache: PoolCache | None) -> list[PoolState
             labels = labels_of.get(r[7])
             if labels is None:
                 labels = labels_of[r[7]] = orjson.loads(r[7])
-            state = PoolState(
-                id=r[0],
-                tenant_ids=frozenset(r[19] or ()),
-                runtime_class=r[2],
-                runtime_instance_id=r[3],
-                region=r[4],
-                data_residency=r[5] or None,
-                failure_domain=r[6] or "",
-                labels=labels,
-                artifact_regions=frozenset(r[20] or ()),
-                cost_weight=float(r[9]),
-                status=r[10],
-                ready=r[11],
-                heartbeat_fresh=r[18],
-                capacity=None if r[12] is None else (r[12], r[13], r[14]),
-                reserved=(0, 0, 0) if r[15] is None else (r[15], r[16], r[17]),
-            )
+            # The fields in order: id, tenants, runtime class and instance, region,
+            # residency, failure domain, labels, artifact regions, cost weight, status, ready,
+            # heartbeat fresh, capacity, reserved.
+            state = pool_state_made((
+                r[0], _set_of(sets_of, r[1]), r[2], r[3], r[4], r[5] or None, r[6] or "",
+                labels, _set_of(sets_of, r[8]), float(r[9]), r[10], r[11], r[18],
+                None if r[12] is None else (r[12], r[13], r[14]),
+                (0, 0, 0) if r[15] is None else (r[15], r[16], r[17]),
+            ))
         current[key] = state
         out.append(state)
     if cache is not None:
         cache.states = current
     return out
+
+
+def _set_of(sets_of: dict[str | None, frozenset[str]], text: str | None) -> frozenset[str]:
+    """Return the set of a JSON array text (none for NULL), parsed once per distinct text."""
+    found = sets_of.get(text)
+    if found is None:
+        found = sets_of[text] = frozenset(orjson.loads(text)) if text is not None else frozenset()
+    return found
 
 
 async def placements_read(

@@ -11,7 +11,7 @@ masks, placed counts) and, through :meth:`Snapshot.memoized`, the framework's an
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -19,9 +19,11 @@ import numpy as np
 if TYPE_CHECKING:
     from app.scheduling.spec import Items
 
-__all__ = ["MEMO_CARRIED", "PlacedTask", "PoolState", "Snapshot"]
+__all__ = ["MEMO_CARRIED", "PlacedTask", "PoolState", "Snapshot", "pool_state_made"]
 
 T = TypeVar("T")
+K = TypeVar("K")
+C = TypeVar("C")
 
 STATUSES = ("ACTIVE", "CORDONED", "DRAINING")
 
@@ -47,6 +49,23 @@ class PoolState:
     reserved: tuple[int, int, int] = (0, 0, 0)
 
 
+#: The setter of each field's slot of :class:`PoolState`, in field order.
+_POOL_SETTERS = tuple(PoolState.__dict__[f.name].__set__ for f in fields(PoolState))
+
+
+def pool_state_made(values: tuple[Any, ...]) -> PoolState:
+    """Return the :class:`PoolState` of ``values`` (every field, in order).
+
+    A full read makes one per pool: the frozen dataclass's ``__init__`` sets each of its 15
+    fields through ``object.__setattr__``; setting the slots directly takes half as long and
+    makes the same frozen object.
+    """
+    state = object.__new__(PoolState)
+    for set_slot, value in zip(_POOL_SETTERS, values, strict=True):
+        set_slot(state, value)
+    return state
+
+
 @dataclass(frozen=True, slots=True)
 class PlacedTask:
     """A leased placement that affinity terms of the same tenant can match.
@@ -60,6 +79,31 @@ class PlacedTask:
     labels: Mapping[str, str]
     pool_ids: tuple[str, ...]
     members: tuple[int, ...] = ()
+
+
+def _index(
+    collections: Sequence[C], keys_of: Callable[[C], Iterable[K]]
+) -> dict[K, np.ndarray]:
+    """Return the ascending positions of the collections holding each key (``keys_of`` a
+    collection), keys in order of first appearance (by position, then in the collection's
+    order).
+
+    Pools mostly share a few collection objects (tenant lists, label sets, as read), so each
+    object's keys are listed once, at its first position: one dictionary lookup per pool."""
+    keys: dict[K, None] = {}
+    groups: dict[int, tuple[C, list[int]]] = {}
+    for i, c in enumerate(collections):
+        group = groups.get(id(c))
+        if group is None:
+            group = groups[id(c)] = (c, [])
+            keys.update(dict.fromkeys(keys_of(c)))
+        group[1].append(i)
+    parts: dict[K, list[np.ndarray]] = {k: [] for k in keys}
+    for c, at in groups.values():
+        positions = np.array(at, dtype=np.intp)
+        for k in keys_of(c):
+            parts[k].append(positions)
+    return {k: v[0] if len(v) == 1 else np.sort(np.concatenate(v)) for k, v in parts.items()}
 
 
 def _codes(values: Sequence[Any]) -> tuple[np.ndarray, dict[Any, int]]:
@@ -189,27 +233,18 @@ class Snapshot:
         self.cost = np.array([float(p.cost_weight) for p in ps], dtype=np.float64)
         # The states and the usage they hold: a derived snapshot's states start from them.
         self._built = (ps, self.cap, self.has_ledger, self.reserved, self.fresh)
-        by_tenant: dict[str, list[int]] = {}
-        label_idx: dict[tuple[str, str], list[int]] = {}
-        artifact_idx: dict[str, list[int]] = {}
-        for i, p in enumerate(ps):
-            for t in p.tenant_ids:
-                by_tenant.setdefault(t, []).append(i)
-            for kv in p.labels.items():
-                label_idx.setdefault(kv, []).append(i)
-            for r in p.artifact_regions:
-                artifact_idx.setdefault(r, []).append(i)
+        by_tenant = _index([p.tenant_ids for p in ps], iter)
         # Tenants that see the same pools share one index array and one audience number.
-        shared: dict[tuple[int, ...], tuple[int, np.ndarray]] = {}
+        shared: dict[bytes, tuple[int, np.ndarray]] = {}
         self.by_tenant = {}
         self.audience = {}
         for t, v in by_tenant.items():
-            hit = shared.get(tuple(v))
+            hit = shared.get(v.tobytes())
             if hit is None:
-                hit = shared[tuple(v)] = (len(shared), np.array(v, dtype=np.intp))
+                hit = shared[v.tobytes()] = (len(shared), v)
             self.audience[t], self.by_tenant[t] = hit
-        self._label_idx = {k: np.array(v, dtype=np.intp) for k, v in label_idx.items()}
-        self._artifact_idx = {k: np.array(v, dtype=np.intp) for k, v in artifact_idx.items()}
+        self._label_idx = _index([p.labels for p in ps], lambda labels: labels.items())
+        self._artifact_idx = _index([p.artifact_regions for p in ps], iter)
         self._placed = self._placed_index(placed)
         self._memo = {}
         return self
