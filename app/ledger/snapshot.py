@@ -25,14 +25,15 @@ from app.scheduling.snapshot import PlacedTask, PoolState, Snapshot, pool_state_
 # once per distinct value by orjson, not per row: pools share a few tenant lists and label
 # sets), and the reconciler reads in autocommit (a single statement sees one consistent
 # snapshot anyway).
-# The row is its identity for PoolCache: a Record slice is a hashable tuple, so an unchanged
-# pool costs one dict lookup.
+# The row without its version (``xmin``, see ``_USAGE``) is its identity for PoolCache: a
+# Record slice is a hashable tuple, so an unchanged pool costs one dict lookup. The versions
+# the static part is built from come with its rows.
 _POOLS = (
     "SELECT p.id, to_json(p.tenant_ids)::text, p.runtime_class, p.runtime_instance_id, "
     "p.region, p.data_residency, p.failure_domain, p.labels::text, "
     "to_json(p.artifact_regions)::text, p.cost_weight, p.status, p.ready, "
     "l.cpu_total, l.memory_total, l.llm_total, l.cpu_reserved, l.memory_reserved, "
-    "l.llm_reserved, COALESCE(ri.last_heartbeat_at > $1, false) "
+    "l.llm_reserved, COALESCE(ri.last_heartbeat_at > $1, false), p.xmin::text::bigint "
     "FROM pools p LEFT JOIN ledgers l ON l.pool_id = p.id "
     "LEFT JOIN runtime_instances ri ON ri.id = p.runtime_instance_id "
     "ORDER BY p.id"
@@ -299,29 +300,22 @@ async def snapshot_read(
         if snapshot is not None:
             return snapshot
     hb = await conn.fetchrow(_HEARTBEATS)
-    n, data = await conn.fetchrow(_USAGE, cutoff)
-    usage = _array_2d(data, n, _USAGE_COLUMNS)
-    versions = usage[:, 0]
-    if (previous is not None and previous.strategy == strategy and previous.n == n
-            and cache.versions is not None and np.array_equal(cache.versions, versions)):
-        flags = usage[:, 7]
-        tasks = await placed()
-        cache.reuses += 1
-        snapshot = previous.with_arrays(
-            cap=np.ascontiguousarray(usage[:, 1:4]),
-            has_ledger=(flags & 1).astype(bool),
-            reserved=np.ascontiguousarray(usage[:, 4:7]),
-            fresh=(flags & 2).astype(bool),
-            placed=tasks,
-        )
+    reused = None
+    if previous is not None and previous.strategy == strategy:
+        reused = await _usage_read(conn, cutoff=cutoff, placed=placed, cache=cache)
+    if reused is not None:
+        snapshot, versions = reused
     else:
-        # The pool rows may change between the two reads: the versions are then older than
-        # the snapshot, and the next pass rebuilds once more (never the other way round).
         full = await conn.fetch(_POOLS, cutoff)
         states = _pool_states(full, cache.pools)
         tasks = await placed()
         cache.rebuilds += 1
         snapshot = Snapshot.build(states, tasks, strategy=strategy)
+        # The versions of the rows the static part was built from, in its order.
+        version_of = {r[0]: r[19] for r in full}
+        versions = np.fromiter(map(version_of.__getitem__, snapshot.ids), dtype=np.int64,
+                               count=snapshot.n)
+    n = len(versions)
     cache.rows_read += n
     cache.versions = versions
     cache.snapshot = snapshot
@@ -338,6 +332,36 @@ async def snapshot_read(
     else:
         cache.seen = None
     return snapshot
+
+
+async def _usage_read(
+    conn: Connection,
+    *,
+    cutoff: datetime,
+    placed: Callable[[], Awaitable[Iterable[PlacedTask]]],
+    cache: SnapshotCache,
+) -> tuple[Snapshot, np.ndarray] | None:
+    """Return the cached snapshot with every pool's ledger and health read now, and the
+    pool row versions, or None when a pool row changed since its static part was built."""
+    previous = cache.snapshot
+    assert previous is not None
+    n, data = await conn.fetchrow(_USAGE, cutoff)
+    usage = _array_2d(data, n, _USAGE_COLUMNS)
+    versions = usage[:, 0]
+    if previous.n != n or cache.versions is None or not np.array_equal(cache.versions,
+                                                                       versions):
+        return None
+    flags = usage[:, 7]
+    tasks = await placed()
+    cache.reuses += 1
+    snapshot = previous.with_arrays(
+        cap=np.ascontiguousarray(usage[:, 1:4]),
+        has_ledger=(flags & 1).astype(bool),
+        reserved=np.ascontiguousarray(usage[:, 4:7]),
+        fresh=(flags & 2).astype(bool),
+        placed=tasks,
+    )
+    return snapshot, versions
 
 
 async def _changed_read(
