@@ -88,36 +88,33 @@ def _index(
     collection), keys in order of first appearance (by position, then in the collection's
     order).
 
-    Pools mostly share a few collection objects (tenant lists, label sets, as read), so each
-    object's keys are listed once, at its first position: one dictionary lookup per pool."""
-    keys: dict[K, None] = {}
-    groups: dict[int, tuple[C, list[int]]] = {}
-    for i, c in enumerate(collections):
-        group = groups.get(id(c))
-        if group is None:
-            group = groups[id(c)] = (c, [])
-            keys.update(dict.fromkeys(keys_of(c)))
-        group[1].append(i)
-    parts: dict[K, list[np.ndarray]] = {k: [] for k in keys}
-    for c, at in groups.values():
-        positions = np.array(at, dtype=np.intp)
-        for k in keys_of(c):
-            parts[k].append(positions)
+    Pools mostly share a few collection objects (tenant lists, label sets, as read): the
+    positions are grouped by object with array operations, and each object's keys are
+    listed once, at its first position."""
+    n = len(collections)
+    objects = np.fromiter(map(id, collections), dtype=np.uint64, count=n)
+    _, first, group_of = np.unique(objects, return_index=True, return_inverse=True)
+    by_group = np.argsort(group_of, kind="stable")  # ascending positions within a group
+    counts = np.bincount(group_of, minlength=len(first))
+    ends = np.cumsum(counts).tolist()
+    starts = (np.cumsum(counts) - counts).tolist()
+    firsts = first.tolist()
+    parts: dict[K, list[np.ndarray]] = {}
+    for g in np.argsort(first).tolist():  # groups in order of first appearance
+        positions = by_group[starts[g]:ends[g]]
+        for k in keys_of(collections[firsts[g]]):
+            parts.setdefault(k, []).append(positions)
     return {k: v[0] if len(v) == 1 else np.sort(np.concatenate(v)) for k, v in parts.items()}
 
 
 def _codes(values: Sequence[Any]) -> tuple[np.ndarray, dict[Any, int]]:
-    """Return an int32 code per value and the value -> code table (None gets -1)."""
-    table: dict[Any, int] = {}
-    out = np.empty(len(values), dtype=np.int32)
-    for i, v in enumerate(values):
-        if v is None:
-            out[i] = -1
-            continue
-        code = table.get(v)
-        if code is None:
-            code = table[v] = len(table)
-        out[i] = code
+    """Return an int32 code per value and the value -> code table (None gets -1), codes in
+    order of first appearance."""
+    distinct = dict.fromkeys(values)
+    distinct.pop(None, None)
+    table = {v: code for code, v in enumerate(distinct)}
+    lookup = {**table, None: -1}
+    out = np.fromiter(map(lookup.__getitem__, values), dtype=np.int32, count=len(values))
     return out, table
 
 

@@ -311,3 +311,12 @@ def test_indexes_are_the_same_with_shared_or_separate_collections(rows, tenant_s
         for r in ("r1", "r2"):
             want = [i for i, p in enumerate(ps) if r in p.artifact_regions]
             assert snap._artifact_idx.get(r, np.zeros(0, dtype=np.intp)).tolist() == want
+
+
+def test_codes_follow_first_appearance_and_none_gets_minus_one():
+    codes, table = snapshot_module._codes(["b", None, "a", "b", None, "c", "a"])
+    assert codes.tolist() == [0, -1, 1, 0, -1, 2, 1]
+    assert codes.dtype == np.int32
+    assert list(table.items()) == [("b", 0), ("a", 1), ("c", 2)]
+    empty, none = snapshot_module._codes([])
+    assert empty.tolist() == [] and none == {}
