@@ -19,7 +19,7 @@ import orjson
 
 from app.db import Connection
 from app.scheduling.records import Vector
-from app.scheduling.snapshot import PlacedTask, PoolState, Snapshot, pool_state_made
+from app.scheduling.snapshot import PlacedTask, PoolState, Snapshot, pool_states_made
 
 # This is the widest read of every pass: JSON columns and arrays come as JSON text (decoded
 # once per distinct value by orjson, not per row: pools share a few tenant lists and label
@@ -475,39 +475,37 @@ async def pools_read(
 def _pool_states(rows: Sequence[Any], cache: PoolCache | None) -> list[PoolState]:
     """Return the pool states of ``_POOLS`` rows, reusing the cached unchanged ones."""
     previous = cache.states if cache is not None else {}
-    current: dict[tuple, PoolState] = {}
+    keys = [r[0:19] for r in rows]
+    found = list(map(previous.get, keys))
     labels_of: dict[str, dict[str, str]] = {}
-    sets_of: dict[str | None, frozenset[str]] = {}
-    out = []
-    for r in rows:
-        key = r[0:19]
-        state = previous.get(key)
+    # Tenant lists and artifact regions as JSON texts (None: NULL), each parsed once.
+    sets_of: dict[str | None, frozenset[str]] = {None: frozenset()}
+    new: list[tuple] = []
+    for r, state in zip(rows, found, strict=True):
         if state is None:
             labels = labels_of.get(r[7])
             if labels is None:
                 labels = labels_of[r[7]] = orjson.loads(r[7])
+            tenants = sets_of.get(r[1])
+            if tenants is None:
+                tenants = sets_of[r[1]] = frozenset(orjson.loads(r[1]))
+            regions = sets_of.get(r[8])
+            if regions is None:
+                regions = sets_of[r[8]] = frozenset(orjson.loads(r[8]))
             # The fields in order: id, tenants, runtime class and instance, region,
             # residency, failure domain, labels, artifact regions, cost weight, status, ready,
             # heartbeat fresh, capacity, reserved.
-            state = pool_state_made((
-                r[0], _set_of(sets_of, r[1]), r[2], r[3], r[4], r[5] or None, r[6] or "",
-                labels, _set_of(sets_of, r[8]), float(r[9]), r[10], r[11], r[18],
+            new.append((
+                r[0], tenants, r[2], r[3], r[4], r[5] or None, r[6] or "", labels, regions,
+                float(r[9]), r[10], r[11], r[18],
                 None if r[12] is None else (r[12], r[13], r[14]),
                 (0, 0, 0) if r[15] is None else (r[15], r[16], r[17]),
             ))
-        current[key] = state
-        out.append(state)
+    made = iter(pool_states_made(new))
+    out = [state if state is not None else next(made) for state in found]
     if cache is not None:
-        cache.states = current
+        cache.states = dict(zip(keys, out, strict=True))
     return out
-
-
-def _set_of(sets_of: dict[str | None, frozenset[str]], text: str | None) -> frozenset[str]:
-    """Return the set of a JSON array text (none for NULL), parsed once per distinct text."""
-    found = sets_of.get(text)
-    if found is None:
-        found = sets_of[text] = frozenset(orjson.loads(text)) if text is not None else frozenset()
-    return found
 
 
 async def placements_read(

@@ -10,6 +10,7 @@ masks, placed counts) and, through :meth:`Snapshot.memoized`, the framework's an
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -19,7 +20,7 @@ import numpy as np
 if TYPE_CHECKING:
     from app.scheduling.spec import Items
 
-__all__ = ["MEMO_CARRIED", "PlacedTask", "PoolState", "Snapshot", "pool_state_made"]
+__all__ = ["MEMO_CARRIED", "PlacedTask", "PoolState", "Snapshot", "pool_states_made"]
 
 T = TypeVar("T")
 K = TypeVar("K")
@@ -53,17 +54,20 @@ class PoolState:
 _POOL_SETTERS = tuple(PoolState.__dict__[f.name].__set__ for f in fields(PoolState))
 
 
-def pool_state_made(values: tuple[Any, ...]) -> PoolState:
-    """Return the :class:`PoolState` of ``values`` (every field, in order).
+def pool_states_made(rows: Sequence[tuple[Any, ...]]) -> list[PoolState]:
+    """Return the :class:`PoolState` of each of ``rows`` (every field, in order).
 
     A full read makes one per pool: the frozen dataclass's ``__init__`` sets each of its 15
-    fields through ``object.__setattr__``; setting the slots directly takes half as long and
-    makes the same frozen object.
+    fields through ``object.__setattr__``; here each field's slot is set for every state at
+    once (``map`` over the field's column), which makes the same frozen objects in a
+    fraction of the time.
     """
-    state = object.__new__(PoolState)
-    for set_slot, value in zip(_POOL_SETTERS, values, strict=True):
-        set_slot(state, value)
-    return state
+    if not rows:
+        return []
+    states = [object.__new__(PoolState) for _ in rows]
+    for set_slot, column in zip(_POOL_SETTERS, zip(*rows, strict=True), strict=True):
+        deque(map(set_slot, states, column), maxlen=0)
+    return states
 
 
 @dataclass(frozen=True, slots=True)

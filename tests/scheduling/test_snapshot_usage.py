@@ -320,3 +320,12 @@ def test_codes_follow_first_appearance_and_none_gets_minus_one():
     assert list(table.items()) == [("b", 0), ("a", 1), ("c", 2)]
     empty, none = snapshot_module._codes([])
     assert empty.tolist() == [] and none == {}
+
+
+def test_pool_states_made_equal_the_constructed_ones():
+    pools = [pool("p1", labels={"a": "b"}), pool("p2", capacity=None, heartbeat_fresh=False)]
+    fields_of = [tuple(getattr(p, f) for f in PoolState.__slots__) for p in pools]
+    made = snapshot_module.pool_states_made(fields_of)
+    assert made == pools
+    assert all(type(p) is PoolState for p in made)
+    assert snapshot_module.pool_states_made([]) == []
