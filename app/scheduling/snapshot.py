@@ -10,8 +10,9 @@ masks, placed counts) and, through :meth:`Snapshot.memoized`, the framework's an
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -19,9 +20,11 @@ import numpy as np
 if TYPE_CHECKING:
     from app.scheduling.spec import Items
 
-__all__ = ["MEMO_CARRIED", "PlacedTask", "PoolState", "Snapshot"]
+__all__ = ["MEMO_CARRIED", "PlacedTask", "PoolState", "Snapshot", "pool_states_made"]
 
 T = TypeVar("T")
+K = TypeVar("K")
+C = TypeVar("C")
 
 STATUSES = ("ACTIVE", "CORDONED", "DRAINING")
 
@@ -47,6 +50,26 @@ class PoolState:
     reserved: tuple[int, int, int] = (0, 0, 0)
 
 
+#: The setter of each field's slot of :class:`PoolState`, in field order.
+_POOL_SETTERS = tuple(PoolState.__dict__[f.name].__set__ for f in fields(PoolState))
+
+
+def pool_states_made(rows: Sequence[tuple[Any, ...]]) -> list[PoolState]:
+    """Return the :class:`PoolState` of each of ``rows`` (every field, in order).
+
+    A full read makes one per pool: the frozen dataclass's ``__init__`` sets each of its 15
+    fields through ``object.__setattr__``; here each field's slot is set for every state at
+    once (``map`` over the field's column), which makes the same frozen objects in a
+    fraction of the time.
+    """
+    if not rows:
+        return []
+    states = [object.__new__(PoolState) for _ in rows]
+    for set_slot, column in zip(_POOL_SETTERS, zip(*rows, strict=True), strict=True):
+        deque(map(set_slot, states, column), maxlen=0)
+    return states
+
+
 @dataclass(frozen=True, slots=True)
 class PlacedTask:
     """A leased placement that affinity terms of the same tenant can match.
@@ -62,18 +85,40 @@ class PlacedTask:
     members: tuple[int, ...] = ()
 
 
+def _index(
+    collections: Sequence[C], keys_of: Callable[[C], Iterable[K]]
+) -> dict[K, np.ndarray]:
+    """Return the ascending positions of the collections holding each key (``keys_of`` a
+    collection), keys in order of first appearance (by position, then in the collection's
+    order).
+
+    Pools mostly share a few collection objects (tenant lists, label sets, as read): the
+    positions are grouped by object with array operations, and each object's keys are
+    listed once, at its first position."""
+    n = len(collections)
+    objects = np.fromiter(map(id, collections), dtype=np.uint64, count=n)
+    _, first, group_of = np.unique(objects, return_index=True, return_inverse=True)
+    by_group = np.argsort(group_of, kind="stable")  # ascending positions within a group
+    counts = np.bincount(group_of, minlength=len(first))
+    ends = np.cumsum(counts).tolist()
+    starts = (np.cumsum(counts) - counts).tolist()
+    firsts = first.tolist()
+    parts: dict[K, list[np.ndarray]] = {}
+    for g in np.argsort(first).tolist():  # groups in order of first appearance
+        positions = by_group[starts[g]:ends[g]]
+        for k in keys_of(collections[firsts[g]]):
+            parts.setdefault(k, []).append(positions)
+    return {k: v[0] if len(v) == 1 else np.sort(np.concatenate(v)) for k, v in parts.items()}
+
+
 def _codes(values: Sequence[Any]) -> tuple[np.ndarray, dict[Any, int]]:
-    """Return an int32 code per value and the value -> code table (None gets -1)."""
-    table: dict[Any, int] = {}
-    out = np.empty(len(values), dtype=np.int32)
-    for i, v in enumerate(values):
-        if v is None:
-            out[i] = -1
-            continue
-        code = table.get(v)
-        if code is None:
-            code = table[v] = len(table)
-        out[i] = code
+    """Return an int32 code per value and the value -> code table (None gets -1), codes in
+    order of first appearance."""
+    distinct = dict.fromkeys(values)
+    distinct.pop(None, None)
+    table = {v: code for code, v in enumerate(distinct)}
+    lookup = {**table, None: -1}
+    out = np.fromiter(map(lookup.__getitem__, values), dtype=np.int32, count=len(values))
     return out, table
 
 
@@ -189,27 +234,18 @@ class Snapshot:
         self.cost = np.array([float(p.cost_weight) for p in ps], dtype=np.float64)
         # The states and the usage they hold: a derived snapshot's states start from them.
         self._built = (ps, self.cap, self.has_ledger, self.reserved, self.fresh)
-        by_tenant: dict[str, list[int]] = {}
-        label_idx: dict[tuple[str, str], list[int]] = {}
-        artifact_idx: dict[str, list[int]] = {}
-        for i, p in enumerate(ps):
-            for t in p.tenant_ids:
-                by_tenant.setdefault(t, []).append(i)
-            for kv in p.labels.items():
-                label_idx.setdefault(kv, []).append(i)
-            for r in p.artifact_regions:
-                artifact_idx.setdefault(r, []).append(i)
+        by_tenant = _index([p.tenant_ids for p in ps], iter)
         # Tenants that see the same pools share one index array and one audience number.
-        shared: dict[tuple[int, ...], tuple[int, np.ndarray]] = {}
+        shared: dict[bytes, tuple[int, np.ndarray]] = {}
         self.by_tenant = {}
         self.audience = {}
         for t, v in by_tenant.items():
-            hit = shared.get(tuple(v))
+            hit = shared.get(v.tobytes())
             if hit is None:
-                hit = shared[tuple(v)] = (len(shared), np.array(v, dtype=np.intp))
+                hit = shared[v.tobytes()] = (len(shared), v)
             self.audience[t], self.by_tenant[t] = hit
-        self._label_idx = {k: np.array(v, dtype=np.intp) for k, v in label_idx.items()}
-        self._artifact_idx = {k: np.array(v, dtype=np.intp) for k, v in artifact_idx.items()}
+        self._label_idx = _index([p.labels for p in ps], lambda labels: labels.items())
+        self._artifact_idx = _index([p.artifact_regions for p in ps], iter)
         self._placed = self._placed_index(placed)
         self._memo = {}
         return self

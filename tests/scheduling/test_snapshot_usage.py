@@ -271,3 +271,61 @@ def test_member_counts_count_like_repeated_pools():
     assert Snapshot.build(pools).with_usage(
         capacity=[None] * 3, reserved=[(0, 0, 0)] * 3, fresh=[True] * 3, placed=counted
     ).placed_counts("acme", frozenset({("app", "a")})).tolist() == [1, 5, 0]
+
+
+_TENANT_SETS = st.lists(st.sampled_from(["a", "b", "c", "d"]), max_size=3)
+_LABEL_SETS = st.dictionaries(st.sampled_from(["tier", "zone"]), st.sampled_from(["x", "y"]))
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3), st.booleans()), max_size=12),
+       st.lists(_TENANT_SETS, min_size=4, max_size=4),
+       st.lists(_LABEL_SETS, min_size=4, max_size=4))
+@settings(max_examples=150, deadline=None)
+def test_indexes_are_the_same_with_shared_or_separate_collections(rows, tenant_sets, label_sets):
+    """Pools that share their tenant and label collection objects (as a read makes them) are
+    indexed exactly like pools with a copy each: the same positions, key order and audiences."""
+    shared, separate = [], []
+    for i, (t, lab, region) in enumerate(rows):
+        regions = frozenset({"r1", "r2"} if region else {"r1"})
+        shared.append(pool(f"p{i:02d}", tenant_ids=frozenset(tenant_sets[t]),
+                           labels=label_sets[lab], artifact_regions=regions))
+        # Equal content, new objects, built in another order.
+        separate.append(pool(f"p{i:02d}", tenant_ids=frozenset(reversed(tenant_sets[t])),
+                             labels=dict(reversed(label_sets[lab].items())),
+                             artifact_regions=frozenset(set(regions))))
+    for pools in (shared, separate):
+        snap = Snapshot.build(pools)
+        ps = snap.static_pools
+        tenants = list(dict.fromkeys(t for p in ps for t in p.tenant_ids))
+        assert list(snap.by_tenant) == tenants
+        for t in tenants:
+            assert snap.by_tenant[t].tolist() == [i for i, p in enumerate(ps) if t in p.tenant_ids]
+        audiences = {t: tuple(snap.by_tenant[t].tolist()) for t in tenants}
+        numbers = {a: n for n, a in enumerate(dict.fromkeys(audiences.values()))}
+        assert snap.audience == {t: numbers[audiences[t]] for t in tenants}
+        labels = list(dict.fromkeys(kv for p in ps for kv in p.labels.items()))
+        assert list(snap._label_idx) == labels
+        for kv in labels:
+            assert snap._label_idx[kv].tolist() == [
+                i for i, p in enumerate(ps) if kv in p.labels.items()]
+        for r in ("r1", "r2"):
+            want = [i for i, p in enumerate(ps) if r in p.artifact_regions]
+            assert snap._artifact_idx.get(r, np.zeros(0, dtype=np.intp)).tolist() == want
+
+
+def test_codes_follow_first_appearance_and_none_gets_minus_one():
+    codes, table = snapshot_module._codes(["b", None, "a", "b", None, "c", "a"])
+    assert codes.tolist() == [0, -1, 1, 0, -1, 2, 1]
+    assert codes.dtype == np.int32
+    assert list(table.items()) == [("b", 0), ("a", 1), ("c", 2)]
+    empty, none = snapshot_module._codes([])
+    assert empty.tolist() == [] and none == {}
+
+
+def test_pool_states_made_equal_the_constructed_ones():
+    pools = [pool("p1", labels={"a": "b"}), pool("p2", capacity=None, heartbeat_fresh=False)]
+    fields_of = [tuple(getattr(p, f) for f in PoolState.__slots__) for p in pools]
+    made = snapshot_module.pool_states_made(fields_of)
+    assert made == pools
+    assert all(type(p) is PoolState for p in made)
+    assert snapshot_module.pool_states_made([]) == []
