@@ -761,33 +761,33 @@ async def e2e_run(cfg: E2EConfig, progress: Progress | None = None) -> dict[str,
         out["naiveCpuMsPerPlacement"] = _per_placement(n.cpu_seconds, n.placed)
         out["ratioVsNaive"] = round(rate / n.rate, 2) if n.rate > 0 else None
     if floor is not None:
-        f = floor["result"]
-        out["floorPlacementsPerSec"] = round(f.rate, 1)
-        out["floorCpuMsPerPlacement"] = _per_placement(f.cpu_seconds, f.placed)
-        out["floorClients"] = f.clients
-        out["floorBatch"] = f.batch
-        out["floorLeased"] = floor["leased"]
-        out["floorUnplaced"] = f.unplaced
-        out["floorInvariantsOk"] = not any(floor["invariants"].values())
+        out.update(_floor_fields("floor", "fractionOfFloor", floor, rate))
         out["floorRowWritesPerPlacement"] = floor["writes"]
-        out["fractionOfFloor"] = round(rate / f.rate, 3) if f.rate > 0 else None
     if minimal is not None:
-        m = minimal["result"]
-        out["minimalFloorPlacementsPerSec"] = round(m.rate, 1)
-        out["minimalFloorCpuMsPerPlacement"] = _per_placement(m.cpu_seconds, m.placed)
-        out["minimalFloorClients"] = m.clients
-        out["minimalFloorBatch"] = m.batch
-        out["minimalFloorLeased"] = minimal["leased"]
-        out["minimalFloorUnplaced"] = m.unplaced
-        out["minimalFloorInvariantsOk"] = not any(minimal["invariants"].values())
+        out.update(_floor_fields("minimalFloor", "fractionOfMinimalFloor", minimal, rate))
         out["minimalFloorInvariants"] = minimal["invariants"]
-        out["fractionOfMinimalFloor"] = round(rate / m.rate, 3) if m.rate > 0 else None
     if peer is not None:
         out["peer"] = f"pgqueuer {peer.version}, {peer.clients} consumers, batch {peer.batch}"
         out["peerJobsPerSec"] = round(peer.rate, 1)
         out["peerCpuMsPerJob"] = _per_placement(peer.cpu_seconds, peer.jobs)
         out["ratioVsPeer"] = round(rate / peer.rate, 2) if peer.rate > 0 else None
     return out
+
+
+def _floor_fields(prefix: str, fraction: str, run: dict[str, Any], rate: float) -> dict[str, Any]:
+    """Return a floor's fields, named from ``prefix``, and Berth's rate over its as
+    ``fraction``."""
+    f = run["result"]
+    return {
+        f"{prefix}PlacementsPerSec": round(f.rate, 1),
+        f"{prefix}CpuMsPerPlacement": _per_placement(f.cpu_seconds, f.placed),
+        f"{prefix}Clients": f.clients,
+        f"{prefix}Batch": f.batch,
+        f"{prefix}Leased": run["leased"],
+        f"{prefix}Unplaced": f.unplaced,
+        f"{prefix}InvariantsOk": not any(run["invariants"].values()),
+        fraction: round(rate / f.rate, 3) if f.rate > 0 else None,
+    }
 
 
 def _sweep_axes(items: list[str]) -> dict[str, list[int]]:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +51,7 @@ __all__ = [
     "floor_anchors",
     "floor_clients_serve",
     "floor_prepare",
+    "floor_reserved",
     "floor_run",
     "floor_workers_run",
 ]
@@ -149,23 +150,33 @@ async def _place_batch(conn: Any, batch: int, skip: list[Any], ttl: float) -> tu
         tasks = await conn.fetch(_CLAIM, batch, skip)
         if not tasks:
             return 0, 0
-        amounts: dict[str, list[int]] = {}
-        for _, pool_id, _, _, cpu, memory, llm in tasks:
-            acc = amounts.setdefault(pool_id, [0, 0, 0])
-            acc[0] += cpu
-            acc[1] += memory
-            acc[2] += llm
-        pools = sorted(amounts)
-        granted = {r[0] for r in await conn.fetch(
-            _RESERVE, pools, [amounts[p][0] for p in pools], [amounts[p][1] for p in pools],
-            [amounts[p][2] for p in pools],
-        )}
-        placed = [t for t in tasks if t[1] in granted]
-        skip.extend(t[0] for t in tasks if t[1] not in granted)
+        placed = await floor_reserved(conn, _RESERVE, tasks, skip)
         if placed:
             columns = list(zip(*placed, strict=True))
             await conn.execute(_LEASE, *columns, ttl)
         return len(tasks), len(placed)
+
+
+async def floor_reserved(
+    conn: Any, statement: str, tasks: Sequence[Any], skip: list[Any]
+) -> list[Any]:
+    """Add the amounts of the claimed ``tasks`` (rows of id, pool, ..., cpu, memory, llm) to
+    their pools' ledgers with ``statement`` (one conditional multi-row update, pools in
+    order, returning the pools it updated); return the tasks whose pool took them, and
+    append the others' ids to ``skip``."""
+    amounts: dict[Any, list[int]] = {}
+    for t in tasks:
+        acc = amounts.setdefault(t[1], [0, 0, 0])
+        acc[0] += t[-3]
+        acc[1] += t[-2]
+        acc[2] += t[-1]
+    pools = sorted(amounts)
+    granted = {r[0] for r in await conn.fetch(
+        statement, pools, [amounts[p][0] for p in pools], [amounts[p][1] for p in pools],
+        [amounts[p][2] for p in pools],
+    )}
+    skip.extend(t[0] for t in tasks if t[1] not in granted)
+    return [t for t in tasks if t[1] in granted]
 
 
 #: One floor's transaction: ``(conn, batch, skip, lease_ttl_seconds)`` claims up to

@@ -54,6 +54,7 @@ from bench.floor import (
     FloorResult,
     floor_anchors,
     floor_clients_serve,
+    floor_reserved,
     floor_workers_run,
 )
 
@@ -152,19 +153,7 @@ async def _place_batch(conn: Any, batch: int, skip: list[Any], ttl: float) -> tu
         tasks = await conn.fetch(_CLAIM, batch, skip)
         if not tasks:
             return 0, 0
-        amounts: dict[int, list[int]] = {}
-        for _, pool_id, cpu, memory, llm in tasks:
-            acc = amounts.setdefault(pool_id, [0, 0, 0])
-            acc[0] += cpu
-            acc[1] += memory
-            acc[2] += llm
-        pools = sorted(amounts)
-        granted = {r[0] for r in await conn.fetch(
-            _RESERVE, pools, [amounts[p][0] for p in pools], [amounts[p][1] for p in pools],
-            [amounts[p][2] for p in pools],
-        )}
-        placed = [t for t in tasks if t[1] in granted]
-        skip.extend(t[0] for t in tasks if t[1] not in granted)
+        placed = await floor_reserved(conn, _RESERVE, tasks, skip)
         if placed:
             await conn.execute(_LEASE, [t[0] for t in placed], [t[1] for t in placed], ttl)
         return len(tasks), len(placed)
