@@ -20,16 +20,20 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import orjson
 
 from app.db import Connection, Database
+from app.ledger.claims import tasks_unpark
 from app.scheduling.explain import placement_document, placement_stored
 from app.scheduling.results import Candidate
-from app.shards import shard_of
+from app.shards import SHARD_SLOTS, shard_of
+
+if TYPE_CHECKING:
+    from app.reconciler import Reconciler
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -293,6 +297,21 @@ async def ledger_violations(db: Database) -> list[str]:
             if rows:
                 out.append(f"{name}: {[r[0] for r in rows]}")
     return out
+
+
+async def sweep_and_pass(
+    db: Database, rec: Reconciler, seconds: float, *, instances: Sequence[str] = ("rt-p0",)
+) -> None:
+    """At ``NOW`` + ``seconds``: the runtime ``instances`` heartbeat, the safety sweep makes
+    every parked task claimable, one pass of ``rec`` (owning every shard slot) runs, and the
+    ledger invariants hold after it."""
+    now = NOW + timedelta(seconds=seconds)
+    async with db.transaction() as conn:
+        for instance in instances:
+            await heartbeat_add(conn, instance, at=now)
+        await tasks_unpark(conn, slots=range(SHARD_SLOTS), now=now)
+    await rec.run_once(now=now)
+    assert await ledger_violations(db) == []
 
 
 @asynccontextmanager

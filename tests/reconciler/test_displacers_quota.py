@@ -30,14 +30,13 @@ import pytest
 
 from app.config import SHARD_SLOTS
 from app.db import Database
-from app.ledger.claims import tasks_unpark
 from app.ledger.leases import lease_complete
 from app.ledger.snapshot import SnapshotCache
 from app.ledger.tenants import Quota, tenant_put
 from app.reconciler import Reconciler, ReconcilerConfig
 from app.scheduling.spec import TaskSpec, compile_spec
 from app.services.placements import PlacementAsk, placement_decide, placement_inputs_read
-from tests.factories import NOW, heartbeat_add, ledger_violations, pool_add, spec_make, tasks_add
+from tests.factories import NOW, heartbeat_add, pool_add, spec_make, sweep_and_pass, tasks_add
 
 ALL = frozenset(range(SHARD_SLOTS))
 
@@ -51,16 +50,6 @@ async def quota(db: Database, tenant: str, nominal: int) -> None:
 async def add(db: Database, tenant: str, count: int, **spec: object) -> list[uuid.UUID]:
     async with db.transaction() as conn:
         return await tasks_add(conn, tenant=tenant, spec=spec_make(**spec), count=count)
-
-
-async def sweep_and_pass(db: Database, rec: Reconciler, seconds: float) -> None:
-    """The safety sweep makes every parked task claimable, then one pass runs."""
-    now = NOW + timedelta(seconds=seconds)
-    async with db.transaction() as conn:
-        await heartbeat_add(conn, "rt-p0", at=now)
-        await tasks_unpark(conn, slots=ALL, now=now)
-    await rec.run_once(now=now)
-    assert await ledger_violations(db) == []
 
 
 async def release_revoking(db: Database, seconds: float) -> None:

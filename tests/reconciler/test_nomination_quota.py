@@ -10,16 +10,15 @@ hands it back pending for its quota, and gives back what it held on q1; another 
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
 
 from app.config import SHARD_SLOTS
 from app.db import Database
-from app.ledger.claims import tasks_unpark
 from app.ledger.tenants import Quota, tenant_put
 from app.reconciler import Reconciler, ReconcilerConfig
-from tests.factories import NOW, heartbeat_add, ledger_violations, pool_add, spec_make, tasks_add
+from tests.factories import NOW, pool_add, spec_make, sweep_and_pass, tasks_add
 
 ALL = frozenset(range(SHARD_SLOTS))
+RUNTIMES = ("rt-q1", "rt-q2")
 
 
 def on(zone: str, cpu: int) -> dict:
@@ -35,17 +34,6 @@ async def quota(db: Database, tenant: str, cohort: str, nominal: int) -> None:
     async with db.transaction() as conn:
         await tenant_put(conn, tenant_id=tenant, cohort=cohort, fair_weight=1.0,
                          quotas={"standard": {"cpuMillis": Quota(nominal, None, None)}}, now=NOW)
-
-
-async def sweep_and_pass(db: Database, rec: Reconciler, seconds: float) -> None:
-    """The safety sweep makes every parked task claimable, then one pass runs."""
-    now = NOW + timedelta(seconds=seconds)
-    async with db.transaction() as conn:
-        await heartbeat_add(conn, "rt-q1", at=now)
-        await heartbeat_add(conn, "rt-q2", at=now)
-        await tasks_unpark(conn, slots=ALL, now=now)
-    await rec.run_once(now=now)
-    assert await ledger_violations(db) == []
 
 
 async def state(db: Database, task_id: uuid.UUID) -> tuple[str, str | None, int, int]:
@@ -74,20 +62,20 @@ async def test_a_nominee_its_quota_refuses_gives_back_its_holds_in_one_pass(
     # a's big task waits (its cohort lends nothing yet) while b's work, behind it, fills q1.
     (big,) = await add(db, "a", spec_make(cpu=3000))
     await add(db, "b", on("one", 1000), count=2)
-    await sweep_and_pass(db, rec, 0)
+    await sweep_and_pass(db, rec, 0, instances=RUNTIMES)
     assert (await state(db, big))[:2] == ("ADMITTED", "quota_borrow_unavailable")
     # A lender joins a's cohort: the task fits its quota, but no pool has 3 cores free.
     await quota(db, "lender", "ca", 4000)
-    await sweep_and_pass(db, rec, 10)
+    await sweep_and_pass(db, rec, 10, instances=RUNTIMES)
     assert (await state(db, big))[:2] == ("ADMITTED", "insufficient_cpu")
     # Starving past the nomination time, it is nominated on q1 and holds q1's free 2000m.
-    await sweep_and_pass(db, rec, 400)
+    await sweep_and_pass(db, rec, 400, instances=RUNTIMES)
     assert await state(db, big) == ("ADMITTED", "nominated", 2000, 1)
 
     # a borrows 2000m on q2: what its cohort can lend now falls short of the big task.
     small_a = await add(db, "a", on("two", 1000), count=2)
     waiting_b = await add(db, "b", on("one", 1000), count=2)
-    await sweep_and_pass(db, rec, 410)
+    await sweep_and_pass(db, rec, 410, instances=RUNTIMES)
     assert [(await state(db, t))[0] for t in small_a] == ["LEASED", "LEASED"]
     # Decided before a's small tasks were placed, the big task is refused once they are:
     # its nomination ends and its holds go back in that same pass.
@@ -95,6 +83,6 @@ async def test_a_nominee_its_quota_refuses_gives_back_its_holds_in_one_pass(
     assert [(await state(db, t))[0] for t in waiting_b] == ["ADMITTED", "ADMITTED"]
 
     # b's tasks place on q1, freed.
-    await sweep_and_pass(db, rec, 420)
+    await sweep_and_pass(db, rec, 420, instances=RUNTIMES)
     assert await state(db, big) == ("ADMITTED", "quota_borrow_unavailable", 0, 0)
     assert [(await state(db, t))[0] for t in waiting_b] == ["LEASED", "LEASED"]

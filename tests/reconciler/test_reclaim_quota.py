@@ -20,11 +20,10 @@ from datetime import timedelta
 
 from app.config import SHARD_SLOTS
 from app.db import Database
-from app.ledger.claims import tasks_unpark
 from app.ledger.leases import lease_complete
 from app.ledger.tenants import Quota, tenant_put
 from app.reconciler import Reconciler, ReconcilerConfig
-from tests.factories import NOW, heartbeat_add, ledger_violations, pool_add, spec_make, tasks_add
+from tests.factories import NOW, pool_add, spec_make, sweep_and_pass, tasks_add
 from tests.reconciler.holds_world import World
 
 ALL = frozenset(range(SHARD_SLOTS))
@@ -39,16 +38,6 @@ async def quota(db: Database, tenant: str, nominal: int) -> None:
 async def add(db: Database, tenant: str, count: int) -> list[uuid.UUID]:
     async with db.transaction() as conn:
         return await tasks_add(conn, tenant=tenant, spec=spec_make(cpu=1000), count=count)
-
-
-async def sweep_and_pass(db: Database, rec: Reconciler, seconds: float) -> None:
-    """The safety sweep makes every parked task claimable, then one pass runs."""
-    now = NOW + timedelta(seconds=seconds)
-    async with db.transaction() as conn:
-        await heartbeat_add(conn, "rt-p0", at=now)
-        await tasks_unpark(conn, slots=ALL, now=now)
-    await rec.run_once(now=now)
-    assert await ledger_violations(db) == []
 
 
 async def state(db: Database, task_id: uuid.UUID) -> tuple[str, str | None, int]:
