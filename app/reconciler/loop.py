@@ -8,7 +8,8 @@ directly). ``Reconciler.run(stop)`` is the loop:
   (their wake keys overlap the wakeup's: capacity released on a pool they were near, a pool
   of their runtime class added, activated, healthy again or raised, see
   :mod:`app.scheduling.parking`); wakeups received during a pass are applied after it;
-* a pass that filled its batch, or whose placements unparked tasks, is followed by another
+* a pass that filled its batch, whose placements unparked tasks, or that handed placements
+  back after losing every reservation round (claimable again at once), is followed by another
   at once; otherwise the loop sleeps until a wakeup, the tick (a pass that claims only what
   is claimable: it unparks nothing), a rebalance of dynamic ownership, a recovery round, or
   the safety sweep (every ``park_sweep_seconds``, jittered: every parked task of the owned
@@ -509,8 +510,9 @@ class Reconciler:
             log.exception(message, extra={"owner": self.owner_id})
 
     async def _pass_guarded(self, stop: asyncio.Event) -> bool | None:
-        """Apply the wakeups received and run a pass; return whether it was full (another
-        pass should follow at once), or None when it failed (after a pause)."""
+        """Apply the wakeups received and run a pass; return whether another pass should
+        follow at once (a full batch, unparked tasks, placements handed back after lost races),
+        or None when it failed (after a pause)."""
         try:
             # Clear first: a wakeup that arrives from here on triggers another pass.
             self._wake.clear()
@@ -525,7 +527,8 @@ class Reconciler:
             return None
         if result.woken:
             WAKEUPS.labels(source=WakeSource.TASK_PLACED.value).inc()
-        return result.claimed >= self.config.batch_size or result.woken > 0
+        return (result.claimed >= self.config.batch_size or result.woken > 0
+                or result.requeued > 0)
 
     async def _pause(self, stop: asyncio.Event, seconds: float) -> None:
         try:
