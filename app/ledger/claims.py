@@ -44,6 +44,7 @@ import math
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
+from operator import itemgetter
 from typing import Any
 
 import orjson
@@ -51,7 +52,13 @@ import orjson
 from app.config import SHARD_SLOTS
 from app.cpu_phases import cpu_phase
 from app.db import Connection
-from app.ledger.literals import ids_joined, ints_joined, texts_joined, uuids_joined
+from app.ledger.literals import (
+    ids_joined,
+    ints_joined,
+    plain_joined,
+    texts_joined,
+    uuids_joined,
+)
 from app.ledger.quotas import QUOTA_LOCK
 from app.ledger.retention import task_events_trim
 from app.ledger.tasks import uuid7_prefix
@@ -193,7 +200,9 @@ async def tasks_claim(
 
 # $1 now, $2 expires, $3 ids, $4 placements (JSON text), $5 first pools, $6..$12 the member rows,
 # $13 the lease ids' prefix (below). The member rows' columns are delimited texts
-# (app.ledger.literals) but the instances. A member row names its task by the task's position in
+# (app.ledger.literals); the instances too unless one of them contains the delimiter (then
+# they go as a list, in :data:`_LEASE_LISTED`): a list costs the driver about a microsecond
+# per member row to encode. A member row names its task by the task's position in
 # $3 (from 1: ``g``'s ordinality, returned by the update), not by its id again: one integer to
 # parse instead of another parse of every UUID. The ``t.id = ANY(ARRAY(SELECT id FROM g))``
 # condition lets the planner reach the rows through the primary key whatever it estimates for the
@@ -232,7 +241,7 @@ _LEASE = (
     "m AS (SELECT * FROM unnest(string_to_array($6::text, ',')::bigint[], "
     "string_to_array($7::text, ','), string_to_array($8::text, ',')::int[], "
     "string_to_array($9::text, ',')::bigint[], string_to_array($10::text, ',')::bigint[], "
-    "string_to_array($11::text, ',')::bigint[], $12::text[]) "
+    "string_to_array($11::text, ',')::bigint[], string_to_array($12::text, E'\\x1e')) "
     "WITH ORDINALITY AS m(k, pool_id, members, cpu, memory, llm, instance, o)), "
     "b AS (SELECT $13::text || '7' || substr(gen_random_uuid()::text, 16, 15) AS p), "
     "r AS (INSERT INTO reservations (task_id, pool_id, members, cpu, memory, llm, created_at) "
@@ -248,6 +257,8 @@ _LEASE = (
     "FROM u ORDER BY u.id "
     "RETURNING task_id, id"
 )
+#: :data:`_LEASE` with the instances as a list (one of them contains the delimiter).
+_LEASE_LISTED = _LEASE.replace("string_to_array($12::text, E'\\x1e')", "$12::text[]")
 
 
 async def tasks_lease(
@@ -269,32 +280,48 @@ async def tasks_lease(
     with cpu_phase("commit_build"):
         args = _lease_args(grants)
     rows = await conn.fetch(
-        _LEASE, now, now + timedelta(seconds=lease_ttl_seconds), *args, uuid7_prefix(now)
+        _LEASE if type(args[-1]) is str else _LEASE_LISTED,
+        now, now + timedelta(seconds=lease_ttl_seconds), *args, uuid7_prefix(now),
     )
     return {r[0]: r[1] for r in rows}
 
 
+#: A grant's task id (its first field).
+_TASK_ID = itemgetter(0)
+
+
 def _lease_args(grants: Sequence[Grant]) -> tuple[Any, ...]:
     """Return the arguments $3..$12 of :data:`_LEASE` for ``grants``."""
-    ordered = sorted(grants, key=lambda g: g.task_id)
+    ordered = sorted(grants, key=_TASK_ID)
+    ids: list[uuid.UUID] = []
+    texts: list[str] = []
+    first: list[str] = []
     m_task, m_pool, m_members, m_cpu, m_memory, m_llm, m_instance = [], [], [], [], [], [], []
-    for k, g in enumerate(ordered, 1):
-        for pool_id, count, instance in g.members:
+    for k, (task_id, text, members, (cpu, memory, llm), _) in enumerate(ordered, 1):
+        ids.append(task_id)
+        texts.append(text)
+        first.append(members[0][0])
+        for pool_id, count, instance in members:
             m_task.append(k)
             m_pool.append(pool_id)
             m_members.append(count)
-            m_cpu.append(count * g.requests[0])
-            m_memory.append(count * g.requests[1])
-            m_llm.append(count * g.requests[2])
+            m_cpu.append(count * cpu)
+            m_memory.append(count * memory)
+            m_llm.append(count * llm)
             m_instance.append(instance)
     return (
-        uuids_joined([g.task_id for g in ordered]),
-        texts_joined([g.placement for g in ordered]),
-        ids_joined([g.members[0][0] for g in ordered]),
+        uuids_joined(ids), texts_joined(texts), ids_joined(first),
         ints_joined(m_task), ids_joined(m_pool), ints_joined(m_members),
         ints_joined(m_cpu), ints_joined(m_memory), ints_joined(m_llm),
-        m_instance,
+        _instances(m_instance),
     )
+
+
+def _instances(instances: list[str]) -> str | list[str]:
+    """Return the member rows' instances joined (:func:`plain_joined`), or the list itself
+    when they cannot be."""
+    joined = plain_joined(instances)
+    return instances if joined is None else joined
 
 
 # $1 now, $2 ids, $3 pending reasons (JSON text), $4 stages, $5 the leased events' ids.
