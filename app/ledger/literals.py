@@ -14,7 +14,9 @@ guesses ten elements: a nested loop, quadratic in the batch).
 
 Only values that cannot contain the delimiter go this way: UUIDs, integers, pool ids (ASCII
 slugs, a check constraint) and JSON documents (orjson escapes every control character, so a
-record separator never occurs in one). Other texts stay lists.
+record separator never occurs in one). Other texts stay lists, or are joined only when none
+of them contains the delimiter (:func:`plain_joined`, whose caller keeps the list form for
+the others).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ __all__ = [
     "ids_joined",
     "ints_joined",
     "json_joined",
+    "plain_joined",
     "texts_joined",
     "uuids_joined",
 ]
@@ -65,3 +68,15 @@ def texts_joined(texts: Sequence[str]) -> str:
     """Return JSON texts (as orjson writes them: every control character escaped) joined by
     :data:`JSON_SEPARATOR`, each taken as it is."""
     return "\x1e".join(texts)
+
+
+def plain_joined(texts: Sequence[str]) -> str | None:
+    """Return free texts joined by :data:`JSON_SEPARATOR` (for ``string_to_array($n::text,
+    E'\\x1e')``), or None when that would not split back into them: some text contains the
+    separator, or the only text is empty (an empty text splits into no element)."""
+    if not texts:
+        return ""
+    joined = "\x1e".join(texts)
+    if not joined or joined.count("\x1e") != len(texts) - 1:
+        return None
+    return joined

@@ -71,12 +71,9 @@ async def pass_read(
     )
     fair = config.policy == "fair"
     usage = await tenant_usage_read(conn, tenant_ids=tenants) if fair else {}
-    rows, cohorts = await quota_rows_read(
-        conn, runtime_classes={spec.runtime_class for _, spec in compiled}, tenant_ids=tenants
-    )
-    tree, _, of = await quota_tree_read(
-        conn, runtime_classes={spec.runtime_class for _, spec in compiled}, tenant_ids=tenants
-    )
+    classes = {spec.runtime_class for _, spec in compiled}
+    rows, cohorts = await quota_rows_read(conn, runtime_classes=classes, tenant_ids=tenants)
+    tree, _, of = await quota_tree_read(conn, runtime_classes=classes, tenant_ids=tenants)
     cohorts = {**of, **cohorts}
     reclaim = None
     if rows:
@@ -92,7 +89,7 @@ async def pass_read(
     nomination = await _nominations_read(conn, compiled, snapshot, config, now)
     holders = [t.id for t, spec in compiled
                if spec.may_preempt or t.pending_code in (PREEMPTING, RECLAIMING)]
-    nominees, possible = _possible_holders(nomination, {t.id for t, _ in compiled})
+    nominees, possible = _possible_holders(nomination, compiled)
     extra = nominees + possible
     holds = await holds_read(conn, task_ids=holders + extra) if holders or extra else {}
     for task_id in nominees:
@@ -129,12 +126,13 @@ async def _fair_read(
 
 
 def _possible_holders(
-    nomination: NominationInputs | None, claimed: Collection[uuid.UUID]
+    nomination: NominationInputs | None, compiled: Compiled
 ) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
     """Return the claimed nominees and the possible nominees (holds of their own make them
     no candidates)."""
     if nomination is None:
         return [], []
+    claimed = {t.id for t, _ in compiled}
     nominees = {n.task_id for n in nomination.nominations if n.task_id in claimed}
     return sorted(nominees), sorted(set(nomination.lower) - nominees)
 

@@ -331,3 +331,34 @@ async def test_lease_ids_are_distinct_uuid7_of_the_pass_millisecond(db: Database
     ms = int(NOW.timestamp() * 1000)
     assert all(i.version == 7 and i.variant == uuid.RFC_4122 for i in leases)
     assert {i.int >> 80 for i in leases} == {ms}
+
+
+@pytest.mark.parametrize("instances", [("rt-p1", "rt-p2"), ("rt,1", "rt\x1e2")])
+async def test_lease_writes_each_member_instance_as_given(
+    db: Database, instances: tuple[str, str]
+) -> None:
+    """Each lease names the runtime instance its member row was granted on, whatever that
+    instance's text (the statement's delimiter included)."""
+    from app.ledger.claims import Grant, tasks_claim, tasks_lease
+
+    async with db.transaction() as conn:
+        for pool in ("p1", "p2"):
+            await pool_add(conn, pool, tenants=["t1"], capacity=(4000, 4000, 0))
+        ids = await tasks_add(conn, tenant="t1", count=2, spec=spec_make(cpu=100))
+    async with db.transaction() as conn:
+        claimed = await tasks_claim(conn, slots=ALL, batch=2, now=NOW)
+        members = (("p1", 1, instances[0]), ("p2", 2, instances[1]))
+        await tasks_lease(conn, now=NOW, lease_ttl_seconds=TTL, grants=[
+            Grant(claimed[0].id, placement_on("p1"), members, (100, 0, 0)),
+            Grant(claimed[1].id, placement_on("p2"), members[1:], (100, 0, 0)),
+        ])
+    async with db.connection() as conn:
+        rows = await conn.fetch(
+            "SELECT l.task_id, l.pool_id, l.runtime_instance_id, r.members FROM leases l "
+            "JOIN reservations r ON r.task_id = l.task_id AND r.pool_id = l.pool_id"
+        )
+    assert sorted((r[0], r[1], r[2], r[3]) for r in rows) == sorted([
+        (claimed[0].id, "p1", instances[0], 1), (claimed[0].id, "p2", instances[1], 2),
+        (claimed[1].id, "p2", instances[1], 2),
+    ])
+    assert sorted(ids) == sorted(c.id for c in claimed)

@@ -11,6 +11,7 @@ from app.ledger.literals import (
     ids_joined,
     ints_joined,
     json_joined,
+    plain_joined,
     texts_joined,
     uuids_joined,
 )
@@ -50,3 +51,16 @@ async def test_texts_joined_takes_texts_as_they_are(db: Database) -> None:
             texts_joined([*texts, orjson.dumps({"a": "x\x1ey"}).decode()]),
         )
     assert [orjson.loads(d) for d in docs] == [*map(orjson.loads, texts), {"a": "x\x1ey"}]
+
+
+async def test_plain_joined_splits_back_into_its_texts_or_is_none(db: Database) -> None:
+    async with db.connection() as conn:
+        for values in ([], ["rt-1"], ["a,b", "", "é x"], ["", ""]):
+            joined = plain_joined(values)
+            assert joined is not None
+            assert await conn.fetchval(
+                "SELECT string_to_array($1::text, E'\\x1e')", joined
+            ) == values
+    assert plain_joined(["a\x1eb"]) is None
+    assert plain_joined(["a", "b\x1e"]) is None
+    assert plain_joined([""]) is None
