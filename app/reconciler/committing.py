@@ -41,13 +41,11 @@ from app.ledger.reservations import amounts_sum
 from app.ledger.snapshot import LedgerRow, ledgers_read
 from app.pass_config import ReconcilerConfig
 from app.reconciler.walk import Decision, decisions_walk
-from app.scheduling.explain import ranked_stored
 from app.scheduling.inputs import PassInputs
 from app.scheduling.parking import key_placed
 from app.scheduling.planner import PassPlan
 from app.scheduling.plugins.quota import CohortRow, QuotaRow
 from app.scheduling.records import Displaced, Kind, Unclaim, Vector
-from app.scheduling.results import Ranked
 from app.scheduling.snapshot import Snapshot
 
 __all__ = ["CONFLICT_REASON", "PREEMPTION_CONFLICT", "Committed", "pass_commit"]
@@ -134,8 +132,7 @@ def _grants(decisions: list[Decision], instance: dict[str, str]) -> list[Grant]:
     each with its placement's stored text.
 
     A pass grants one per placement: the grant tuple is made at once (a named tuple's
-    ``__new__`` is a Python call), and a lean placement that did not walk has its text made
-    here, as :meth:`Decision.placement_text` would.
+    ``__new__`` is a Python call).
     """
     grants: list[Grant] = []
     add, new = grants.append, tuple.__new__
@@ -147,11 +144,8 @@ def _grants(decisions: list[Decision], instance: dict[str, str]) -> list[Grant]:
             on: tuple[tuple[str, int, str], ...] = ((p, c, instance[p]),)
         else:
             on = tuple([(p, c, instance[p]) for p, c in members])
-        result = d.result
-        text = (ranked_stored(result) if d.walks == 0 and type(result) is Ranked
-                else d.placement_text())
         wakes = (key_placed(spec.tenant_id),) if spec.labels else ()
-        add(new(Grant, (d.task.id, text, on, spec.requests, wakes)))
+        add(new(Grant, (d.task.id, d.placement_text(), on, spec.requests, wakes)))
     return grants
 
 
