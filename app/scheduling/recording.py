@@ -51,6 +51,7 @@ from app.scheduling.plugins.quota import CohortRow, QuotaRow
 from app.scheduling.preemption import Victim
 from app.scheduling.profiles import plugins_document, profile_from_plugins
 from app.scheduling.records import ClaimedTask, Nomination
+from app.scheduling.results import Ranked
 from app.scheduling.snapshot import PlacedTask, PoolState, Snapshot
 from app.scheduling.spec import StoredSpecs
 
@@ -78,6 +79,7 @@ FORMAT = 4
 FORMATS_READ = (1, 2, 3, 4)
 _LEVEL = 1
 _OPTS = orjson.OPT_SERIALIZE_NUMPY
+_UUID = uuid.UUID
 #: The first bytes of a Zstandard frame (format 4); formats 1 to 3 are zlib streams, whose
 #: first two bytes never are these.
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -453,33 +455,41 @@ class Decision:
 
 
 #: A decision as stored: task id, pool id, score, components, members, code.
-DecisionRow = list[Any]
+DecisionRow = Sequence[Any]
 
 
 def decision_rows(plan: PassPlan) -> list[DecisionRow]:
     """Return each task's decision in ``plan`` as stored (see :class:`Decision`):
-    placements first, then hand-backs, each in the plan's order."""
+    placements first, then hand-backs, each in the plan's order.
+
+    A task id is kept as a :class:`uuid.UUID`, which orjson writes as ``str()`` does (and
+    faster), or else as its text (asyncpg's UUID type, which orjson does not write); the
+    rows are tuples. Their JSON is what every record format wrote, so that a plan digest
+    (:func:`plan_digest`) compares with the digests of older records.
+    """
     out: list[DecisionRow] = []
     add = out.append
-    for p in plan.placed:
-        result = p.result
-        pool_ids = getattr(result, "pool_ids", None)
-        if pool_ids is not None:
-            add([str(p.task.id), pool_ids[0], float(result.scores[0]),  # type: ignore[union-attr]
-                 [[c[0], float(c[1])] for c in result.components],  # type: ignore[union-attr]
-                 p.members, None])
+    for task, _, result, members in plan.placed:
+        tid: uuid.UUID | str = task.id
+        if tid.__class__ is not _UUID:
+            tid = str(tid)
+        if result.__class__ is Ranked:
+            add((tid, result.pool_ids[0], float(result.scores[0]),  # type: ignore[union-attr]
+                 [(n, float(v)) for n, v, _ in result.components],  # type: ignore[union-attr]
+                 members, None))
             continue
         placement = result.placement
         assert placement is not None
-        add([str(p.task.id), placement.pool_id, float(placement.score),
-             [[c.name, float(c.value)] for c in placement.components], p.members, None])
-    out.extend([str(u.task_id), None, None, [], (), u.reason] for u in plan.unclaims)
+        add((tid, placement.pool_id, float(placement.score),
+             [(c.name, float(c.value)) for c in placement.components], members, None))
+    out.extend((u.task_id if u.task_id.__class__ is _UUID else str(u.task_id), None, None,
+                (), (), u.reason) for u in plan.unclaims)
     return out
 
 
 def decision_from_row(row: DecisionRow) -> Decision:
     tid, pool, score, comps, members, code = row
-    return Decision(tid, pool, score, tuple((n, v) for n, v in comps),
+    return Decision(str(tid), pool, score, tuple((n, v) for n, v in comps),
                     tuple((p, c) for p, c in members), code)
 
 

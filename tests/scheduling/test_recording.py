@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 import orjson
 import pytest
 import zstandard
+from asyncpg.pgproto import pgproto
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -291,3 +292,25 @@ def test_a_record_of_format_4_is_zstandard_and_replays_identically(
         assert part[:4] == b"\x28\xb5\x2f\xfd" and _json(part)["format"] == 4
     _replayed_identically(inputs, pools, blob, decisions, digest)
 
+
+@SETTINGS
+@given(pass_inputs(), st.booleans())
+def test_decisions_are_written_as_they_always_were(inputs: PassInputs, claimed: bool) -> None:
+    """The decisions' JSON (and so the plan digest a replay compares with the recorded one)
+    is the same as the rows of text ids and lists that formats 1 to 3 wrote, whether the
+    task ids are ``uuid.UUID`` (decoded records) or asyncpg's UUID (claimed tasks)."""
+    if claimed:
+        inputs = dataclasses.replace(inputs, tasks=tuple(
+            (t._replace(id=pgproto.UUID(str(t.id))), spec) for t, spec in inputs.tasks))
+    plan = plan_pass(inputs)
+    rows = []
+    for p in plan.placed:
+        placement = p.result.placement
+        assert placement is not None
+        rows.append([str(p.task.id), placement.pool_id, float(placement.score),
+                     [[c.name, float(c.value)] for c in placement.components],
+                     [list(m) for m in p.members], None])
+    rows += [[str(u.task_id), None, None, [], [], u.reason] for u in plan.unclaims]
+    assert orjson.dumps(decision_rows(plan)) == orjson.dumps(rows)
+    assert plan_digest(plan) == plan_digest(plan, rows)
+    assert plan_digest(plan) == decisions_packed(plan)[0]
