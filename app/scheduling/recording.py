@@ -16,18 +16,19 @@ A record has three parts:
 * **decisions** (:func:`decisions_of`): per task, the pool(s), score and score components
   of its placement, or the code it was handed back with, and a digest of the whole plan.
 
-Every part is JSON (mappings as lists of pairs, so key types and order survive)
-compressed with zlib, and starts with its format version. This build writes format 3 and
-reads formats 1 to 3. Format 1 wrote each claimed task as one list of its fields, formats 2
-and 3 write the tasks as columns. Formats 1 and 2 wrote the pools without their ledger
-totals and freshness, each with its tenants, and the inputs with every pool's ledger totals,
-ledger presence, reservations and freshness; format 3 writes each distinct set of tenants
-once (a pool names it by position), and the inputs with the reservations and only the pools
-whose other arrays changed since the static part was built. The decisions are the same in
-all three. A version this build does not know is refused. Decoding recompiles the stored
-spec texts with this build's compiler and rebuilds the snapshot from the pools and arrays,
-so the planner sees what it saw (a round-trip test holds this: ``decode(encode(x))`` plans
-as ``x``).
+Every part is JSON (mappings as lists of pairs, so key types and order survive) compressed,
+and starts with its format version. This build writes format 4 and reads formats 1 to 4.
+Format 4 compresses with Zstandard (level 1), formats 1 to 3 did with zlib (level 1), which
+takes more CPU and more bytes; a record's first bytes say which it is. Format 1 wrote each
+claimed task as one list of its fields, formats 2 to 4 write the tasks as columns. Formats 1
+and 2 wrote the pools without their ledger totals and freshness, each with its tenants, and
+the inputs with every pool's ledger totals, ledger presence, reservations and freshness;
+formats 3 and 4 write each distinct set of tenants once (a pool names it by position), and
+the inputs with the reservations and only the pools whose other arrays changed since the
+static part was built. The decisions are the same in all four. A version this build does not
+know is refused. Decoding recompiles the stored spec texts with this build's compiler and
+rebuilds the snapshot from the pools and arrays, so the planner sees what it saw (a
+round-trip test holds this: ``decode(encode(x))`` plans as ``x``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+import zstandard
 
 from app.scheduling.inputs import NominationInputs, PassInputs, PassSettings, ReclaimInputs
 from app.scheduling.planner import PassPlan
@@ -49,6 +51,7 @@ from app.scheduling.plugins.quota import CohortRow, QuotaRow
 from app.scheduling.preemption import Victim
 from app.scheduling.profiles import plugins_document, profile_from_plugins
 from app.scheduling.records import ClaimedTask, Nomination
+from app.scheduling.results import Ranked
 from app.scheduling.snapshot import PlacedTask, PoolState, Snapshot
 from app.scheduling.spec import StoredSpecs
 
@@ -71,23 +74,58 @@ __all__ = [
 ]
 
 #: The version of the record format this build writes.
-FORMAT = 3
+FORMAT = 4
 #: The versions it reads.
-FORMATS_READ = (1, 2, 3)
+FORMATS_READ = (1, 2, 3, 4)
 _LEVEL = 1
 _OPTS = orjson.OPT_SERIALIZE_NUMPY
+_UUID = uuid.UUID
+#: The first bytes of a Zstandard frame (format 4); formats 1 to 3 are zlib streams, whose
+#: first two bytes never are these.
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
 class RecordFormatError(ValueError):
     """The record was written in a format this build does not read."""
 
 
+#: Idle Zstandard compressors and decompressors, reused from record to record. One is used by
+#: one caller at a time (they are not thread-safe, and replays decode and encode in worker
+#: threads while a reconciler encodes on its event loop's thread): taken from its list and
+#: put back, both atomic, a new one made when none is idle.
+_compressors: list[zstandard.ZstdCompressor] = []
+_decompressors: list[zstandard.ZstdDecompressor] = []
+
+
+def _compress(raw: bytes) -> bytes:
+    try:
+        c = _compressors.pop()
+    except IndexError:
+        c = zstandard.ZstdCompressor(level=_LEVEL)
+    try:
+        return c.compress(raw)
+    finally:
+        _compressors.append(c)
+
+
+def _decompress(blob: bytes) -> bytes:
+    try:
+        d = _decompressors.pop()
+    except IndexError:
+        d = zstandard.ZstdDecompressor()
+    try:
+        return d.decompress(blob)
+    finally:
+        _decompressors.append(d)
+
+
 def _pack(doc: dict[str, Any]) -> bytes:
-    return zlib.compress(orjson.dumps({"format": FORMAT, **doc}, option=_OPTS), _LEVEL)
+    return _compress(orjson.dumps({"format": FORMAT, **doc}, option=_OPTS))
 
 
 def _unpack(blob: bytes) -> dict[str, Any]:
-    doc = orjson.loads(zlib.decompress(blob))
+    raw = _decompress(blob) if blob[:4] == _ZSTD_MAGIC else zlib.decompress(blob)
+    doc = orjson.loads(raw)
     if doc.get("format") not in FORMATS_READ:
         raise RecordFormatError(
             f"record format {doc.get('format')!r} is not one this build reads "
@@ -417,33 +455,41 @@ class Decision:
 
 
 #: A decision as stored: task id, pool id, score, components, members, code.
-DecisionRow = list[Any]
+DecisionRow = Sequence[Any]
 
 
 def decision_rows(plan: PassPlan) -> list[DecisionRow]:
     """Return each task's decision in ``plan`` as stored (see :class:`Decision`):
-    placements first, then hand-backs, each in the plan's order."""
+    placements first, then hand-backs, each in the plan's order.
+
+    A task id is kept as a :class:`uuid.UUID`, which orjson writes as ``str()`` does (and
+    faster), or else as its text (asyncpg's UUID type, which orjson does not write); the
+    rows are tuples. Their JSON is what every record format wrote, so that a plan digest
+    (:func:`plan_digest`) compares with the digests of older records.
+    """
     out: list[DecisionRow] = []
     add = out.append
-    for p in plan.placed:
-        result = p.result
-        pool_ids = getattr(result, "pool_ids", None)
-        if pool_ids is not None:
-            add([str(p.task.id), pool_ids[0], float(result.scores[0]),  # type: ignore[union-attr]
-                 [[c[0], float(c[1])] for c in result.components],  # type: ignore[union-attr]
-                 p.members, None])
+    for task, _, result, members in plan.placed:
+        tid: uuid.UUID | str = task.id
+        if tid.__class__ is not _UUID:
+            tid = str(tid)
+        if result.__class__ is Ranked:
+            add((tid, result.pool_ids[0], float(result.scores[0]),  # type: ignore[union-attr]
+                 [(n, float(v)) for n, v, _ in result.components],  # type: ignore[union-attr]
+                 members, None))
             continue
         placement = result.placement
         assert placement is not None
-        add([str(p.task.id), placement.pool_id, float(placement.score),
-             [[c.name, float(c.value)] for c in placement.components], p.members, None])
-    out.extend([str(u.task_id), None, None, [], (), u.reason] for u in plan.unclaims)
+        add((tid, placement.pool_id, float(placement.score),
+             [(c.name, float(c.value)) for c in placement.components], members, None))
+    out.extend((u.task_id if u.task_id.__class__ is _UUID else str(u.task_id), None, None,
+                (), (), u.reason) for u in plan.unclaims)
     return out
 
 
 def decision_from_row(row: DecisionRow) -> Decision:
     tid, pool, score, comps, members, code = row
-    return Decision(tid, pool, score, tuple((n, v) for n, v in comps),
+    return Decision(str(tid), pool, score, tuple((n, v) for n, v in comps),
                     tuple((p, c) for p, c in members), code)
 
 

@@ -10,6 +10,8 @@ from datetime import UTC, datetime, timedelta
 
 import orjson
 import pytest
+import zstandard
+from asyncpg.pgproto import pgproto
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -33,12 +35,18 @@ from app.scheduling.recording import (
     pools_encode,
 )
 from app.scheduling.records import ClaimedTask, Nomination
+from app.scheduling.replay import pass_replay
 from app.scheduling.snapshot import PoolState, Snapshot
 from app.scheduling.spec import StoredSpecs
 from tests.scheduling.test_properties import LABELS, TENANTS, worlds
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _json(blob: bytes) -> dict:
+    """Return the JSON document of a record part this build wrote (format 4: Zstandard)."""
+    return orjson.loads(zstandard.ZstdDecompressor().decompress(blob))
 
 
 @st.composite
@@ -137,7 +145,7 @@ def test_decisions_survive_their_encoding(inputs: PassInputs) -> None:
 def _format_1(blob: bytes) -> bytes:
     """Return a record's inputs as format 1 wrote them: each claimed task one list of its
     fields, each invalid one a pair of that list and why."""
-    doc = orjson.loads(zlib.decompress(blob))
+    doc = _json(blob)
 
     def rows(columns: dict) -> list:
         return [list(row) for row in zip(*columns.values(), strict=True)] if columns else []
@@ -206,7 +214,7 @@ def _format_2(inputs: PassInputs) -> tuple[bytes, bytes]:
               p.data_residency, p.failure_domain, list(p.labels.items()),
               sorted(p.artifact_regions), p.cost_weight, p.status, p.ready]
              for p in snap.static_pools]
-    doc = orjson.loads(zlib.decompress(inputs_encode(inputs)))
+    doc = _json(inputs_encode(inputs))
     del doc["reserved"], doc["poolsChanged"]
     doc.update(format=2, arrays=[snap.cap.tolist(), snap.has_ledger.tolist(),
                                  snap.reserved.tolist(), snap.fresh.tolist()])
@@ -236,8 +244,73 @@ def test_pools_of_a_tenant_group_share_one_written_set() -> None:
             (["a", "b"], ["b", "a"], ["c"], ["a", "b"]), strict=True)
     ])
     _, blob = pools_encode(snap)
-    doc = orjson.loads(zlib.decompress(blob))["pools"]
+    doc = _json(blob)["pools"]
     assert doc["tenantSets"] == [["a", "b"], ["c"]]
     assert [row[1] for row in doc["pools"]] == [0, 0, 1, 0]
     assert [p.tenant_ids for p in pools_decode(blob)] == [
         frozenset("ab"), frozenset("ab"), frozenset("c"), frozenset("ab")]
+
+
+def _format_3(blob: bytes) -> bytes:
+    """Return a record part as format 3 wrote it: the same JSON, compressed with zlib."""
+    return zlib.compress(orjson.dumps({**_json(blob), "format": 3}), 1)
+
+
+def _replayed_identically(inputs: PassInputs, pools: bytes, blob: bytes,
+                          decisions: bytes, digest: str) -> None:
+    decoded = inputs_decode(blob, pools_decode(pools), specs=StoredSpecs(64)).inputs
+    assert inputs_differ(blob, decoded) == []
+    committed = decisions_decode(decisions)
+    assert committed == decisions_of(plan_pass(inputs))
+    replay = pass_replay("p", decoded, committed, digest)
+    assert replay.changes == [] and replay.plan_identical
+    assert replay.replayed == committed
+
+
+@SETTINGS
+@given(pass_inputs(), st.data())
+def test_a_record_of_format_3_decodes_and_replays_identically(
+    inputs: PassInputs, data: st.DataObject
+) -> None:
+    inputs = _usage_changed(inputs, data.draw)
+    _, pools = pools_encode(inputs.snapshot)
+    digest, decisions = decisions_packed(plan_pass(inputs))
+    old = [_format_3(b) for b in (pools, inputs_encode(inputs), decisions)]
+    assert all(zlib.decompress(b) for b in old)
+    _replayed_identically(inputs, *old, digest)
+
+
+@SETTINGS
+@given(pass_inputs())
+def test_a_record_of_format_4_is_zstandard_and_replays_identically(
+    inputs: PassInputs
+) -> None:
+    _, pools = pools_encode(inputs.snapshot)
+    digest, decisions = decisions_packed(plan_pass(inputs))
+    blob = inputs_encode(inputs)
+    for part in (pools, blob, decisions):
+        assert part[:4] == b"\x28\xb5\x2f\xfd" and _json(part)["format"] == 4
+    _replayed_identically(inputs, pools, blob, decisions, digest)
+
+
+@SETTINGS
+@given(pass_inputs(), st.booleans())
+def test_decisions_are_written_as_they_always_were(inputs: PassInputs, claimed: bool) -> None:
+    """The decisions' JSON (and so the plan digest a replay compares with the recorded one)
+    is the same as the rows of text ids and lists that formats 1 to 3 wrote, whether the
+    task ids are ``uuid.UUID`` (decoded records) or asyncpg's UUID (claimed tasks)."""
+    if claimed:
+        inputs = dataclasses.replace(inputs, tasks=tuple(
+            (t._replace(id=pgproto.UUID(str(t.id))), spec) for t, spec in inputs.tasks))
+    plan = plan_pass(inputs)
+    rows = []
+    for p in plan.placed:
+        placement = p.result.placement
+        assert placement is not None
+        rows.append([str(p.task.id), placement.pool_id, float(placement.score),
+                     [[c.name, float(c.value)] for c in placement.components],
+                     [list(m) for m in p.members], None])
+    rows += [[str(u.task_id), None, None, [], [], u.reason] for u in plan.unclaims]
+    assert orjson.dumps(decision_rows(plan)) == orjson.dumps(rows)
+    assert plan_digest(plan) == plan_digest(plan, rows)
+    assert plan_digest(plan) == decisions_packed(plan)[0]
