@@ -89,42 +89,14 @@ class RecordFormatError(ValueError):
     """The record was written in a format this build does not read."""
 
 
-#: Idle Zstandard compressors and decompressors, reused from record to record. One is used by
-#: one caller at a time (they are not thread-safe, and replays decode and encode in worker
-#: threads while a reconciler encodes on its event loop's thread): taken from its list and
-#: put back, both atomic, a new one made when none is idle.
-_compressors: list[zstandard.ZstdCompressor] = []
-_decompressors: list[zstandard.ZstdDecompressor] = []
-
-
-def _compress(raw: bytes) -> bytes:
-    try:
-        c = _compressors.pop()
-    except IndexError:
-        c = zstandard.ZstdCompressor(level=_LEVEL)
-    try:
-        return c.compress(raw)
-    finally:
-        _compressors.append(c)
-
-
-def _decompress(blob: bytes) -> bytes:
-    try:
-        d = _decompressors.pop()
-    except IndexError:
-        d = zstandard.ZstdDecompressor()
-    try:
-        return d.decompress(blob)
-    finally:
-        _decompressors.append(d)
-
-
+# Zstandard's one-shot functions make a context per call (safe from any thread: replays
+# decode and encode in worker threads); a pass packs three parts, some 15 us of contexts.
 def _pack(doc: dict[str, Any]) -> bytes:
-    return _compress(orjson.dumps({"format": FORMAT, **doc}, option=_OPTS))
+    return zstandard.compress(orjson.dumps({"format": FORMAT, **doc}, option=_OPTS), _LEVEL)
 
 
 def _unpack(blob: bytes) -> dict[str, Any]:
-    raw = _decompress(blob) if blob[:4] == _ZSTD_MAGIC else zlib.decompress(blob)
+    raw = zstandard.decompress(blob) if blob[:4] == _ZSTD_MAGIC else zlib.decompress(blob)
     doc = orjson.loads(raw)
     if doc.get("format") not in FORMATS_READ:
         raise RecordFormatError(
