@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,11 +47,10 @@ from bench.workers import worker_serve, workers_run
 __all__ = [
     "FLOOR_BATCH",
     "FloorResult",
-    "PlaceBatch",
+    "FloorStatements",
     "floor_anchors",
     "floor_clients_serve",
     "floor_prepare",
-    "floor_reserved",
     "floor_run",
     "floor_workers_run",
 ]
@@ -144,16 +143,22 @@ async def floor_prepare(url: str, ds: Dataset) -> None:
         await conn.close()
 
 
-async def _place_batch(conn: Any, batch: int, skip: list[Any], ttl: float) -> tuple[int, int]:
-    """Claim and place one batch; return (tasks claimed, tasks placed)."""
+def _lease_args(placed: list[Any]) -> list[Any]:
+    """Return the lease statement's columns of the placed tasks (its arguments but the last)."""
+    return list(zip(*placed, strict=True))
+
+
+async def _place_batch(conn: Any, floor: FloorStatements, batch: int, skip: list[Any],
+                       ttl: float) -> tuple[int, int]:
+    """Claim and place one batch with ``floor``'s statements; return (tasks claimed, tasks
+    placed), the tasks it could not place appended to ``skip``."""
     async with conn.transaction():
-        tasks = await conn.fetch(_CLAIM, batch, skip)
+        tasks = await conn.fetch(floor.claim, batch, skip)
         if not tasks:
             return 0, 0
-        placed = await floor_reserved(conn, _RESERVE, tasks, skip)
+        placed = await floor_reserved(conn, floor.reserve, tasks, skip)
         if placed:
-            columns = list(zip(*placed, strict=True))
-            await conn.execute(_LEASE, *columns, ttl)
+            await conn.execute(floor.lease, *floor.lease_args(placed), ttl)
         return len(tasks), len(placed)
 
 
@@ -179,23 +184,30 @@ async def floor_reserved(
     return [t for t in tasks if t[1] in granted]
 
 
-#: One floor's transaction: ``(conn, batch, skip, lease_ttl_seconds)`` claims up to
-#: ``batch`` tasks not in ``skip``, places them, appends those it could not place to ``skip``
-#: and returns (tasks claimed, tasks placed).
-PlaceBatch = Callable[[Any, int, list[Any], float], Awaitable[tuple[int, int]]]
+@dataclass(frozen=True)
+class FloorStatements:
+    """One floor's transaction: ``claim`` ($1 the batch, $2 the ids to skip) returns rows of
+    id, pool, ..., cpu, memory, llm; ``reserve`` adds their amounts (:func:`floor_reserved`);
+    ``lease`` takes ``lease_args`` of the placed rows, then the lease's seconds."""
+
+    claim: str
+    reserve: str
+    lease: str
+    lease_args: Callable[[list[Any]], Sequence[Any]]
 
 
 async def floor_clients_serve(url: str, clients: int, batch: int, lease_ttl: float,
-                              place_batch: PlaceBatch) -> None:
+                              floor: FloorStatements) -> None:
     """Serve one floor worker (:func:`bench.workers.worker_serve`): ``clients`` connections
-    each repeat ``place_batch`` until a claim comes back empty."""
+    each claim and place batches with ``floor``'s statements until a claim comes back
+    empty."""
     conns = [await bench_connect(url) for _ in range(clients)]
     try:
         async def one(conn: Any) -> tuple[int, int]:
             placed = 0
             skip: list[Any] = []
             while True:
-                claimed, done = await place_batch(conn, batch, skip, lease_ttl)
+                claimed, done = await _place_batch(conn, floor, batch, skip, lease_ttl)
                 if not claimed:
                     return placed, len(skip)
                 placed += done
@@ -238,4 +250,5 @@ def floor_run(
 
 if __name__ == "__main__":
     asyncio.run(floor_clients_serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
-                                    float(sys.argv[4]), _place_batch))
+                                    float(sys.argv[4]),
+                                    FloorStatements(_CLAIM, _RESERVE, _LEASE, _lease_args)))

@@ -52,9 +52,9 @@ from bench.dataset import Dataset
 from bench.floor import (
     FLOOR_BATCH,
     FloorResult,
+    FloorStatements,
     floor_anchors,
     floor_clients_serve,
-    floor_reserved,
     floor_workers_run,
 )
 
@@ -147,16 +147,9 @@ async def minimal_floor_prepare(url: str, ds: Dataset) -> None:
         await conn.close()
 
 
-async def _place_batch(conn: Any, batch: int, skip: list[Any], ttl: float) -> tuple[int, int]:
-    """Claim and place one batch; return (tasks claimed, tasks placed)."""
-    async with conn.transaction():
-        tasks = await conn.fetch(_CLAIM, batch, skip)
-        if not tasks:
-            return 0, 0
-        placed = await floor_reserved(conn, _RESERVE, tasks, skip)
-        if placed:
-            await conn.execute(_LEASE, [t[0] for t in placed], [t[1] for t in placed], ttl)
-        return len(tasks), len(placed)
+def _lease_args(placed: list[Any]) -> list[Any]:
+    """Return the lease statement's ids and pools of the placed tasks."""
+    return [[t[0] for t in placed], [t[1] for t in placed]]
 
 
 async def minimal_floor_check(url: str) -> dict[str, Any]:
@@ -182,4 +175,5 @@ def minimal_floor_run(
 
 if __name__ == "__main__":
     asyncio.run(floor_clients_serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
-                                    float(sys.argv[4]), _place_batch))
+                                    float(sys.argv[4]),
+                                    FloorStatements(_CLAIM, _RESERVE, _LEASE, _lease_args)))
