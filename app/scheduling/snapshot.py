@@ -100,8 +100,9 @@ def _index(
     _, first, group_of = np.unique(objects, return_index=True, return_inverse=True)
     by_group = np.argsort(group_of, kind="stable")  # ascending positions within a group
     counts = np.bincount(group_of, minlength=len(first))
-    ends = np.cumsum(counts).tolist()
-    starts = (np.cumsum(counts) - counts).tolist()
+    cumulative = np.cumsum(counts)
+    ends = cumulative.tolist()
+    starts = (cumulative - counts).tolist()
     firsts = first.tolist()
     parts: dict[K, list[np.ndarray]] = {}
     for g in np.argsort(first).tolist():  # groups in order of first appearance
