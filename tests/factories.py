@@ -16,17 +16,20 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+import asyncpg
 import httpx
 import orjson
 
 from app.db import Connection, Database
+from app.dburl import database_url_parse
 from app.ledger.claims import tasks_unpark
 from app.scheduling.explain import placement_document, placement_stored
 from app.scheduling.results import Candidate
@@ -214,6 +217,31 @@ def reconcile_process(
     env.update({f"BERTH_{name.upper()}": str(value) for name, value in settings.items()})
     return subprocess.Popen([sys.executable, "-m", "app.cli", "reconcile", *args], env=env,
                             stdout=stdout, stderr=subprocess.PIPE)
+
+
+def rival_clock(
+    dsn: str, sql: str, *, on_read: int = 1, now: Callable[[], datetime] = lambda: NOW
+) -> Callable[[], datetime]:
+    """Return a clock (``now``'s times) that runs ``sql`` on a connection of its own, to its
+    end, at its ``on_read``-th read: another writer between a pass's reads of the clock."""
+    reads = []
+
+    def clock() -> datetime:
+        reads.append(True)
+        if len(reads) == on_read:
+            async def rival() -> None:
+                conn = await asyncpg.connect(database_url_parse(dsn).dsn)
+                try:
+                    await conn.execute(sql)
+                finally:
+                    await conn.close()
+
+            worker = threading.Thread(target=lambda: asyncio.run(rival()))
+            worker.start()
+            worker.join()
+        return now()
+
+    return clock
 
 
 async def ledger_violations(db: Database) -> list[str]:

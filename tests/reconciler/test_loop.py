@@ -3,23 +3,29 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
-import asyncpg
 import pytest
 
 import app.reconciler.loop as loop_module
 from app.config import SHARD_SLOTS
 from app.db import Database
-from app.dburl import database_url_parse
 from app.ledger.leases import lease_complete
 from app.ledger.wakeups import WakeSource, wakeup_notify
 from app.metrics import WAKEUPS
 from app.reconciler import Reconciler, ReconcilerConfig
 from app.shards import shard_of
-from tests.factories import ledger_violations, pool_add, pools_add, spec_make, task_get, tasks_add
+from tests.factories import (
+    heartbeat_add,
+    ledger_violations,
+    pool_add,
+    pools_add,
+    rival_clock,
+    spec_make,
+    task_get,
+    tasks_add,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -113,23 +119,15 @@ async def test_a_pass_that_hands_back_lost_races_is_followed_at_once(
     async with db.transaction() as conn:
         await pool_add(conn, "p1", tenants=["t1"], capacity=(2000, 1000, 0))
         await pool_add(conn, "p2", tenants=["t1"], capacity=(1000, 1000, 0))
-        for pool in ("p1", "p2"):
-            await conn.execute("INSERT INTO runtime_instances (id, last_heartbeat_at) "
-                               "VALUES ($1, $2)", f"rt-{pool}", fresh)
+        await heartbeat_add(conn, "rt-p1", at=fresh)
+        await heartbeat_add(conn, "rt-p2", at=fresh)
         (task_id,) = await tasks_add(conn, tenant="t1", spec=spec_make(cpu=500))
     # The first pass ranks p1 first; an operator shrinks p1 between its snapshot and its
     # commit (the pass's commit time is the clock's second read), so its reservation loses
     # and, with no walk allowed, the task goes back to the queue unparked. Nothing notifies,
     # and the tick and every chore are an hour away: only the loop itself can pass again.
-    reads = []
-
-    def clock() -> datetime:
-        reads.append(True)
-        if len(reads) == 2:
-            threading.Thread(target=lambda: asyncio.run(_shrink(database_url))).start()
-            _joined()
-        return datetime.now(UTC)
-
+    clock = rival_clock(database_url, "UPDATE ledgers SET cpu_total = 300 WHERE pool_id = 'p1'",
+                        on_read=2, now=lambda: datetime.now(UTC))
     monkeypatch.setattr(loop_module, "_utcnow", clock)
     monkeypatch.setattr(loop_module, "QUEUE_GAUGES_SECONDS", 3600.0)
     config = ReconcilerConfig(**QUIET, rebalance_seconds=3600.0, reservation_walk_limit=0)
@@ -150,23 +148,6 @@ async def test_a_pass_that_hands_back_lost_races_is_followed_at_once(
     async with db.connection() as conn:
         assert (await task_get(conn, task_id))["placement"]["poolId"] == "p2"
     assert await ledger_violations(db) == []
-
-
-_SHRUNK = threading.Event()
-
-
-async def _shrink(database_url: str) -> None:
-    conn = await asyncpg.connect(database_url_parse(database_url).dsn)
-    try:
-        await conn.execute("UPDATE ledgers SET cpu_total = 300 WHERE pool_id = 'p1'")
-    finally:
-        await conn.close()
-        _SHRUNK.set()
-
-
-def _joined() -> None:
-    assert _SHRUNK.wait(30), "the rival update did not finish"
-    _SHRUNK.clear()
 
 
 async def _listening(db: Database) -> bool:

@@ -8,9 +8,7 @@ update loses deterministically. The walk module itself is tested purely at the e
 from __future__ import annotations
 
 import asyncio
-import threading
 import uuid
-from datetime import datetime
 
 import asyncpg
 import orjson
@@ -30,6 +28,7 @@ from tests.factories import (
     heartbeat_add,
     ledger_violations,
     pool_add,
+    rival_clock,
     spec_make,
     task_get,
     tasks_add,
@@ -41,33 +40,10 @@ from tests.scheduling.factories import spec as core_spec
 ALL = frozenset(range(SHARD_SLOTS))
 
 
-def _rival_clock(dsn: str, sql: str):
-    """Return a clock that runs ``sql`` on another connection the first time it is read."""
-    fired = []
-
-    def clock() -> datetime:
-        if not fired:
-            fired.append(True)
-
-            async def rival() -> None:
-                conn = await asyncpg.connect(database_url_parse(dsn).dsn)
-                try:
-                    await conn.execute(sql)
-                finally:
-                    await conn.close()
-
-            worker = threading.Thread(target=lambda: asyncio.run(rival()))
-            worker.start()
-            worker.join()
-        return NOW
-
-    return clock
-
-
 async def _run(db: Database, database_url: str, sql: str, **config: object):
     ctx = PassContext(
         db=db, config=ReconcilerConfig(**config), slots=ALL,
-        rng=lambda: 0.0, sleep=asyncio.sleep, clock=_rival_clock(database_url, sql),
+        rng=lambda: 0.0, sleep=asyncio.sleep, clock=rival_clock(database_url, sql),
     )
     return await pass_run(ctx, pass_id="walker/1", now=NOW)
 

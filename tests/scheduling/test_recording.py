@@ -199,11 +199,15 @@ def test_pools_changed_since_the_static_build_decode_and_plan_identically(
     inputs: PassInputs, data: st.DataObject
 ) -> None:
     inputs = _usage_changed(inputs, data.draw)
-    decoded = _round_trip(inputs)
+    _decoded_identically(inputs, _round_trip(inputs), inputs_encode(inputs))
+
+
+def _decoded_identically(inputs: PassInputs, decoded: PassInputs, blob: bytes) -> None:
+    """Assert that ``decoded`` (from ``blob``) has the arrays of ``inputs`` and plans as it."""
     for name in ("cap", "has_ledger", "reserved", "fresh"):
         assert (getattr(decoded.snapshot, name) == getattr(inputs.snapshot, name)).all(), name
     assert decisions_of(plan_pass(decoded)) == decisions_of(plan_pass(inputs))
-    assert inputs_differ(inputs_encode(inputs), decoded) == []
+    assert inputs_differ(blob, decoded) == []
 
 
 def _format_2(inputs: PassInputs) -> tuple[bytes, bytes]:
@@ -230,10 +234,7 @@ def test_a_record_of_format_2_decodes_and_plans_identically(
     inputs = _usage_changed(inputs, data.draw)
     pools, blob = _format_2(inputs)
     decoded = inputs_decode(blob, pools_decode(pools), specs=StoredSpecs(64)).inputs
-    for name in ("cap", "has_ledger", "reserved", "fresh"):
-        assert (getattr(decoded.snapshot, name) == getattr(inputs.snapshot, name)).all(), name
-    assert decisions_of(plan_pass(decoded)) == decisions_of(plan_pass(inputs))
-    assert inputs_differ(blob, decoded) == []
+    _decoded_identically(inputs, decoded, blob)
 
 
 def test_pools_of_a_tenant_group_share_one_written_set() -> None:
