@@ -35,6 +35,10 @@ combination (baselines skipped, except the minimal SQL floor: it takes a few sec
 gives each point a yardstick measured beside it), prints one JSON line each, and draws the
 chart.
 
+``--repeat N`` (without ``--sweep``) runs the whole side by side N times, prints each run, and
+ends with the median and range over the runs of the headline figures and of each ratio to
+a baseline (:func:`repeat_summary`).
+
 ``--mix antiaffinity|gangs`` swaps 10% of the tasks for required anti-affinity or gangs;
 ``--finished N`` preloads N finished tasks with their events and ended leases into the
 reconcilers' database first (:mod:`bench.history`), to show what history costs a pass
@@ -48,10 +52,12 @@ import asyncio
 import itertools
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -879,7 +885,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run every combination, e.g. pools=1000,5000 reconcilers=1,2,4 "
                         "quotas=0,1 (baselines skipped but the minimal SQL floor)")
     p.add_argument("--repeat", type=int, default=1,
-                   help="with --sweep: runs per point; the chart shows the best (default 1)")
+                   help="runs (default 1); with --sweep, per point (the chart shows the best); "
+                        "without, the whole side by side N times, then each headline "
+                        "figure's median and range over the runs")
     p.add_argument("--chart", metavar="PATH", help="with --sweep: write a PNG chart to PATH")
     json_option(p)
     return p
@@ -953,6 +961,57 @@ def _sweep_row(r: dict[str, Any]) -> tuple[str, str]:
     return point, figures
 
 
+#: The figures ``--repeat`` summarizes over its runs (median, lowest, highest).
+REPEATED = (
+    "placementsPerSec", "cpuMsPerPlacement", "p50LeaseMs", "p99LeaseMs", "ratioVsNaive",
+    "fractionOfFloor", "fractionOfMinimalFloor", "ratioVsPeer", "walKiBPerPlacement",
+)
+
+
+def repeat_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Return the median, lowest and highest value of each figure of :data:`REPEATED` over
+    ``runs`` (the runs that have it: a skipped baseline has none)."""
+    out: dict[str, Any] = {"summary": "repeat", "runs": len(runs)}
+    for key in REPEATED:
+        values = sorted(r[key] for r in runs if r.get(key) is not None)
+        out[key] = (None if not values else
+                    {"median": statistics.median(values), "min": values[0], "max": values[-1]})
+    return out
+
+
+def _runs(
+    cfg: E2EConfig, args: argparse.Namespace, progress: Progress, *,
+    context: Callable[[int], str], label: Callable[[int], str],
+) -> list[dict[str, Any]] | None:
+    """Run ``cfg`` ``--repeat`` times, each run printed as it ends (``context(n)`` before its
+    phases, ``label(n)`` before its failure); None once one fails."""
+    runs = []
+    for n in range(1, args.repeat + 1):
+        progress.context = context(n)
+        result = _run_printed(cfg, progress, as_json=args.json, table=False, label=label(n))
+        if result is None:
+            return None
+        runs.append(result)
+    return runs
+
+
+def _repeat(base: E2EConfig, args: argparse.Namespace, progress: Progress) -> int:
+    """Run the side by side ``--repeat`` times, each run printed as it ends, then the
+    summary: one more JSON line with ``--json``, else a table."""
+    runs = _runs(base, args, progress, context=lambda n: f"[run {n}/{args.repeat}] ",
+                 label=lambda n: f"run {n}: ")
+    if runs is None:
+        return 1
+    summary = repeat_summary(runs)
+    if args.json:
+        print(orjson.dumps(summary).decode(), flush=True)
+    else:
+        table_print(f"{_title(runs[-1])}; {len(runs)} runs: median (lowest-highest)",
+                    [(key, f"{v['median']:,} ({v['min']:,}-{v['max']:,})")
+                     for key, v in summary.items() if isinstance(v, dict)])
+    return 0 if all(_sound(r) for r in runs) else 1
+
+
 def _sweep(base: E2EConfig, args: argparse.Namespace, progress: Progress) -> int:
     axes = _sweep_axes(args.sweep)
     keys = list(axes)
@@ -963,15 +1022,12 @@ def _sweep(base: E2EConfig, args: argparse.Namespace, progress: Progress) -> int
         point = dict(zip(keys, combo, strict=True))
         cfg = replace(base, **point, skip_naive=True, skip_floor=True, skip_peer=True,
                       py_spy=None)
-        runs = []
-        for _ in range(max(1, args.repeat)):
-            progress.context = f"[{index}/{len(points)} {point}] "
-            result = _run_printed(cfg, progress, as_json=args.json, table=False,
-                                  label=f"{point}: ")
-            if result is None:
-                return 1
-            runs.append(result)
-            every.append(result)
+        runs = _runs(cfg, args, progress,
+                     context=lambda _, i=index, p=point: f"[{i}/{len(points)} {p}] ",
+                     label=lambda _, p=point: f"{p}: ")
+        if runs is None:
+            return 1
+        every.extend(runs)
         # The machine may be shared: the best run is the one least disturbed by other work.
         best.append(max(runs, key=lambda r: r["placementsPerSec"]))
     if not args.json:
@@ -993,6 +1049,11 @@ def main(argv: list[str]) -> int:
             raise SystemExit(f"berth bench e2e: --{flag} must be at least 1")
     if args.finished < 0:
         raise SystemExit("berth bench e2e: --finished must be at least 0")
+    if args.repeat < 1:
+        raise SystemExit("berth bench e2e: --repeat must be at least 1")
+    if args.repeat > 1 and not args.sweep and (args.profile_out or args.records_out):
+        raise SystemExit("berth bench e2e: --profile-out and --records-out write one run, "
+                         "not a --repeat")
     if args.chart and not args.sweep:
         raise SystemExit("berth bench e2e: --chart needs --sweep")
     if args.profile_out and args.sweep:
@@ -1014,5 +1075,7 @@ def main(argv: list[str]) -> int:
         with Progress("berth bench e2e") as progress:
             if args.sweep:
                 return _sweep(base, args, progress)
+            if args.repeat > 1:
+                return _repeat(base, args, progress)
             result = _run_printed(base, progress, as_json=args.json)
         return 1 if result is None else (0 if _sound(result) else 1)

@@ -190,7 +190,10 @@ def test_bad_bench_options_are_refused() -> None:
     for argv, message in ((["--floor-clients", "0"], "--floor-clients"),
                           (["--floor-batch", "0"], "--floor-batch"),
                           (["--finished", "-1"], "--finished"),
-                          (["--profile-out", "p", "--sweep", "pools=10"], "--profile-out")):
+                          (["--profile-out", "p", "--sweep", "pools=10"], "--profile-out"),
+                          (["--repeat", "0"], "--repeat"),
+                          (["--repeat", "2", "--profile-out", "p"], "not a --repeat"),
+                          (["--repeat", "2", "--records-out", "r.json"], "not a --repeat")):
         with pytest.raises(SystemExit, match=message):
             e2e.main(argv)
     with pytest.raises(SystemExit):
@@ -215,6 +218,42 @@ def test_tiny_run_with_history_and_a_mix(
                              "CPU per placement", "tasks leased", "peak reconciler memory"]
     assert figures["tasks leased"].strip() == "300 of 300; ledger invariants hold"
     assert float(figures["placements per second"].replace(",", "")) > 0
+
+
+def test_repeat_summary_gives_each_figure_its_median_and_range() -> None:
+    runs = [{"placementsPerSec": rate, "cpuMsPerPlacement": cpu, "ratioVsNaive": naive,
+             "fractionOfMinimalFloor": None}
+            for rate, cpu, naive in ((9000.0, 0.15, 12.0), (15000.0, 0.12, 17.0),
+                                     (11000.0, 0.2, None))]
+    summary = e2e.repeat_summary(runs)
+    assert (summary["summary"], summary["runs"]) == ("repeat", 3)
+    assert summary["placementsPerSec"] == {"median": 11000.0, "min": 9000.0, "max": 15000.0}
+    assert summary["cpuMsPerPlacement"] == {"median": 0.15, "min": 0.12, "max": 0.2}
+    # A figure some runs lack (a baseline that failed to run) is summarized over the others.
+    assert summary["ratioVsNaive"] == {"median": 14.5, "min": 12.0, "max": 17.0}
+    # A skipped baseline (or a figure no run has) has no summary.
+    assert summary["fractionOfMinimalFloor"] is None and summary["ratioVsPeer"] is None
+    assert set(summary) == {"summary", "runs", *e2e.REPEATED}
+
+
+def test_repeated_runs_are_each_printed_then_summarized(
+    server_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = e2e.main(
+        ["--pools", "20", "--tasks", "100", "--reconcilers", "1", "--server-url", server_url,
+         "--stall-seconds", "30", "--skip-naive", "--skip-floor", "--skip-peer",
+         "--floor-clients", "2", "--repeat", "2", "--json"]
+    )
+    out, err = capsys.readouterr()
+    *runs, summary = [orjson.loads(line) for line in out.strip().splitlines()]
+    assert status == 0 and len(runs) == 2
+    assert all(r["leased"] == 100 and r["invariantsOk"] for r in runs)
+    assert summary["runs"] == 2
+    for key in ("placementsPerSec", "fractionOfMinimalFloor"):
+        values = sorted(r[key] for r in runs)
+        assert summary[key] == {"median": sum(values) / 2, "min": values[0], "max": values[1]}
+    assert summary["ratioVsNaive"] is None and summary["fractionOfFloor"] is None
+    assert "berth bench e2e: [run 2/2] placing" in err, err
 
 
 def test_headline_and_sweep_rows_show_each_baseline_beside_berth() -> None:
