@@ -974,8 +974,9 @@ def repeat_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"summary": "repeat", "runs": len(runs)}
     for key in REPEATED:
         values = sorted(r[key] for r in runs if r.get(key) is not None)
-        out[key] = (None if not values else
-                    {"median": statistics.median(values), "min": values[0], "max": values[-1]})
+        # The median of an even count is a mean: rounded, it prints as its inputs do.
+        out[key] = (None if not values else {"median": round(statistics.median(values), 6),
+                                             "min": values[0], "max": values[-1]})
     return out
 
 

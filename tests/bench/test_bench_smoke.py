@@ -229,6 +229,9 @@ def test_repeat_summary_gives_each_figure_its_median_and_range() -> None:
     assert (summary["summary"], summary["runs"]) == ("repeat", 3)
     assert summary["placementsPerSec"] == {"median": 11000.0, "min": 9000.0, "max": 15000.0}
     assert summary["cpuMsPerPlacement"] == {"median": 0.15, "min": 0.12, "max": 0.2}
+    # A mean of two medians prints as its inputs do, not 0.28500000000000003.
+    assert e2e.repeat_summary([{"cpuMsPerPlacement": 0.274}, {"cpuMsPerPlacement": 0.296}])[
+        "cpuMsPerPlacement"]["median"] == 0.285
     # A figure some runs lack (a baseline that failed to run) is summarized over the others.
     assert summary["ratioVsNaive"] == {"median": 14.5, "min": 12.0, "max": 17.0}
     # A skipped baseline (or a figure no run has) has no summary.
@@ -251,7 +254,8 @@ def test_repeated_runs_are_each_printed_then_summarized(
     assert summary["runs"] == 2
     for key in ("placementsPerSec", "fractionOfMinimalFloor"):
         values = sorted(r[key] for r in runs)
-        assert summary[key] == {"median": sum(values) / 2, "min": values[0], "max": values[1]}
+        assert summary[key] == {"median": round(sum(values) / 2, 6), "min": values[0],
+                                "max": values[1]}
     assert summary["ratioVsNaive"] is None and summary["fractionOfFloor"] is None
     assert "berth bench e2e: [run 2/2] placing" in err, err
 
