@@ -20,6 +20,13 @@ FIELDS = (
 )
 
 
+def _tiny(server_url: str, tasks: int, reconcilers: int, *flags: str) -> int:
+    """Run ``berth bench e2e`` on 20 pools and ``tasks`` tasks with ``flags``; return its
+    exit status."""
+    return e2e.main(["--pools", "20", "--tasks", str(tasks), "--reconcilers", str(reconcilers),
+                     "--server-url", server_url, "--stall-seconds", "30", *flags])
+
+
 def test_dataset_is_deterministic_valid_and_fits() -> None:
     first = dataset_generate(pools=20, tasks=300, seed=7)
     again = dataset_generate(pools=20, tasks=300, seed=7)
@@ -108,10 +115,7 @@ def test_chart_is_a_png(tmp_path) -> None:
 def test_tiny_run_leases_every_task_with_a_sound_ledger(
     server_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    status = e2e.main(
-        ["--pools", "20", "--tasks", "200", "--reconcilers", "2", "--server-url", server_url,
-         "--stall-seconds", "30", "--floor-clients", "2", "--peer-clients", "2", "--json"]
-    )
+    status = _tiny(server_url, 200, 2, "--floor-clients", "2", "--peer-clients", "2", "--json")
     out, err = capsys.readouterr()
     lines = out.strip().splitlines()
     assert len(lines) == 1
@@ -204,11 +208,8 @@ def test_bad_bench_options_are_refused() -> None:
 def test_tiny_run_with_history_and_a_mix(
     server_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    status = e2e.main(
-        ["--pools", "20", "--tasks", "300", "--reconcilers", "2", "--server-url", server_url,
-         "--stall-seconds", "30", "--skip-naive", "--skip-floor", "--skip-minimal-floor",
-         "--skip-peer", "--mix", "antiaffinity", "--finished", "3000"]
-    )
+    status = _tiny(server_url, 300, 2, "--skip-naive", "--skip-floor", "--skip-minimal-floor",
+                   "--skip-peer", "--mix", "antiaffinity", "--finished", "3000")
     # Without --json: a short table of the headline figures, no baseline rows when skipped.
     title, *rows = capsys.readouterr().out.strip().splitlines()
     assert status == 0
@@ -242,11 +243,8 @@ def test_repeat_summary_gives_each_figure_its_median_and_range() -> None:
 def test_repeated_runs_are_each_printed_then_summarized(
     server_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    status = e2e.main(
-        ["--pools", "20", "--tasks", "100", "--reconcilers", "1", "--server-url", server_url,
-         "--stall-seconds", "30", "--skip-naive", "--skip-floor", "--skip-peer",
-         "--floor-clients", "2", "--repeat", "2", "--json"]
-    )
+    status = _tiny(server_url, 100, 1, "--skip-naive", "--skip-floor", "--skip-peer",
+                   "--floor-clients", "2", "--repeat", "2", "--json")
     out, err = capsys.readouterr()
     *runs, summary = [orjson.loads(line) for line in out.strip().splitlines()]
     assert status == 0 and len(runs) == 2
@@ -390,11 +388,8 @@ def test_a_profiled_run_writes_its_phases_statements_and_index_entries(
     server_url: str, tmp_path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "profile"
-    status = e2e.main(
-        ["--pools", "20", "--tasks", "200", "--reconcilers", "1", "--server-url", server_url,
-         "--stall-seconds", "30", "--skip-naive", "--skip-floor", "--skip-peer", "--json",
-         "--profile-out", str(out)]
-    )
+    status = _tiny(server_url, 200, 1, "--skip-naive", "--skip-floor", "--skip-peer", "--json",
+                   "--profile-out", str(out))
     assert status == 0
     result = orjson.loads(capsys.readouterr().out.strip().splitlines()[0])
     phases = result["passCpuUsPerPlacement"]
