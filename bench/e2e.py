@@ -67,6 +67,7 @@ import asyncpg
 import orjson
 import psutil
 
+from app.compiled import active as compiled_active
 from app.config import Settings
 from app.ledger.cohorts import cohort_put
 from app.ledger.invariants import ledger_check
@@ -754,6 +755,8 @@ async def e2e_run(cfg: E2EConfig, progress: Progress | None = None) -> dict[str,
         "seed": cfg.seed,
         "cpus": os.cpu_count(),
         "loadAverage1m": round(os.getloadavg()[0], 2),
+        # The reconcilers run this tree with this environment (BERTH_COMPILED included).
+        "schedulerCompiled": compiled_active(),
         **facts,
         **({"profile": run["profile"]} if run["profile"] is not None else {}),
     }
@@ -929,7 +932,8 @@ def _headline(r: dict[str, Any]) -> list[tuple[str, str]]:
 def _title(r: dict[str, Any]) -> str:
     return (f"berth bench e2e: {r['pools']:,} pools, {r['tasks']:,} tasks, {r['reconcilers']} "
             f"reconcilers; PostgreSQL {r['postgres']}, {r['cpus']} CPUs, "
-            f"load {r['loadAverage1m']}")
+            f"load {r['loadAverage1m']}"
+            f"{'' if r.get('schedulerCompiled', True) else '; scheduler not compiled'}")
 
 
 def _run_printed(cfg: E2EConfig, progress: Progress, *, as_json: bool, table: bool = True,

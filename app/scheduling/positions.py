@@ -128,7 +128,7 @@ class ClassQueue:
         tenants it competes with."""
         by_tenant = self._tenant_index()
         rivals = self.competitors(tenant_id)
-        tenants = by_tenant.keys() if rivals is None else rivals & by_tenant.keys()
+        tenants = by_tenant.keys() if rivals is None else rivals.intersection(by_tenant)
         competing = (
             len(self.seqs) if rivals is None else sum(len(by_tenant[t]) for t in tenants)
         )

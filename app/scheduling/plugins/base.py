@@ -19,6 +19,7 @@ from abc import ABC, abstractmethod
 from typing import ClassVar
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from app.scheduling.cycle import Cycle
 from app.scheduling.reasons import PASS, Reason, Status
@@ -40,6 +41,7 @@ def codes_where(fail: np.ndarray, code: int) -> np.ndarray | None:
     return np.where(fail, np.int16(code), np.int16(PASS))
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class FilterPlugin(ABC):
     """A filter: per pool, feasible or one reason code; it never raises."""
 
@@ -59,6 +61,7 @@ class FilterPlugin(ABC):
         return Status.success() if codes is None else Status.from_code(int(codes[0]))
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ScorePlugin(ABC):
     """A scorer: per feasible pool a raw score, normalized to 0..100 (higher is better)."""
 
