@@ -3,6 +3,7 @@ modules or none."""
 
 from __future__ import annotations
 
+import gc
 import importlib.machinery
 import json
 import os
@@ -12,8 +13,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 from app import compiled
+from app.scheduling.assumed import Assumed
+from app.scheduling.framework import select
+from app.scheduling.inputs import PassInputs
+from app.scheduling.planner import plan_pass
+from tests.scheduling.test_recording import pass_inputs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -112,3 +119,28 @@ def test_a_source_changed_since_its_build_or_a_missing_extension_is_named(
     assert compiled.stale(names[:1], tmp_path, built) == ([], [])
     # No record of a build: nothing was compiled.
     assert compiled.stale(names, tmp_path, tmp_path / "none.json") == (names, [])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(inputs=pass_inputs())
+def test_a_pass_and_its_explanations_leave_no_cycles_for_the_collector(
+    inputs: PassInputs,
+) -> None:
+    """A reconciler pauses the collector during a pass and freezes what the pass left alive
+    (app/gc_tuning.py): a pass must leave nothing in reference cycles, or it would stay
+    frozen with everything it holds (the pass's snapshot and overlay) until a full
+    collection. Compiled, a nested function and its environment hold each other, so the
+    core defines none."""
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        plan = plan_pass(inputs)
+        assumed = Assumed(inputs.snapshot)
+        for _, spec in inputs.tasks:
+            select(spec, inputs.snapshot, assumed=assumed, explain=True)
+        del plan, assumed
+        assert gc.collect() == 0
+    finally:
+        if was:
+            gc.enable()

@@ -23,7 +23,8 @@ components; nothing is computed a second way for the explanation.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 
 import numpy as np
 
@@ -153,22 +154,14 @@ def _explained(
     spec, snapshot = cycle.spec, cycle.snapshot
     order = rank(total)
     depth = len(order) if components is None else components
-
-    def candidate(pos: int, detail: bool) -> Candidate:
-        i = int(pools[pos])
-        comps: tuple[ScoreComponent, ...] = ()
-        if detail:
-            cycle.describing(pools, pos)
-            comps = tuple(
-                ScoreComponent(p.NAME, v.item(pos) * w, p.describe(cycle, i, v.item(pos)))
-                for p, w, v in applied
-            )
-        return Candidate(snapshot.ids[i], total.item(pos), comps)
+    # Module functions, not closures: compiled, a closure and its environment would hold each
+    # other (and the pass's snapshot) until the collector ran.
+    candidate = partial(_candidate, cycle, pools, applied, total)
 
     if not spec.is_gang:
         ranked = order.tolist()
         candidates: Sequence[Candidate] = Built(
-            len(ranked), lambda n: candidate(ranked[n], n == 0 or n < depth))
+            len(ranked), partial(_ranked_candidate, candidate, ranked, depth))
         head = candidates[0]
         members: tuple[tuple[str, int], ...] = ((head.pool_id, 1),)
         alternatives = tuple(candidates[1:max(top_k, 1)])
@@ -201,6 +194,27 @@ def _explained(
     return Result(
         placement, candidates=candidates, rejected=rejected, rejection_counts=rejections
     )
+
+
+def _candidate(cycle: Cycle, pools: np.ndarray, applied: list, total: np.ndarray, pos: int,
+               detail: bool) -> Candidate:
+    """Return the candidate at position ``pos`` of ``pools``, with its components when
+    ``detail``."""
+    i = int(pools[pos])
+    comps: tuple[ScoreComponent, ...] = ()
+    if detail:
+        cycle.describing(pools, pos)
+        comps = tuple(
+            ScoreComponent(p.NAME, v.item(pos) * w, p.describe(cycle, i, v.item(pos)))
+            for p, w, v in applied
+        )
+    return Candidate(cycle.snapshot.ids[i], total.item(pos), comps)
+
+
+def _ranked_candidate(candidate: Callable[[int, bool], Candidate], ranked: list[int],
+                      depth: int, n: int) -> Candidate:
+    """Return the ``n``-th ranked candidate (with its components within ``depth``)."""
+    return candidate(ranked[n], n == 0 or n < depth)
 
 
 def feasible_but_capacity(

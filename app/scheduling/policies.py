@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from app.scheduling.records import Vector
 
@@ -101,14 +101,7 @@ class DominantResourceFairness:
             queues.setdefault(t.tenant_id, []).append(t)
         usage = {t: list(tenant_usage.get(t, (0, 0, 0))) for t in queues}
         entitled = self.entitlements
-
-        def share(tenant: str) -> float:
-            scale = entitled.get(tenant)
-            if scale is None or not any(scale):
-                return max(u / c for u, c in zip(usage[tenant], cap, strict=True))
-            return max(u / e for u, e in zip(usage[tenant], scale, strict=True) if e > 0)
-
-        heap = [(share(t), t) for t in queues]
+        heap = [(_share(usage[t], cap, entitled.get(t)), t) for t in queues]
         heapq.heapify(heap)
         heads = dict.fromkeys(queues, 0)
         out: list[QueuedTask] = []
@@ -120,8 +113,18 @@ class DominantResourceFairness:
             for d in range(3):
                 usage[tenant][d] += task.requests[d]
             if heads[tenant] < len(queues[tenant]):
-                heapq.heappush(heap, (share(tenant), tenant))
+                heapq.heappush(heap, (_share(usage[tenant], cap, entitled.get(tenant)),
+                                      tenant))
         return out
+
+
+def _share(usage: list[Any], cap: list[int], scale: tuple[float, float, float] | None
+           ) -> float:
+    """Return a tenant's dominant share of ``usage``: against its entitlement ``scale`` where
+    it names a resource, else against the cluster's capacity ``cap``."""
+    if scale is None or not any(scale):
+        return max(u / c for u, c in zip(usage, cap, strict=True))
+    return max(u / e for u, e in zip(usage, scale, strict=True) if e > 0)
 
 
 _REGISTRY: dict[str, Callable[..., Policy]] = {

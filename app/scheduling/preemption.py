@@ -27,8 +27,9 @@ the free part of each pool (the victims' share is handed over as each of them en
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -139,6 +140,15 @@ def victims_key(victims: Sequence[Victim]) -> tuple:
     return (prios[0], len(victims), tuple(prios), -min(v.leased_at for v in victims))
 
 
+def _cheapest_key(amounts: Mapping[str, np.ndarray], wanted: np.ndarray,
+                  deficit: np.ndarray, v: Victim) -> tuple:
+    """Return the eviction order key of ``v``: priority, then the most of the deficit it
+    covers, the latest leased, the task id."""
+    a = amounts[v.task_id]
+    coverage = float((np.minimum(a[wanted], deficit[wanted]) / deficit[wanted]).sum())
+    return (v.priority, -coverage, -v.leased_at, v.task_id)
+
+
 def victims_cheapest(
     free: np.ndarray, need: np.ndarray, eligible: Sequence[Victim], pool_id: str
 ) -> tuple[Victim, ...] | None:
@@ -152,12 +162,7 @@ def victims_cheapest(
     if (sum(amounts.values(), np.zeros(3, dtype=np.int64)) < deficit).any():
         return None
     wanted = deficit > 0
-
-    def coverage(v: Victim) -> float:
-        a = amounts[v.task_id]
-        return float((np.minimum(a[wanted], deficit[wanted]) / deficit[wanted]).sum())
-
-    order = sorted(eligible, key=lambda v: (v.priority, -coverage(v), -v.leased_at, v.task_id))
+    order = sorted(eligible, key=partial(_cheapest_key, amounts, wanted, deficit))
     chosen: list[Victim] = []
     freed = np.zeros(3, dtype=np.int64)
     for v in order:
@@ -218,18 +223,20 @@ def plan_preemption(
         return None
     req = cycle.req
     free_all = cycle.available(idx)
-    tenant = spec.tenant_id
-
-    def eligible(i: int) -> list[Victim]:
-        return [
-            v for v in victims.on(i, tenant)
-            if v.priority < spec.priority and v.task_id not in taken
-        ]
+    eligible = partial(_eligible, victims, spec.tenant_id, spec.priority, taken)
 
     if not spec.is_gang:
         return plan_single(snapshot, idx, total, free_all, req, eligible,
                            cheapest=victims_cheapest, explain=explain)
     return plan_gang(spec, snapshot, idx, total, free_all, req, eligible, explain=explain)
+
+
+def _eligible(victims: VictimIndex, tenant_id: str, priority: int, taken: Collection[str],
+              pool: int) -> list[Victim]:
+    """Return the victims on ``pool`` that a task of ``tenant_id`` at ``priority`` may take:
+    its tenant's, of a lower priority, not ``taken`` by another preemptor."""
+    return [v for v in victims.on(pool, tenant_id)
+            if v.priority < priority and v.task_id not in taken]
 
 
 def plan_single(

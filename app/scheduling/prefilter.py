@@ -87,27 +87,27 @@ def class_state(prof: Profile, spec: CompiledSpec, snapshot: Snapshot) -> ClassS
 def _audience_filters(prof: Profile, cycle: Cycle, visible: np.ndarray) -> tuple:
     """Return (passing pools, counts, codes of the visible pools) of the profile's leading
     filters of scope AUDIENCE, memoized per audience and runtime class."""
-
-    def build() -> tuple:
-        codes = np.full(len(visible), PASS, dtype=np.int16)
-        alive = np.ones(len(visible), dtype=bool)
-        for f in prof.filters:
-            if f.SCOPE != AUDIENCE:
-                break
-            pos = np.flatnonzero(alive)
-            out = f.filter_many(cycle, visible[pos])
-            if out is None:
-                continue
-            bad = out != PASS
-            codes[pos[bad]] = out[bad]
-            alive[pos[bad]] = False
-        counts = np.bincount(codes[~alive], minlength=N_REASONS).astype(np.int64)
-        return visible[alive], counts, codes
-
     snapshot = cycle.snapshot
     key = ("static", prof.name, snapshot.audience[cycle.spec.tenant_id],
            cycle.spec.runtime_class)
-    return snapshot.memoized(key, build)
+    return snapshot.memoized(key, _audience_build, prof, cycle, visible)
+
+
+def _audience_build(prof: Profile, cycle: Cycle, visible: np.ndarray) -> tuple:
+    codes = np.full(len(visible), PASS, dtype=np.int16)
+    alive = np.ones(len(visible), dtype=bool)
+    for f in prof.filters:
+        if f.SCOPE != AUDIENCE:
+            break
+        pos = np.flatnonzero(alive)
+        out = f.filter_many(cycle, visible[pos])
+        if out is None:
+            continue
+        bad = out != PASS
+        codes[pos[bad]] = out[bad]
+        alive[pos[bad]] = False
+    counts = np.bincount(codes[~alive], minlength=N_REASONS).astype(np.int64)
+    return visible[alive], counts, codes
 
 
 def _build(prof: Profile, spec: CompiledSpec, snapshot: Snapshot) -> ClassState:

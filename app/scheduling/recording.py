@@ -189,14 +189,15 @@ def _tasks_decode(
     if doc["format"] == 1:
         return ([_task_decode(row, texts) for row in doc["tasks"]],
                 [(_task_decode(row, texts), why) for row, why in doc["invalid"]])
+    return (_tasks_rows(doc["tasks"], texts),
+            list(zip(_tasks_rows(doc["invalid"], texts), doc["invalidWhy"], strict=True)))
 
-    def rows(columns: dict[str, list[Any]]) -> list[ClaimedTask]:
-        if not columns:
-            return []
-        return [_task_decode(row, texts)
-                for row in zip(*(columns[c] for c in _TASK_COLUMNS), strict=True)]
 
-    return rows(doc["tasks"]), list(zip(rows(doc["invalid"]), doc["invalidWhy"], strict=True))
+def _tasks_rows(columns: dict[str, list[Any]], texts: list[str]) -> list[ClaimedTask]:
+    if not columns:
+        return []
+    return [_task_decode(row, texts)
+            for row in zip(*(columns[c] for c in _TASK_COLUMNS), strict=True)]
 
 
 def _task_decode(row: Sequence[Any], texts: list[str]) -> ClaimedTask:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TypeVar, overload
 
 import numpy as np
@@ -128,13 +129,16 @@ class Rejections(Built["Rejection"]):
     __slots__ = ("ids", "rows", "codes")
 
     def __init__(self, ids: Sequence[str], rows: np.ndarray, codes: np.ndarray) -> None:
-        super().__init__(len(rows), self._at)
+        # Not a bound method of its own: the sequence and its builder would be a cycle.
+        super().__init__(len(rows), partial(_rejection_at, ids, rows, codes))
         self.ids = ids
         self.rows = rows
         self.codes = codes
 
-    def _at(self, k: int) -> Rejection:
-        return Rejection(self.ids[int(self.rows[k])], (str(REASONS[int(self.codes[k])]),))
+
+def _rejection_at(ids: Sequence[str], rows: np.ndarray, codes: np.ndarray, k: int
+                  ) -> Rejection:
+    return Rejection(ids[int(rows[k])], (str(REASONS[int(codes[k])]),))
 
 
 def rejections_by_code(
