@@ -28,11 +28,14 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["BUILT", "MODULES", "active", "digest", "install", "source_file", "stale"]
+__all__ = [
+    "BUILT", "GROUP", "MODULES", "active", "digest", "digests", "install", "record",
+    "source_file", "stale",
+]
 
 #: The modules mypyc compiles: the pass's planner, the pipeline and its plugins, the
 #: displacement planners and the pass record, by dotted name.
@@ -52,10 +55,13 @@ MODULES: tuple[str, ...] = tuple(
     )
 )
 
+#: mypyc's shared library of the compiled modules (``<GROUP>__mypyc``, beside ``app/``): the
+#: extension of each module only loads its part of it.
+GROUP = "berth_scheduling"
 #: Set ``BERTH_COMPILED=0`` to run the source files even where compiled modules exist.
 ENV = "BERTH_COMPILED"
 #: What the build compiled: ``{"sources": {module: sha256 of its source file}}``, written
-#: beside this file by ``setup.py`` when it compiles (and removed when it does not).
+#: beside this file by ``setup.py`` (:func:`record`) once it compiled them.
 BUILT = Path(__file__).resolve().with_name("compiled.json")
 
 _ROOT = Path(__file__).resolve().parent.parent
@@ -74,7 +80,8 @@ def digest(path: Path) -> str:
 
 
 def _extension(source: Path) -> Path | None:
-    """Return the extension module built from ``source``, or None."""
+    """Return the extension module of ``source`` (the same path with an extension's suffix),
+    or None."""
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         path = source.with_suffix(suffix)
         if path.exists():
@@ -82,13 +89,28 @@ def _extension(source: Path) -> Path | None:
     return None
 
 
+def digests(modules: Sequence[str] = MODULES, root: Path = _ROOT) -> dict[str, str]:
+    """Return the digest of each of the ``modules``' source files under ``root``."""
+    return {name: digest(source_file(name, root)) for name in modules}
+
+
+def record(built_file: Path, sources: Mapping[str, str]) -> None:
+    """Write to ``built_file`` the digests of the source files compiled (:func:`digests`),
+    which :func:`stale` compares the source files with."""
+    built_file.write_text(json.dumps({"sources": dict(sources)}, indent=1, sort_keys=True)
+                          + "\n")
+
+
 def stale(modules: Sequence[str] = MODULES, root: Path = _ROOT, built_file: Path = BUILT
           ) -> tuple[list[str], list[str]]:
     """Return the ``modules`` (under ``root``) that the build (``built_file``) did not
-    compile, all of them when it compiled none, and those whose source file changed since."""
+    compile, all of them when it compiled none (or mypyc's shared library is missing), and
+    those whose source file changed since."""
     try:
         built = json.loads(built_file.read_text())["sources"]
     except (OSError, ValueError, KeyError, TypeError):
+        return list(modules), []
+    if _extension(root / f"{GROUP}__mypyc") is None:
         return list(modules), []
     missing, changed = [], []
     for name in modules:

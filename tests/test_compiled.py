@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import importlib.machinery
-import json
 import os
 import subprocess
 import sys
@@ -91,18 +90,17 @@ def test_berth_compiled_0_runs_every_module_from_its_source() -> None:
     assert out.split() == ["False", "['py']"]
 
 
-def _tree(tmp_path: Path, modules: dict[str, bytes], extensions: list[str],
-          built: dict[str, str] | None) -> Path:
+def _tree(tmp_path: Path, modules: dict[str, bytes], extensions: list[str]) -> None:
+    """Write the ``modules``' source files under ``tmp_path``, an (empty) extension beside
+    those of ``extensions``, and mypyc's shared library."""
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     for name, text in modules.items():
         source = compiled.source_file(name, tmp_path)
         source.parent.mkdir(parents=True, exist_ok=True)
         source.write_bytes(text)
         if name in extensions:
-            source.with_suffix(importlib.machinery.EXTENSION_SUFFIXES[0]).write_bytes(b"")
-    file = tmp_path / "compiled.json"
-    if built is not None:
-        file.write_text(json.dumps({"sources": built}))
-    return file
+            source.with_suffix(suffix).write_bytes(b"")
+    (tmp_path / f"{compiled.GROUP}__mypyc{suffix}").write_bytes(b"")
 
 
 def test_a_source_changed_since_its_build_or_a_missing_extension_is_named(
@@ -110,15 +108,18 @@ def test_a_source_changed_since_its_build_or_a_missing_extension_is_named(
 ) -> None:
     sources = {"pkg.a": b"A = 1\n", "pkg.b": b"B = 2\n", "pkg.c": b"C = 3\n"}
     names = list(sources)
-    _tree(tmp_path, sources, [], None)
-    digests = {name: compiled.digest(compiled.source_file(name, tmp_path)) for name in names}
-    built = _tree(tmp_path, sources, ["pkg.a", "pkg.b"], digests)
+    _tree(tmp_path, sources, ["pkg.a", "pkg.b"])
+    built = tmp_path / "compiled.json"
+    compiled.record(built, compiled.digests(names, tmp_path))
     assert compiled.stale(names, tmp_path, built) == (["pkg.c"], [])
     compiled.source_file("pkg.b", tmp_path).write_bytes(b"B = 20\n")
     assert compiled.stale(names[:2], tmp_path, built) == ([], ["pkg.b"])
     assert compiled.stale(names[:1], tmp_path, built) == ([], [])
     # No record of a build: nothing was compiled.
     assert compiled.stale(names, tmp_path, tmp_path / "none.json") == (names, [])
+    # Without mypyc's shared library no extension can load.
+    next(tmp_path.glob(f"{compiled.GROUP}__mypyc*")).unlink()
+    assert compiled.stale(names[:1], tmp_path, built) == (names[:1], [])
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
