@@ -67,6 +67,14 @@ class _OptionalBuildExt(build_ext):
         _COMPILED["record"](root / "app" / "compiled.json", _COMPILED_FROM)
 
 
+#: mypy's options for a second try at the compile. mypy reads the interpreter's own
+#: site-packages even inside pip's isolated build, before this install has brought its
+#: dependencies: an older package there (say orjson without ``Fragment``) fails the type check.
+#: The second try reads the project's sources and mypy's own stubs only; third-party values are
+#: then of type Any (a few percent more instructions in the planner than with their types).
+_ISOLATED = ("--no-site-packages", "--ignore-missing-imports")
+
+
 def _extensions() -> list:
     """Return mypyc's extensions of the compiled modules; none when not building, when
     an editable install's extensions are current, when told not to compile or without mypyc
@@ -90,7 +98,15 @@ def _extensions() -> list:
         else:
             paths = [str(_COMPILED["source_file"](name, _HERE).relative_to(_HERE))
                      for name in _COMPILED["MODULES"]]
-            return mypycify(paths, opt_level="3", group_name=_COMPILED["GROUP"])
+            for options in ((), _ISOLATED):
+                try:
+                    return mypycify([*options, *paths], opt_level="3",
+                                    group_name=_COMPILED["GROUP"])
+                except SystemExit:  # mypyc's type check failed; it printed why
+                    why = "mypyc's type check failed (above)"
+                    if not options:
+                        print("berth: compiling again without the installed packages' types",
+                              file=sys.stderr)
     if editable:
         _forget()
     print(f"berth: the scheduling core is not compiled ({why}); its source files run",
