@@ -145,3 +145,67 @@ def test_a_pass_and_its_explanations_leave_no_cycles_for_the_collector(
     finally:
         if was:
             gc.enable()
+
+
+def _extensions_built(
+    monkeypatch: pytest.MonkeyPatch, outcomes: list[object]
+) -> tuple[object, list[list[str]]]:
+    """Run setup.py for ``build_ext`` with mypyc's ``mypycify`` answering ``outcomes`` in turn
+    (an exception is raised); return the extensions it gave setup() and each call's
+    arguments. Nothing is compiled."""
+    import runpy
+    import types
+
+    import setuptools
+
+    calls: list[list[str]] = []
+
+    def mypycify(paths: list[str], **_: object) -> object:
+        calls.append(paths)
+        outcome = outcomes[len(calls) - 1]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    given: dict[str, object] = {}
+    fake = types.ModuleType("mypyc.build")
+    fake.mypycify = mypycify  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "mypyc.build", fake)
+    monkeypatch.setattr(setuptools, "setup", lambda **kw: given.update(kw))
+    monkeypatch.setattr(sys, "argv", ["setup.py", "build_ext"])
+    monkeypatch.delenv("BERTH_COMPILE", raising=False)
+    runpy.run_path(str(REPO_ROOT / "setup.py"))
+    return given["ext_modules"], calls
+
+
+def test_the_build_compiles_with_the_installed_packages_types_first(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    built, calls = _extensions_built(monkeypatch, [["ext"]])
+    assert built == ["ext"]
+    assert len(calls) == 1
+    assert not [a for a in calls[0] if a.startswith("--")]
+    assert "app/scheduling/planner.py" in calls[0]
+    assert "berth:" not in capsys.readouterr().err
+
+
+def test_a_failed_type_check_compiles_again_without_the_installed_packages(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An older package in the interpreter's site-packages fails mypyc's type check (mypycify
+    # exits); the second try reads no site-packages.
+    built, calls = _extensions_built(monkeypatch, [SystemExit(1), ["ext"]])
+    assert built == ["ext"]
+    assert calls[1][:2] == ["--no-site-packages", "--ignore-missing-imports"]
+    assert calls[1][2:] == calls[0]
+    assert "compiling again without the installed packages' types" in capsys.readouterr().err
+
+
+def test_a_build_whose_type_checks_both_fail_installs_the_source_files(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    built, calls = _extensions_built(monkeypatch, [SystemExit(1), SystemExit(1)])
+    assert built == []
+    assert len(calls) == 2
+    err = capsys.readouterr().err
+    assert "not compiled (mypyc's type check failed (above)); its source files run" in err
