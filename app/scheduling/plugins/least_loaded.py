@@ -23,6 +23,14 @@ from app.scheduling.plugins.base import ScorePlugin
 NAME = names.LEAST_LOADED
 #: Maps ``u`` in 0..1.001 onto 0..100.
 _SCALE = 100.0 / 1.001
+# The constants of the scores as 0-d float64 arrays: the same values and the same float64
+# arithmetic as the Python floats, without numpy converting a Python scalar at every operation
+# (a fifth of a microsecond each at 1,000 pools).
+_TOP = np.array(1.001)
+_MEAN_WEIGHT = np.array(1000.0)
+_SCALE_ARRAY = np.array(_SCALE)
+#: ``len(layout)`` as a 0-d float64 array, by the number of dimensions offered.
+_DIMS = (np.array(1.0), np.array(1.0), np.array(2.0), np.array(3.0))
 
 
 @lru_cache(maxsize=65536)
@@ -96,7 +104,7 @@ def utilization(
             dominant = np.maximum(dominant, u)
             total = total + u
         if dominant.item(dominant.argmax()) <= 1.0:
-            return dominant, total / len(layout)
+            return dominant, np.true_divide(total, _DIMS[len(layout)])
     offered = cap > 0
     util = np.divide(need, cap, out=np.zeros(cap.shape, dtype=np.float64), where=offered)
     np.minimum(np.maximum(util, 0.0, out=util), 1.0, out=util)
@@ -153,9 +161,9 @@ class LeastLoaded(_Load):
 
     def from_utilization(self, dominant: np.ndarray, mean: np.ndarray) -> np.ndarray:
         """Return the scores of pools with these projected utilizations."""
-        score = 1.001 - dominant
-        score -= mean / 1000.0
-        score *= _SCALE
+        score = np.subtract(_TOP, dominant)
+        score -= np.true_divide(mean, _MEAN_WEIGHT)
+        score *= _SCALE_ARRAY
         return _clip100(score)
 
 
@@ -167,7 +175,7 @@ class MostLoaded(_Load):
 
     def from_utilization(self, dominant: np.ndarray, mean: np.ndarray) -> np.ndarray:
         """Return the scores of pools with these projected utilizations."""
-        score = mean / 1000.0
+        score = np.true_divide(mean, _MEAN_WEIGHT)
         score += dominant
-        score *= _SCALE
+        score *= _SCALE_ARRAY
         return _clip100(score)
