@@ -18,7 +18,7 @@ import runpy
 import sys
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 _HERE = Path(__file__).resolve().parent
@@ -30,6 +30,8 @@ _COMPILED_FROM = _COMPILED["digests"](_COMPILED["MODULES"], _HERE)
 #: nothing).
 _BUILDS = frozenset({"build", "build_ext", "bdist_wheel", "editable_wheel", "develop",
                      "install"})
+#: Whether an editable install's extensions are current (nothing to build).
+_current = False
 
 
 def _forget() -> None:
@@ -50,6 +52,8 @@ class _OptionalBuildExt(build_ext):
         if not self.extensions:
             super().run()
             return
+        if _current:
+            return  # the extensions in the source tree are the ones these sources make
         # In place (an editable install) the extensions land beside their sources; otherwise
         # in the build directory, which the wheel is made of.
         in_tree = bool(self.inplace)
@@ -88,7 +92,13 @@ def _extensions() -> list:
     ):
         print("berth: the scheduling core is compiled from these sources already",
               file=sys.stderr)
-        return []
+        global _current
+        _current = True
+        # Named but not built: the install maps the top-level names of its extensions, and
+        # mypyc's shared library is one (without it, a process whose path does not hold the
+        # source tree, the console script's, cannot load the compiled modules).
+        return [Extension(name, sources=[])
+                for name in (f"{_COMPILED['GROUP']}__mypyc", *_COMPILED["MODULES"])]
     why = "BERTH_COMPILE=0"
     if wanted:
         try:

@@ -71,6 +71,20 @@ def test_ci_installs_the_compiled_core() -> None:
     assert Path(framework.__file__).suffix != ".py"
 
 
+def test_the_installed_core_imports_from_any_directory(tmp_path: Path) -> None:
+    # As the console script `berth` runs: neither the checkout nor PYTHONPATH on sys.path,
+    # only what the install maps, which must include mypyc's shared library (an editable
+    # install made again, its extensions current, once left it out).
+    _require_compiled()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "-P", "-c",
+         "import app.scheduling.planner, app.compiled; print(app.compiled.active())"],
+        cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True"]
+
+
 def test_the_compiled_core_plans_as_its_source_does() -> None:
     _require_compiled()
     source = _run(_PLANS, BERTH_COMPILED="0").split()
