@@ -30,8 +30,6 @@ _COMPILED_FROM = _COMPILED["digests"](_COMPILED["MODULES"], _HERE)
 #: nothing).
 _BUILDS = frozenset({"build", "build_ext", "bdist_wheel", "editable_wheel", "develop",
                      "install"})
-#: Whether an editable install's extensions are current (nothing to build).
-_current = False
 
 
 def _forget() -> None:
@@ -49,11 +47,8 @@ class _OptionalBuildExt(build_ext):
     source files to run."""
 
     def run(self) -> None:
-        if not self.extensions:
-            super().run()
-            return
-        if _current:
-            return  # the extensions in the source tree are the ones these sources make
+        if not any(ext.sources for ext in self.extensions):
+            return  # none, or an editable install's current ones, named but not rebuilt
         # In place (an editable install) the extensions land beside their sources; otherwise
         # in the build directory, which the wheel is made of.
         in_tree = bool(self.inplace)
@@ -80,9 +75,10 @@ _ISOLATED = ("--no-site-packages", "--ignore-missing-imports")
 
 
 def _extensions() -> list:
-    """Return mypyc's extensions of the compiled modules; none when not building, when
-    an editable install's extensions are current, when told not to compile or without mypyc
-    (an editable install then drops the extensions an earlier one compiled)."""
+    """Return mypyc's extensions of the compiled modules: none when not building, when told
+    not to compile or without mypyc (an editable install then drops the extensions an
+    earlier one compiled); when an editable install's extensions are current, their names
+    without sources (nothing is built)."""
     if not _BUILDS.intersection(sys.argv[1:]):
         return []
     editable = "editable_wheel" in sys.argv[1:]
@@ -92,11 +88,10 @@ def _extensions() -> list:
     ):
         print("berth: the scheduling core is compiled from these sources already",
               file=sys.stderr)
-        global _current
-        _current = True
-        # Named but not built: the install maps the top-level names of its extensions, and
-        # mypyc's shared library is one (without it, a process whose path does not hold the
-        # source tree, the console script's, cannot load the compiled modules).
+        # Named without sources, so not built: the install maps the top-level names of its
+        # extensions, and mypyc's shared library is one (without it, a process whose path
+        # does not hold the source tree, the console script's, cannot load the compiled
+        # modules).
         return [Extension(name, sources=[])
                 for name in (f"{_COMPILED['GROUP']}__mypyc", *_COMPILED["MODULES"])]
     why = "BERTH_COMPILE=0"
