@@ -23,9 +23,9 @@ from setuptools.command.build_ext import build_ext
 
 _HERE = Path(__file__).resolve().parent
 _COMPILED = runpy.run_path(str(_HERE / "app" / "compiled.py"))
-#: The digests of the source files the extensions are compiled from (taken before mypyc reads
-#: them).
-_COMPILED_FROM = _COMPILED["digests"](_COMPILED["MODULES"], _HERE)
+#: The digests of the source files the extensions are compiled from, and of those whose
+#: classes they read by layout (taken before mypyc reads them).
+_COMPILED_FROM = _COMPILED["digests"](_COMPILED["MODULES"], _HERE, _COMPILED["LAYOUTS"])
 #: The commands that build what is installed (metadata and source distributions compile
 #: nothing).
 _BUILDS = frozenset({"build", "build_ext", "bdist_wheel", "editable_wheel", "develop",
@@ -84,7 +84,7 @@ def _extensions() -> list:
     editable = "editable_wheel" in sys.argv[1:]
     wanted = os.environ.get("BERTH_COMPILE", "1") != "0"
     if editable and wanted and not any(
-        _COMPILED["stale"](_COMPILED["MODULES"], _HERE, _COMPILED["BUILT"])
+        _COMPILED["stale"](_COMPILED["MODULES"], _HERE, _COMPILED["BUILT"], _COMPILED["LAYOUTS"])
     ):
         print("berth: the scheduling core is compiled from these sources already",
               file=sys.stderr)

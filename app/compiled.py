@@ -13,8 +13,9 @@ Python import every one of them from its source file instead when
 * ``BERTH_COMPILED=0`` is set, or
 * one of them has no extension module (the build could not compile them, or was told not to
   with ``BERTH_COMPILE=0``), or
-* a source file is not the one its extension module was built from (then a warning says
-  so: ``pip install -e .`` compiles them again).
+* a source file is not the one its extension module was built from, or the source file of
+  a module of :data:`LAYOUTS` is not the one the build read (then a warning says so:
+  ``pip install -e .`` compiles them again).
 
 :func:`active` tells which one a process runs.
 """
@@ -33,7 +34,7 @@ from pathlib import Path
 from types import ModuleType
 
 __all__ = [
-    "BUILT", "GROUP", "MODULES", "active", "digest", "digests", "install", "record",
+    "BUILT", "GROUP", "LAYOUTS", "MODULES", "active", "digest", "digests", "install", "record",
     "source_file", "stale",
 ]
 
@@ -54,6 +55,11 @@ MODULES: tuple[str, ...] = tuple(
         "plugins.runtime_class", "plugins.tenant_access",
     )
 )
+
+#: Modules that are not compiled but whose classes the compiled code reads by layout: mypyc
+#: reads a ``NamedTuple``'s fields by position (``CompiledSpec``), so a build is only as
+#: current as these source files too, and :func:`stale` names them when they changed.
+LAYOUTS: tuple[str, ...] = ("app.scheduling.spec",)
 
 #: mypyc's shared library of the compiled modules (``<GROUP>__mypyc``, beside ``app/``): the
 #: extension of each module only loads its part of it.
@@ -89,9 +95,11 @@ def _extension(source: Path) -> Path | None:
     return None
 
 
-def digests(modules: Sequence[str] = MODULES, root: Path = _ROOT) -> dict[str, str]:
-    """Return the digest of each of the ``modules``' source files under ``root``."""
-    return {name: digest(source_file(name, root)) for name in modules}
+def digests(modules: Sequence[str] = MODULES, root: Path = _ROOT,
+            layouts: Sequence[str] = LAYOUTS) -> dict[str, str]:
+    """Return the digest of each of the ``modules``' and ``layouts``' source files under
+    ``root``."""
+    return {name: digest(source_file(name, root)) for name in (*modules, *layouts)}
 
 
 def record(built_file: Path, sources: Mapping[str, str]) -> None:
@@ -101,11 +109,12 @@ def record(built_file: Path, sources: Mapping[str, str]) -> None:
                           + "\n")
 
 
-def stale(modules: Sequence[str] = MODULES, root: Path = _ROOT, built_file: Path = BUILT
-          ) -> tuple[list[str], list[str]]:
+def stale(modules: Sequence[str] = MODULES, root: Path = _ROOT, built_file: Path = BUILT,
+          layouts: Sequence[str] = LAYOUTS) -> tuple[list[str], list[str]]:
     """Return the ``modules`` (under ``root``) that the build (``built_file``) did not
     compile, all of them when it compiled none (or mypyc's shared library is missing), and
-    those whose source file changed since."""
+    those whose source file changed since, with the ``layouts`` whose source file is not the
+    one the build read."""
     try:
         built = json.loads(built_file.read_text())["sources"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -119,6 +128,8 @@ def stale(modules: Sequence[str] = MODULES, root: Path = _ROOT, built_file: Path
             missing.append(name)
         elif digest(source) != built[name]:
             changed.append(name)
+    changed.extend(name for name in layouts
+                   if built.get(name) != digest(source_file(name, root)))
     return missing, changed
 
 

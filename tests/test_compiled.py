@@ -124,16 +124,41 @@ def test_a_source_changed_since_its_build_or_a_missing_extension_is_named(
     names = list(sources)
     _tree(tmp_path, sources, ["pkg.a", "pkg.b"])
     built = tmp_path / "compiled.json"
-    compiled.record(built, compiled.digests(names, tmp_path))
-    assert compiled.stale(names, tmp_path, built) == (["pkg.c"], [])
+    compiled.record(built, compiled.digests(names, tmp_path, ()))
+    assert compiled.stale(names, tmp_path, built, ()) == (["pkg.c"], [])
     compiled.source_file("pkg.b", tmp_path).write_bytes(b"B = 20\n")
-    assert compiled.stale(names[:2], tmp_path, built) == ([], ["pkg.b"])
-    assert compiled.stale(names[:1], tmp_path, built) == ([], [])
+    assert compiled.stale(names[:2], tmp_path, built, ()) == ([], ["pkg.b"])
+    assert compiled.stale(names[:1], tmp_path, built, ()) == ([], [])
     # No record of a build: nothing was compiled.
-    assert compiled.stale(names, tmp_path, tmp_path / "none.json") == (names, [])
+    assert compiled.stale(names, tmp_path, tmp_path / "none.json", ()) == (names, [])
     # Without mypyc's shared library no extension can load.
     next(tmp_path.glob(f"{compiled.GROUP}__mypyc*")).unlink()
-    assert compiled.stale(names[:1], tmp_path, built) == (names[:1], [])
+    assert compiled.stale(names[:1], tmp_path, built, ()) == (names[:1], [])
+
+
+def test_a_module_read_by_layout_changed_since_the_build_is_named(tmp_path: Path) -> None:
+    """The compiled code reads a NamedTuple of a module it does not compile by position: a
+    build made before that module changed (or before it was recorded) is stale."""
+    sources = {"pkg.a": b"A = 1\n", "pkg.shapes": b"class T(NamedTuple): x: int\n"}
+    _tree(tmp_path, sources, ["pkg.a"])
+    built = tmp_path / "compiled.json"
+    compiled.record(built, compiled.digests(["pkg.a"], tmp_path, ["pkg.shapes"]))
+    assert compiled.stale(["pkg.a"], tmp_path, built, ["pkg.shapes"]) == ([], [])
+    compiled.source_file("pkg.shapes", tmp_path).write_bytes(
+        b"class T(NamedTuple): y: str; x: int\n")
+    assert compiled.stale(["pkg.a"], tmp_path, built, ["pkg.shapes"]) == ([], ["pkg.shapes"])
+    # A build that did not record the module read it as it was then, unknown now.
+    compiled.record(built, compiled.digests(["pkg.a"], tmp_path, []))
+    assert compiled.stale(["pkg.a"], tmp_path, built, ["pkg.shapes"]) == ([], ["pkg.shapes"])
+
+
+def test_the_compiled_core_reads_the_spec_by_layout() -> None:
+    """``CompiledSpec`` is a NamedTuple whose fields mypyc reads by position, so the module
+    defining it is one whose change makes the build stale."""
+    from app.scheduling.spec import CompiledSpec
+
+    assert issubclass(CompiledSpec, tuple)
+    assert CompiledSpec.__module__ in compiled.LAYOUTS
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))

@@ -1,15 +1,15 @@
 """The one validation of a task spec, and its compiled form used by the core.
 
 The HTTP API uses :class:`TaskSpec` as its request body; the reconciler validates the stored
-JSON with the same model. :func:`compile_spec` turns a valid spec into a frozen, hashable
+JSON with the same model. :func:`compile_spec` turns a valid spec into an immutable, hashable
 :class:`CompiledSpec` that the core reads on its hot path.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple
 
 import orjson
 from pydantic import (
@@ -254,9 +254,12 @@ class CompiledTerm:
         return self.selector <= labels
 
 
-@dataclass(frozen=True, slots=True)
-class CompiledSpec:
-    """A validated spec compiled once per task: frozen, hashable, cheap to read."""
+class CompiledSpec(NamedTuple):
+    """A validated spec compiled once per task: immutable, hashable, cheap to read and to make.
+
+    A tuple: :func:`_bind` makes one per claimed task in a single call, and its fields read as
+    fast as slots. ``fingerprint`` and ``placement_class`` are derived from the other fields.
+    """
 
     tenant_id: str
     task_id: str | None
@@ -275,10 +278,10 @@ class CompiledSpec:
     priority: int = 0
     #: Whether the task may displace leased lower-priority tasks of its tenant.
     may_preempt: bool = False
-    fingerprint: tuple = field(default=(), compare=False)
+    fingerprint: tuple = ()
     #: What decides which pools pass the filters other than capacity and affinity, and the
     #: static scores (the lean select's class, with the tenant's audience).
-    placement_class: tuple = field(default=(), compare=False)
+    placement_class: tuple = ()
 
     @property
     def is_gang(self) -> bool:
@@ -478,50 +481,25 @@ def _bind(
     shape: CompiledSpec, tenant_id: str, requests: tuple[int, int, int], labels: Items
 ) -> CompiledSpec:
     """Return ``shape`` (a compiled spec of the same class) for this tenant, with these
-    requests and labels.
-
-    A spec is bound per claimed task. The frozen dataclass's ``__init__`` sets each of its
-    18 fields through ``object.__setattr__``, and that call was most of a binding's cost:
-    each slot is set here directly by its own setter, one call per field (no loop), which
-    makes the same frozen object.
-    """
-    fp = shape.fingerprint
-    own = labels if shape.required else _NO_LABELS
-    spec = _NEW(CompiledSpec)
-    _SET_TENANT_ID(spec, tenant_id)
-    _SET_TASK_ID(spec, None)
-    _SET_RUNTIME_CLASS(spec, shape.runtime_class)
-    _SET_REQUESTS(spec, requests)
-    _SET_REGIONS(spec, shape.regions)
-    _SET_DATA_RESIDENCY(spec, shape.data_residency)
-    _SET_ARTIFACT_REGION(spec, shape.artifact_region)
-    _SET_POOL_SELECTOR(spec, shape.pool_selector)
-    _SET_REQUIRED(spec, shape.required)
-    _SET_PREFERRED(spec, shape.preferred)
-    _SET_LABELS(spec, labels)
-    _SET_MEMBERS(spec, shape.members)
-    _SET_MIN_POOLS(spec, shape.min_pools)
-    _SET_MAX_PER_POOL(spec, shape.max_per_pool)
-    _SET_PRIORITY(spec, shape.priority)
-    _SET_MAY_PREEMPT(spec, shape.may_preempt)
-    _SET_FINGERPRINT(spec, (tenant_id, fp[1], requests, fp[3], fp[4], fp[5], fp[6], own, fp[8]))
-    _SET_PLACEMENT_CLASS(spec, shape.placement_class)
-    return spec
+    requests and labels: one tuple made in one call (a spec is bound per claimed task)."""
+    (_, _, runtime_class, _, regions, data_residency, artifact_region, pool_selector, required,
+     preferred, _, members, min_pools, max_per_pool, priority, may_preempt, fp,
+     placement_class) = shape
+    own = labels if required else _NO_LABELS
+    return _NEW(CompiledSpec, (
+        tenant_id, None, runtime_class, requests, regions, data_residency, artifact_region,
+        pool_selector, required, preferred, labels, members, min_pools, max_per_pool, priority,
+        may_preempt, (tenant_id, fp[1], requests, fp[3], fp[4], fp[5], fp[6], own, fp[8]),
+        placement_class,
+    ))
 
 
-#: The fields :func:`_bind` sets, in order: every field of :class:`CompiledSpec`.
+_NEW = tuple.__new__
+#: The fields :func:`_bind` unpacks and makes, in order: every field of :class:`CompiledSpec`.
 _BOUND = (
     "tenant_id", "task_id", "runtime_class", "requests", "regions", "data_residency",
     "artifact_region", "pool_selector", "required", "preferred", "labels", "members",
     "min_pools", "max_per_pool", "priority", "may_preempt", "fingerprint", "placement_class",
 )
-if tuple(f.name for f in fields(CompiledSpec)) != _BOUND:  # pragma: no cover
-    raise ImportError("CompiledSpec's fields changed: _bind must set each of them")
-_NEW = object.__new__
-#: The setter of each field's slot of :class:`CompiledSpec`.
-(
-    _SET_TENANT_ID, _SET_TASK_ID, _SET_RUNTIME_CLASS, _SET_REQUESTS, _SET_REGIONS,
-    _SET_DATA_RESIDENCY, _SET_ARTIFACT_REGION, _SET_POOL_SELECTOR, _SET_REQUIRED,
-    _SET_PREFERRED, _SET_LABELS, _SET_MEMBERS, _SET_MIN_POOLS, _SET_MAX_PER_POOL,
-    _SET_PRIORITY, _SET_MAY_PREEMPT, _SET_FINGERPRINT, _SET_PLACEMENT_CLASS,
-) = (CompiledSpec.__dict__[name].__set__ for name in _BOUND)
+if CompiledSpec._fields != _BOUND:  # pragma: no cover
+    raise ImportError("CompiledSpec's fields changed: _bind must make each of them")

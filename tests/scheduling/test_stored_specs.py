@@ -3,8 +3,6 @@ and a text the whole validation refuses is refused with the same error."""
 
 from __future__ import annotations
 
-from dataclasses import FrozenInstanceError
-
 import orjson
 import pytest
 from pydantic import ValidationError
@@ -73,10 +71,10 @@ def test_a_class_seen_from_another_tenant_is_compiled_for_this_one():
     specs.compile("t1", text)
     assert same(specs.compile("t2", text), whole(text, "t2"))
     assert same(specs.compile("t1", text), whole(text, "t1"))
-    # A spec bound for another tenant is a CompiledSpec like any other: frozen, hashable.
+    # A spec bound for another tenant is a CompiledSpec like any other: immutable, hashable.
     bound = specs.compile("t3", text)
     assert type(bound) is CompiledSpec and hash(bound) == hash(whole(text, "t3"))
-    with pytest.raises(FrozenInstanceError):
+    with pytest.raises(AttributeError):
         bound.tenant_id = "t4"  # type: ignore[misc]
 
 

@@ -10,8 +10,6 @@ assumed placements on top.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 from hypothesis import given
@@ -41,8 +39,8 @@ def _verdict(plugin: object, cycle: Cycle, idx: np.ndarray) -> tuple:
 
 def _other_task(s: CompiledSpec, cpu: int, labels: dict[str, str]) -> CompiledSpec:
     """Return a task of the same placement class with other requests and labels."""
-    return dataclasses.replace(s, requests=(cpu, s.requests[1], s.requests[2]),
-                               labels=frozenset(labels.items()), task_id="other")
+    return s._replace(requests=(cpu, s.requests[1], s.requests[2]),
+                      labels=frozenset(labels.items()), task_id="other")
 
 
 def _moved(snap: Snapshot, shift: int) -> Snapshot:
