@@ -112,8 +112,13 @@ __all__ = ["E2EConfig", "e2e_run", "main"]
 #: requeue tasks and measure recovery instead of placement.
 LEASE_TTL_SECONDS = 3600.0
 HEARTBEAT_EVERY_SECONDS = 5.0
-POLL_SECONDS = 0.05
+#: How often the bench looks at the logs and the reconcilers' memory while they place. The
+#: clock does not depend on it (it stops at the last leasing pass's log time); each look
+#: costs CPU the reconcilers and PostgreSQL compete for, and no baseline's parent polls.
+POLL_SECONDS = 0.2
 COUNT_EVERY_SECONDS = 1.0
+#: The resolution of a log line's time (``ts``, whole milliseconds, truncated).
+_LOG_TS_RESOLUTION = 0.001
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,9 +248,11 @@ def _spy_start(pid: int, path: str) -> subprocess.Popen:
     )
 
 
-def _cpu_sample(procs: list[subprocess.Popen], database: str) -> dict[str, Any]:
+def _cpu_sample(procs: list[subprocess.Popen], database: str,
+                own: frozenset[int] = frozenset()) -> dict[str, Any]:
     """Return CPU seconds used so far: per reconciler, per PostgreSQL process serving
-    ``database``, the bench's own, and the whole machine's busy time."""
+    ``database`` but the bench's own backends ``own`` (its polls and checks are no work of
+    Berth's), the bench's own (with those backends), and the whole machine's busy time."""
     def used(proc: psutil.Process) -> float:
         t = proc.cpu_times()
         return t.user + t.system
@@ -256,8 +263,9 @@ def _cpu_sample(procs: list[subprocess.Popen], database: str) -> dict[str, Any]:
             sample["reconcilers"][p.pid] = used(psutil.Process(p.pid))
         except psutil.Error:
             pass
-    sample["postgres"] = postgres_cpu_seconds(database)
-    sample["bench"] = used(psutil.Process())
+    server = postgres_cpu_seconds(database)
+    sample["postgres"] = {pid: v for pid, v in server.items() if pid not in own}
+    sample["bench"] = used(psutil.Process()) + sum(v for pid, v in server.items() if pid in own)
     t = psutil.cpu_times()
     sample["machine"] = t.user + t.nice + t.system + t.irq + t.softirq
     return sample
@@ -281,12 +289,14 @@ def _cpu_used(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]
 
 
 class _LogTail:
-    """Follow the reconcilers' JSON logs and sum the tasks their passes leased."""
+    """Follow the reconcilers' JSON logs: the tasks their passes leased, and when the last
+    pass that leased any logged (``last_at``, seconds since the epoch; None before one)."""
 
     def __init__(self, paths: list[Path]) -> None:
         self._files = [open(p, "rb") for p in paths]
         self._rest = [b""] * len(paths)
         self.leased = 0
+        self.last_at: float | None = None
 
     def poll(self) -> int:
         """Read what was appended since the last call; return the leased total so far."""
@@ -297,10 +307,31 @@ class _LogTail:
                 if b'"msg":"pass"' not in line:
                     continue
                 try:
-                    self.leased += int(orjson.loads(line).get("leased", 0))
+                    entry = orjson.loads(line)
+                    leased = int(entry.get("leased", 0))
+                    ts = entry.get("ts") if leased else None
+                    at = datetime.fromisoformat(ts).timestamp() if ts else None
                 except (orjson.JSONDecodeError, TypeError, ValueError):
                     continue
+                self.leased += leased
+                if at is not None and (self.last_at is None or at > self.last_at):
+                    self.last_at = at
         return self.leased
+
+    def stopped(self, noticed: float, noticed_at: float, total: int) -> float:
+        """Return when the last of ``total`` leases committed, on the monotonic clock of
+        ``noticed`` (when the bench saw them all, ``noticed_at`` on the wall clock): the log
+        time of the last pass that leased, rounded up to its whole millisecond (a pass logs
+        after its commit). ``noticed`` itself when the logs do not account for them all, or
+        when the two times are further apart than the bench's own count interval allows (the
+        wall clock moved)."""
+        self.poll()
+        if self.leased < total or self.last_at is None:
+            return noticed
+        lag = noticed_at - (self.last_at + _LOG_TS_RESOLUTION)
+        if lag > COUNT_EVERY_SECONDS + 1.0:
+            return noticed
+        return noticed - max(lag, 0.0)
 
     def close(self) -> None:
         """Close the files."""
@@ -432,7 +463,8 @@ async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
         tail.poll()
         started = time.monotonic()
         database = database_name(url)
-        cpu_before = _cpu_sample(procs, database)
+        own = frozenset({conn.get_server_pid()})
+        cpu_before = _cpu_sample(procs, database, own)
         profiling = await profile_start(conn, list(WRITTEN)) if cfg.profile_out else None
         wal_before = await conn.fetchval("SELECT pg_current_wal_lsn()")
         progress.phase("placing", total=len(ds.tasks), unit="leased")
@@ -469,11 +501,15 @@ async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
                 await runtimes_heartbeat(conn)
                 last_beat = now
             await asyncio.sleep(POLL_SECONDS)
-        ended = time.monotonic()
+        # The clock stops when the last lease committed, as each baseline's stops at its
+        # workers' last commit, not when this loop noticed it (up to a poll interval and a
+        # count later).
+        noticed, noticed_at = time.monotonic(), time.time()
+        ended = tail.stopped(noticed, noticed_at, total)
         wall = ended - admission.committed
         progress.end(leased, rate=leased / wall if wall > 0 else None)
         peak_rss = max(peak_rss, _rss(procs))
-        cpu = _cpu_used(cpu_before, _cpu_sample(procs, database))
+        cpu = _cpu_used(cpu_before, _cpu_sample(procs, database, own))
         wal = await conn.fetchval(
             "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)", wal_before
         )
@@ -510,6 +546,7 @@ async def _place_with_reconcilers(url: str, ds: Dataset, cfg: E2EConfig,
         "writes": writes,
         "wall": wall,
         "wallWithAdmission": ended - started,
+        "stopLag": noticed - ended,
         "admit": admission.seconds,
         "history": history_seconds,
         "rss": peak_rss,
@@ -687,6 +724,8 @@ async def e2e_run(cfg: E2EConfig, progress: Progress | None = None) -> dict[str,
         "leased": lat["leased"],
         "placementsPerSec": round(rate, 1),
         "wallSeconds": round(run["wall"], 3),
+        # How much later than the last lease's commit the bench noticed it (not on the clock).
+        "clockStopLagMs": round(run["stopLag"] * 1000, 1),
         # The rate with the admission transaction inside the clock (no baseline counts the
         # admission of its tasks or the enqueueing of its jobs).
         "placementsPerSecWithAdmission": round(

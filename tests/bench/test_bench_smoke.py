@@ -99,6 +99,30 @@ def test_pass_log_lines_are_summed(tmp_path) -> None:
         tail.close()
 
 
+def test_the_clock_stops_at_the_last_leasing_pass(tmp_path) -> None:
+    """Berth's clock stops when its last lease committed (the log time of the last pass that
+    leased, rounded up to its millisecond), not when the bench noticed it."""
+    pass_line = {"level": "info", "msg": "pass", "claimed": 5}
+    (tmp_path / "reconciler-0.log").write_bytes(b"\n".join([
+        orjson.dumps({**pass_line, "ts": "2026-01-01T00:00:10.250+00:00", "leased": 5}),
+        # A later pass that leased nothing (an empty queue) does not move the stop.
+        orjson.dumps({**pass_line, "ts": "2026-01-01T00:00:11.000+00:00", "leased": 0}),
+    ]) + b"\n")
+    (tmp_path / "reconciler-1.log").write_bytes(orjson.dumps(
+        {**pass_line, "ts": "2026-01-01T00:00:10.500+00:00", "leased": 3}) + b"\n")
+    last = 1767225610.5  # 2026-01-01T00:00:10.500Z
+    tail = e2e._LogTail([tmp_path / "reconciler-0.log", tmp_path / "reconciler-1.log"])
+    try:
+        assert tail.poll() == 8 and tail.last_at == last
+        # Noticed 41 ms after the last pass logged: the clock stops 40 ms before the notice.
+        assert tail.stopped(100.0, last + 0.041, 8) == pytest.approx(99.96)
+        # The logs do not account for every lease, or the wall clock moved: the notice counts.
+        assert tail.stopped(100.0, last + 0.041, 9) == 100.0
+        assert tail.stopped(100.0, last + 60.0, 8) == 100.0
+    finally:
+        tail.close()
+
+
 def test_chart_is_a_png(tmp_path) -> None:
     pytest.importorskip("matplotlib")
     results = [
