@@ -1,7 +1,9 @@
 """The reconciler: passes driven by wakeups and a tick, shard ownership, lease recovery.
 
 ``Reconciler.run_once()`` is one pass over the slots owned now (tests and benchmarks call it
-directly). ``Reconciler.run(stop)`` is the loop:
+directly). ``Reconciler.run(stop)`` is the loop. It first reads the pools ahead
+(:meth:`Reconciler.read_ahead`), so that its first pass reads only the rows written since, as
+every later one does, instead of every pool while it holds its claims; then:
 
 * LISTEN on the wakeup channel: every notification triggers a pass at once; any source but
   ``submitted`` first unparks the parked tasks of the owned slots *that it could help*
@@ -84,6 +86,7 @@ from app.pass_config import ReconcilerConfig
 from app.reconciler.listener import WakeupListener
 from app.reconciler.ownership import DynamicOwnership, StaticOwnership
 from app.reconciler.passes import COMPILED_KEPT, PassContext, PassResult, pass_run
+from app.reconciler.reading import snapshot_ahead
 from app.reconciler.recording import Recorder
 from app.scheduling.reasons import REASONS
 from app.scheduling.spec import StoredSpecs
@@ -226,6 +229,19 @@ class Reconciler:
         if result.claimed:
             log.info("pass", extra=result.to_log())
         return result
+
+    async def read_ahead(self, *, now: datetime | None = None) -> None:
+        """Read the pools, their ledgers and runtime health into the passes' cache (and
+        encode the pools for the pass records) before the first pass, in a transaction of
+        its own that claims and writes nothing. ``now`` (default: the wall clock, not the
+        passes' clock) only dates the health read: every pass recomputes it at its own."""
+        with self._pass_guard():
+            async with self.db.transaction() as conn:
+                snapshot = await snapshot_ahead(conn, config=self.config,
+                                                cache=self._snapshot_cache,
+                                                now=now or datetime.now(UTC))
+            if self._recorder is not None:
+                self._recorder.pools_encoded(snapshot)
 
     async def close(self) -> None:
         """Release the ownership session (slot and leader locks) of a reconciler used directly.
@@ -439,6 +455,10 @@ class Reconciler:
     async def run(self, stop: asyncio.Event) -> None:
         """Run passes until ``stop`` is set; then release every lock and connection."""
         cfg = self.config
+        # Before listening: whoever waits for a reconciler to listen (a readiness check, the
+        # benchmark) finds one whose first pass will not read every pool.
+        await self._logged(self.read_ahead(),
+                           "pools not read ahead; the first pass reads them")
         listener = WakeupListener(self.db, self.wakeup)
         await listener.ensure()
         await self.ownership.start()

@@ -20,6 +20,9 @@ In the pass's transaction, after the claim:
   nominee what lower-ranked work reserves on the pools of its class.
 
 Each read is skipped when no claimed task could use it.
+
+Before its first pass a starting reconciler reads the pools ahead (:func:`snapshot_ahead`),
+so that the first pass, like every later one, reads only the rows written since.
 """
 
 from __future__ import annotations
@@ -47,10 +50,10 @@ from app.scheduling.inputs import NominationInputs, PassInputs, ReclaimInputs
 from app.scheduling.plugins.quota import QuotaRow, cohort_rows_drawn
 from app.scheduling.plugins.registry import profile
 from app.scheduling.records import PREEMPTING, RECLAIMING, ClaimedTask, Vector
-from app.scheduling.snapshot import Snapshot
+from app.scheduling.snapshot import PlacedTask, Snapshot
 from app.scheduling.spec import CompiledSpec, StoredSpecs
 
-__all__ = ["pass_read"]
+__all__ = ["pass_read", "snapshot_ahead"]
 
 Compiled = list[tuple[ClaimedTask, CompiledSpec]]
 
@@ -105,6 +108,22 @@ async def pass_read(
         victims=tuple(await _victims_read(conn, compiled)), reclaim=reclaim,
         nomination=nomination,
     )
+
+
+async def snapshot_ahead(
+    conn: Connection, *, config: ReconcilerConfig, cache: SnapshotCache, now: datetime,
+) -> Snapshot:
+    """Read the pools, their ledgers and runtime health into ``cache`` at ``now``, as a
+    pass's read would (without placements: each pass reads its own), and return the
+    snapshot."""
+    return await snapshot_read(
+        conn, now=now, freshness_seconds=config.heartbeat_freshness_seconds,
+        strategy=config.strategy, placed=_no_placements, cache=cache,
+    )
+
+
+async def _no_placements() -> list[PlacedTask]:
+    return []
 
 
 async def _fair_read(

@@ -19,7 +19,7 @@ from app.ledger.pass_records import pass_record_add, pass_record_pools_touch
 from app.scheduling.inputs import PassInputs
 from app.scheduling.planner import PassPlan
 from app.scheduling.recording import decisions_packed, inputs_encode, pools_encode
-from app.scheduling.snapshot import PoolState
+from app.scheduling.snapshot import PoolState, Snapshot
 
 __all__ = ["Recorder"]
 
@@ -36,18 +36,23 @@ class Recorder:
         self._blob = b""
         self._stored: datetime | None = None
 
+    def pools_encoded(self, snapshot: Snapshot) -> None:
+        """Encode the static pools of ``snapshot`` unless they are those encoded last (a
+        starting reconciler encodes them ahead of its first record)."""
+        static = snapshot.static_pools
+        if static is not self._pools:
+            digest, blob = pools_encode(snapshot)
+            if digest != self._digest:
+                self._digest, self._blob, self._stored = digest, blob, None
+            self._pools = static
+
     async def record(
         self, conn: Connection, *, pass_id: str, inputs: PassInputs, plan: PassPlan
     ) -> int:
         """Record the pass ``pass_id`` planned from ``inputs``; return the bytes stored for
         it (the static pools counted when this pass stored them)."""
         now = inputs.now
-        static = inputs.snapshot.static_pools
-        if static is not self._pools:
-            digest, blob = pools_encode(inputs.snapshot)
-            if digest != self._digest:
-                self._digest, self._blob, self._stored = digest, blob, None
-            self._pools = static
+        self.pools_encoded(inputs.snapshot)
         stored = 0
         if self._stored is None or now - self._stored > timedelta(
                 seconds=self.retention_seconds / 4):

@@ -91,6 +91,8 @@ async def test_capacity_release_wakes_a_pending_task_without_the_tick(db: Databa
 
 
 async def test_submission_notify_triggers_a_pass(db: Database) -> None:
+    """A submission's notification triggers a pass; the reconciler read the pools before it
+    listened, so that pass reads only what changed since."""
     fresh = datetime.now(UTC) + timedelta(hours=1)
     async with db.transaction() as conn:
         await pools_add(conn, 2, tenants=["t1"], heartbeat_at=fresh)
@@ -99,6 +101,7 @@ async def test_submission_notify_triggers_a_pass(db: Database) -> None:
     loop = asyncio.create_task(reconciler.run(stop))
     try:
         await _until(lambda: _listening(db), "the reconciler listens")
+        assert reconciler._snapshot_cache.snapshot is not None
         async with db.transaction() as conn:
             (task_id,) = await tasks_add(conn, tenant="t1")
             await wakeup_notify(conn, source=WakeSource.SUBMITTED)
@@ -110,6 +113,35 @@ async def test_submission_notify_triggers_a_pass(db: Database) -> None:
     finally:
         stop.set()
         await loop
+    placing = [r for r in reconciler.results if r.claimed]
+    assert placing[0].leased == 1 and not placing[0].snapshot_rebuilt
+
+
+async def test_a_read_ahead_that_fails_leaves_the_read_to_the_first_pass(
+    db: Database, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def refused(*args: object, **kwargs: object) -> None:
+        raise ConnectionResetError("the server went away")
+
+    monkeypatch.setattr(loop_module, "snapshot_ahead", refused)
+    fresh = datetime.now(UTC) + timedelta(hours=1)
+    async with db.transaction() as conn:
+        await pools_add(conn, 2, tenants=["t1"], heartbeat_at=fresh)
+        (task_id,) = await tasks_add(conn, tenant="t1")
+    reconciler = Reconciler(db, ReconcilerConfig(**QUIET), owner_id="behind", slots=ALL)
+    stop = asyncio.Event()
+    loop = asyncio.create_task(reconciler.run(stop))
+    try:
+        async def leased() -> bool:
+            return (await _state(db, task_id))["state"] == "LEASED"
+
+        await _until(leased, "the task is leased")
+    finally:
+        stop.set()
+        await loop
+    assert "pools not read ahead" in caplog.text
+    placing = [r for r in reconciler.results if r.claimed]
+    assert placing[0].leased == 1 and placing[0].snapshot_rebuilt
 
 
 async def test_a_pass_that_hands_back_lost_races_is_followed_at_once(
