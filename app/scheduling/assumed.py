@@ -214,16 +214,25 @@ class Assumed:
             tracked[topology] = per_domain
         return per_domain
 
-    def placed_counts(self, tenant_id: str, selector: Items | None) -> np.ndarray | None:
-        """Return per-pool member counts of the tenant's assumed placements matching
-        ``selector`` (None: all), or None when there are none."""
+    def placed_counts(
+        self, tenant_id: str, selector: Items | None
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """Return the pools holding members of the tenant's assumed placements that match
+        ``selector`` (None: all), ascending, and the members on each; None when there are
+        none. Sparse: a pass assumes a few placements per tenant, on a few of the pools."""
         entries = self._by_tenant.get(tenant_id)
         if not entries:
             return None
-        counts = None
+        members: dict[int, int] = {}
         for e in entries.values():
             if selector is None or selector <= e.labels:
-                if counts is None:
-                    counts = np.zeros(self.snapshot.n, dtype=np.int64)
-                np.add.at(counts, e.idx, e.counts)
-        return counts
+                if e.pool >= 0:
+                    members[e.pool] = members.get(e.pool, 0) + e.count
+                else:
+                    for i, c in zip(e.idx.tolist(), e.counts.tolist(), strict=True):
+                        members[i] = members.get(i, 0) + c
+        if not members:
+            return None
+        pools = sorted(members)
+        return (np.array(pools, dtype=np.intp),
+                np.array([members[i] for i in pools], dtype=np.int64))

@@ -211,11 +211,11 @@ class Cycle:
         if self.assumed is not None:
             extra = self.assumed.placed_counts(tenant, term.selector)
             if extra is not None:
-                at = extra.nonzero()[0]
-                weights = extra.take(at)
+                at, weights = extra
                 total += int(weights.sum())
                 if codes is None:
-                    table = table + extra
+                    table = table.copy()
+                    table[at] += weights
                 else:
                     table = table + np.bincount(
                         codes.take(at), weights=weights, minlength=nd
@@ -260,24 +260,24 @@ def _term_table(
     """Return per ``topology`` domain (per pool: see ``_codes``) the tenant's actual
     placements matching ``selector``, and their total."""
     codes, nd = _codes(snapshot, topology)
+    size = snapshot.n if codes is None else nd
     if not snapshot.has_placements(tenant_id):
-        # What the bincount of no placements gives, without a pass over every pool.
-        return np.zeros(snapshot.n if codes is None else nd, dtype=np.int64), 0
-    raw = snapshot.placed_counts(tenant_id, selector)
-    if codes is None:
-        return raw, int(np.add.reduce(raw))
-    # By domain over the pools that hold any (a few): the bincount of every pool's count.
-    at = raw.nonzero()[0]
-    weights = raw.take(at)
-    per_domain = np.bincount(codes.take(at), weights=weights, minlength=nd)
-    return per_domain.astype(np.int64), int(np.add.reduce(weights))
+        # What the count of no placements gives, without a pass over every pool.
+        return np.zeros(size, dtype=np.int64), 0
+    idx, members = snapshot.placed_members(tenant_id, selector)
+    total = len(idx) if members is None else int(np.add.reduce(members))
+    # One count over the matching placements' pools (or their domains): a few, however many
+    # pools there are.
+    table = np.bincount(idx if codes is None else codes.take(idx), weights=members,
+                        minlength=size)
+    return table.astype(np.int64, copy=False), total
 
 
 def _tenant_domains(snapshot: Snapshot, tenant_id: str, topology: str) -> np.ndarray:
     """Return per ``topology`` domain the members of the tenant's actual placements."""
     dom, nd = snapshot.domains(topology)
     if not snapshot.has_placements(tenant_id):
-        # What the bincount of no placements gives, without a pass over every pool.
+        # What the count of no placements gives, without a pass over every pool.
         return np.zeros(nd, dtype=np.int64)
-    raw = snapshot.placed_counts(tenant_id, None)
-    return np.bincount(dom, weights=raw, minlength=nd).astype(np.int64)
+    idx, members = snapshot.placed_members(tenant_id, None)
+    return np.bincount(dom.take(idx), weights=members, minlength=nd).astype(np.int64)

@@ -488,15 +488,33 @@ class Snapshot:
 
         ``selector=None`` counts every placement of the tenant.
         """
+        idx, members = self.placed_members(tenant_id, selector)
+        return np.bincount(idx, weights=members, minlength=self.n).astype(np.int64, copy=False)
+
+    def placed_members(
+        self, tenant_id: str, selector: Items | None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Return the pools of the tenant's actual placements that match ``selector`` (None:
+        all), once per placement and pool, and the members each holds there (None: one
+        each): what per-pool or per-domain counts are counted from, in one call."""
         key = ("placed", tenant_id, selector)
-        counts = self._memo.get(key)
-        if counts is None:
-            counts = np.zeros(self.n, dtype=np.int64)
-            for labels, idx, weights in self._placed.get(tenant_id, ()):
-                if selector is None or selector <= labels:
-                    np.add.at(counts, idx, weights)
-            self._memo[key] = counts
-        return counts
+        hit = self._memo.get(key)
+        if hit is None:
+            matched = [(idx, weights) for labels, idx, weights in self._placed.get(tenant_id, ())
+                       if selector is None or selector <= labels]
+            if not matched:
+                hit = (_EMPTY, None)
+            else:
+                idx = (matched[0][0] if len(matched) == 1
+                       else np.concatenate([i for i, _ in matched]))
+                members = None
+                if any(not isinstance(w, int) or w != 1 for _, w in matched):
+                    members = np.concatenate([
+                        np.full(len(i), w, dtype=np.int64) if isinstance(w, int) else w
+                        for i, w in matched])
+                hit = (idx, members)
+            self._memo[key] = hit
+        return hit
 
 
 #: Attributes that depend only on the pools' static columns (shared by ``with_usage``).

@@ -185,7 +185,9 @@ def _recount(assumed: Assumed, tenant: str, topology: str) -> list[int]:
     extra = assumed.placed_counts(tenant, None)
     if extra is None:
         return [0] * nd
-    return np.bincount(dom, weights=extra, minlength=nd).astype(np.int64).tolist()
+    at, members = extra
+    assert at.tolist() == sorted(set(at.tolist())) and (members > 0).all()
+    return np.bincount(dom.take(at), weights=members, minlength=nd).astype(np.int64).tolist()
 
 
 @settings(max_examples=40, deadline=None)
@@ -329,3 +331,65 @@ def test_pool_states_made_equal_the_constructed_ones():
     assert made == pools
     assert all(type(p) is PoolState for p in made)
     assert snapshot_module.pool_states_made([]) == []
+
+
+_PLACEMENTS = st.lists(
+    st.tuples(st.sampled_from(["a", "b"]),
+              st.lists(st.integers(0, 5), min_size=1, max_size=3),
+              st.one_of(st.none(), st.integers(1, 4)),
+              st.sampled_from(["x", "y"])),
+    max_size=10,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_PLACEMENTS, _PLACEMENTS)
+def test_term_and_domain_counts_are_the_members_counted_one_by_one(actual, assumed_ops):
+    """Per pool and per failure domain, the counts the affinity terms and the spreading score
+    read are the members of the matching placements (actual and assumed), counted one by one,
+    with a member count or without."""
+    from app.scheduling.cycle import _tenant_domains, _term_table
+    from app.scheduling.spec import CompiledTerm
+
+    pools = [pool(f"p{i}", failure_domain=f"f{i % 3}") for i in range(6)]
+    placed = [
+        PlacedTask(f"t{k}", tenant, {"app": app}, tuple(f"p{i}" for i in at),
+                   tuple([members] * len(at)) if members else ())
+        for k, (tenant, at, members, app) in enumerate(actual)
+    ]
+    snap = Snapshot.build(pools, placed)
+    overlay = Assumed(snap)
+    for k, (tenant, at, members, app) in enumerate(assumed_ops):
+        overlay.add(spec(task_id=f"y{k}", tenant=tenant, labels={"app": app}),
+                    [(f"p{i}", members or 1) for i in sorted(set(at))])
+    dom = [i % 3 for i in range(6)]
+    for tenant in ("a", "b"):
+        for selector in (None, frozenset({("app", "x")})):
+            want_pool = [0] * 6
+            for t, at, members, app in actual:
+                if t == tenant and (selector is None or app == "x"):
+                    for i in at:
+                        want_pool[i] += members or 1
+            want_domain = [sum(c for i, c in enumerate(want_pool) if dom[i] == d)
+                           for d in range(3)]
+            if selector is None:
+                assert _tenant_domains(snap, tenant, "failureDomain").tolist() == want_domain
+                continue
+            table, total = _term_table(snap, tenant, selector, "pool")
+            assert (table.tolist(), total) == (want_pool, sum(want_pool))
+            table, total = _term_table(snap, tenant, selector, "failureDomain")
+            assert (table.tolist(), total) == (want_domain, sum(want_domain))
+            # The cycle adds this pass's assumed members of the tenant matching the term.
+            extra = [0] * 6
+            for t, at, members, app in assumed_ops:
+                if t == tenant and app == "x":
+                    for i in set(at):
+                        extra[i] += members or 1
+            cycle = Cycle(spec(task_id="z", tenant=tenant), snap, overlay)
+            for topology in ("pool", "failureDomain"):
+                term = CompiledTerm(selector, topology, False, 1)
+                table, codes, total = cycle.term_table(term)
+                both = [w + e for w, e in zip(want_pool, extra, strict=True)]
+                if topology == "failureDomain":
+                    both = [sum(c for i, c in enumerate(both) if dom[i] == d) for d in range(3)]
+                assert (table.tolist(), total) == (both, sum(both))
