@@ -455,8 +455,8 @@ class Reconciler:
     async def run(self, stop: asyncio.Event) -> None:
         """Run passes until ``stop`` is set; then release every lock and connection."""
         cfg = self.config
-        # Before listening: whoever waits for a reconciler to listen (a readiness check, the
-        # benchmark) finds one whose first pass will not read every pool.
+        # Before listening: whoever waits for a reconciler to listen (`berth bench e2e` does)
+        # finds one whose first pass will not read every pool.
         await self._logged(self.read_ahead(),
                            "pools not read ahead; the first pass reads them")
         listener = WakeupListener(self.db, self.wakeup)
