@@ -483,14 +483,6 @@ class Snapshot:
         only for some tenants: see ``placed``)."""
         return bool(self._placed.get(tenant_id))
 
-    def placed_counts(self, tenant_id: str, selector: Items | None) -> np.ndarray:
-        """Return, per pool, how many actual member placements of the tenant match ``selector``.
-
-        ``selector=None`` counts every placement of the tenant.
-        """
-        idx, members = self.placed_members(tenant_id, selector)
-        return np.bincount(idx, weights=members, minlength=self.n).astype(np.int64, copy=False)
-
     def placed_members(
         self, tenant_id: str, selector: Items | None
     ) -> tuple[np.ndarray, np.ndarray | None]:

@@ -21,7 +21,7 @@ from app.scheduling.explain import preview_document
 from app.scheduling.framework import select
 from app.scheduling.snapshot import PlacedTask, Snapshot
 from tests.factories import NOW, heartbeat_add, pool_add, spec_make, tasks_add
-from tests.scheduling.factories import spec
+from tests.scheduling.factories import placed_counts, spec
 
 FRESH = 60.0
 
@@ -86,7 +86,7 @@ async def test_usage_and_health_changes_reuse_the_static_part(db: Database) -> N
     assert second.pools[1].capacity is None
     assert second.pools[2].capacity[0] == 9000
     assert second.fresh.tolist() == [False, False, True]
-    assert second.placed_counts("acme", None).tolist() == [0, 0, 1]
+    assert placed_counts(second, "acme", None).tolist() == [0, 0, 1]
     # The earlier snapshot is untouched.
     assert first.reserved[0].tolist() == [0, 0, 0] and first.fresh.tolist() == [True] * 3
 
@@ -183,7 +183,7 @@ async def test_placements_come_from_the_same_read(db: Database) -> None:
             conn, now=NOW, freshness_seconds=FRESH, strategy="spread",
             placed=lambda: placements_read(conn, tenant_ids={"acme"}), cache=cache,
         )
-    assert snap.placed_counts("acme", None).tolist() == [0]
+    assert placed_counts(snap, "acme", None).tolist() == [0]
 
 
 async def test_grouped_placements_count_exactly_like_per_task_ones(db: Database) -> None:
@@ -212,10 +212,9 @@ async def test_grouped_placements_count_exactly_like_per_task_ones(db: Database)
     for tenant in ("acme", "other", "third"):
         for selector in (None, frozenset(), frozenset({("app", "a")}),
                          frozenset({("app", "a"), ("tier", "x")}), frozenset({("app", "z")})):
-            assert a.placed_counts(tenant, selector).tolist() == b.placed_counts(
-                tenant, selector
-            ).tolist()
-    assert int(a.placed_counts("acme", None).sum()) == 10  # 5 single tasks + 5 gang members
+            assert (placed_counts(a, tenant, selector).tolist()
+                    == placed_counts(b, tenant, selector).tolist())
+    assert int(placed_counts(a, "acme", None).sum()) == 10  # 5 single tasks + 5 gang members
 
 
 async def test_changed_rows_only_between_full_reads_match_a_fresh_read(db: Database) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from app.scheduling.snapshot import PlacedTask, PoolState, Snapshot
 from app.scheduling.spec import CompiledSpec, TaskSpec, compile_spec
 
@@ -45,3 +47,10 @@ def snapshot(pools: list[PoolState], placed: list[PlacedTask] = (), **kw: Any) -
 def placed(task_id: str, pool_id: str, tenant: str = TENANT, **labels: str) -> PlacedTask:
     """Return a leased task of ``tenant`` with ``labels`` on ``pool_id``."""
     return PlacedTask(task_id, tenant, labels, (pool_id,))
+
+
+def placed_counts(snapshot: Snapshot, tenant_id: str, selector: frozenset | None) -> np.ndarray:
+    """Return, per pool of ``snapshot``, how many actual member placements of the tenant match
+    ``selector`` (None: every placement of the tenant)."""
+    idx, members = snapshot.placed_members(tenant_id, selector)
+    return np.bincount(idx, weights=members, minlength=snapshot.n).astype(np.int64, copy=False)

@@ -15,7 +15,7 @@ from app.scheduling.framework import select
 from app.scheduling.reasons import Reason
 from app.scheduling.snapshot import PlacedTask, PoolState, Snapshot
 from app.scheduling.spec import TaskSpec, compile_spec
-from tests.scheduling.factories import pool, spec
+from tests.scheduling.factories import placed_counts, pool, spec
 from tests.scheduling.test_properties import GANGS, SETTINGS, TENANTS, specs, worlds
 
 
@@ -166,7 +166,7 @@ def test_a_removed_ledger_and_new_placements_are_seen():
     pools = [pool("p1", failure_domain="f1"), pool("p2", failure_domain="f2")]
     old = Snapshot.build(pools)
     assert select(spec(), old).placement.pool_id == "p1"
-    assert old.placed_counts("acme", None).tolist() == [0, 0]
+    assert placed_counts(old, "acme", None).tolist() == [0, 0]
     placed = [PlacedTask("x", "acme", {"app": "a"}, ("p2",))]
     new = old.with_usage(
         capacity=[None, (4000, 8192, 4)], reserved=[(0, 0, 0)] * 2, fresh=[True, True],
@@ -175,8 +175,8 @@ def test_a_removed_ledger_and_new_placements_are_seen():
     result = select(spec(), new, explain=True)
     assert result.placement.pool_id == "p2"
     assert result.rejection_counts == {Reason.LEDGER_MISSING: 1}
-    assert new.placed_counts("acme", None).tolist() == [0, 1]
-    assert old.placed_counts("acme", None).tolist() == [0, 0]
+    assert placed_counts(new, "acme", None).tolist() == [0, 1]
+    assert placed_counts(old, "acme", None).tolist() == [0, 0]
 
 
 def _recount(assumed: Assumed, tenant: str, topology: str) -> list[int]:
@@ -267,12 +267,13 @@ def test_member_counts_count_like_repeated_pools():
     a, b = Snapshot.build(pools, counted), Snapshot.build(pools, repeated)
     for selector in (None, frozenset({("app", "a")}), frozenset({("app", "b")}),
                      frozenset({("app", "c")})):
-        assert a.placed_counts("acme", selector).tolist() == b.placed_counts(
-            "acme", selector).tolist()
-    assert a.placed_counts("acme", None).tolist() == [1, 5, 4]
-    assert Snapshot.build(pools).with_usage(
+        assert (placed_counts(a, "acme", selector).tolist()
+                == placed_counts(b, "acme", selector).tolist())
+    assert placed_counts(a, "acme", None).tolist() == [1, 5, 4]
+    usage = Snapshot.build(pools).with_usage(
         capacity=[None] * 3, reserved=[(0, 0, 0)] * 3, fresh=[True] * 3, placed=counted
-    ).placed_counts("acme", frozenset({("app", "a")})).tolist() == [1, 5, 0]
+    )
+    assert placed_counts(usage, "acme", frozenset({("app", "a")})).tolist() == [1, 5, 0]
 
 
 _TENANT_SETS = st.lists(st.sampled_from(["a", "b", "c", "d"]), max_size=3)
